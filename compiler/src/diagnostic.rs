@@ -1,0 +1,306 @@
+//! Diagnostics: the one `Span` type, the `Diagnostic` type every stage produces, and the
+//! single function that renders diagnostics with ariadne.
+//!
+//! Chumsky and ariadne types stay at the edges: stages build [`Diagnostic`]s, and only
+//! [`render`] knows about ariadne.
+
+use std::fmt;
+use std::ops::Range;
+
+/// A byte range in the `.apl` source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Span {
+    /// Offset of the first byte.
+    pub start: usize,
+    /// Offset one past the last byte.
+    pub end: usize,
+}
+
+impl Span {
+    /// Creates a span; `end` is clamped to be at least `start`.
+    pub fn new(start: usize, end: usize) -> Span {
+        Span {
+            start,
+            end: end.max(start),
+        }
+    }
+
+    /// The span as a range, for slicing.
+    pub fn range(self) -> Range<usize> {
+        self.start..self.end
+    }
+
+    /// The smallest span covering both.
+    pub fn cover(self, other: Span) -> Span {
+        Span::new(self.start.min(other.start), self.end.max(other.end))
+    }
+}
+
+/// How serious a diagnostic is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// The file is still valid.
+    Warning,
+    /// The file cannot be built.
+    Error,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        })
+    }
+}
+
+/// A stable diagnostic code. `spec/diagnostics.md` lists them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Code {
+    /// APL0001: a level-1 heading that is not a valid phase heading.
+    InvalidStepHeading,
+    /// APL0002: two steps with the same identifier.
+    DuplicateStep,
+    /// APL0003: a step named `return`.
+    ReservedStep,
+    /// APL0004: a step without a `prompt` phase.
+    MissingPrompt,
+    /// APL0005: phases not in `pre → prompt → post` order, or repeated.
+    PhaseOrder,
+    /// APL0006: a level-2 heading in a prompt phase that is not a role.
+    InvalidRoleHeading,
+    /// APL0007: text before the first phase heading.
+    TextBeforeFirstStep,
+    /// APL0008: a file without any step.
+    NoSteps,
+    /// APL0009: a Jinja syntax error.
+    TemplateSyntax,
+    /// APL0010: a template reads a reserved variable (§8).
+    ReservedVariable,
+    /// APL0011: a role heading outside a prompt phase, kept as text.
+    RoleHeadingOutsidePrompt,
+    /// APL0012: a code fence that is never closed.
+    UnclosedFence,
+    /// APL0013: the source is too large to compile.
+    SourceTooLarge,
+    /// APL0014: a literal `next_step` target that names no step.
+    UnknownStep,
+}
+
+impl Code {
+    /// The code as printed, e.g. `APL0001`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidStepHeading => "APL0001",
+            Code::DuplicateStep => "APL0002",
+            Code::ReservedStep => "APL0003",
+            Code::MissingPrompt => "APL0004",
+            Code::PhaseOrder => "APL0005",
+            Code::InvalidRoleHeading => "APL0006",
+            Code::TextBeforeFirstStep => "APL0007",
+            Code::NoSteps => "APL0008",
+            Code::TemplateSyntax => "APL0009",
+            Code::ReservedVariable => "APL0010",
+            Code::RoleHeadingOutsidePrompt => "APL0011",
+            Code::UnclosedFence => "APL0012",
+            Code::SourceTooLarge => "APL0013",
+            Code::UnknownStep => "APL0014",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A labelled region of the source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Label {
+    /// Where.
+    pub span: Span,
+    /// What about it; may be empty.
+    pub message: String,
+    /// The primary label is the one the diagnostic is *at*.
+    pub primary: bool,
+}
+
+/// A message about the source, with a stable code and labelled spans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// Stable code.
+    pub code: Code,
+    /// Error or warning.
+    pub severity: Severity,
+    /// The headline, in the spec's words where the spec has them.
+    pub message: String,
+    /// The primary label first, then secondary ones.
+    pub labels: Vec<Label>,
+    /// Extra explanation.
+    pub notes: Vec<String>,
+    /// A suggested fix.
+    pub help: Option<String>,
+}
+
+impl Diagnostic {
+    /// An error at `span`.
+    pub fn error(code: Code, message: impl Into<String>, span: Span) -> Diagnostic {
+        Diagnostic::new(Severity::Error, code, message.into(), span)
+    }
+
+    /// A warning at `span`.
+    pub fn warning(code: Code, message: impl Into<String>, span: Span) -> Diagnostic {
+        Diagnostic::new(Severity::Warning, code, message.into(), span)
+    }
+
+    fn new(severity: Severity, code: Code, message: String, span: Span) -> Diagnostic {
+        Diagnostic {
+            code,
+            severity,
+            message,
+            labels: vec![Label {
+                span,
+                message: String::new(),
+                primary: true,
+            }],
+            notes: Vec::new(),
+            help: None,
+        }
+    }
+
+    /// Sets the primary label's message.
+    pub fn with_label_message(mut self, message: impl Into<String>) -> Diagnostic {
+        if let Some(label) = self.labels.first_mut() {
+            label.message = message.into();
+        }
+        self
+    }
+
+    /// Adds a secondary label.
+    pub fn with_secondary(mut self, span: Span, message: impl Into<String>) -> Diagnostic {
+        self.labels.push(Label {
+            span,
+            message: message.into(),
+            primary: false,
+        });
+        self
+    }
+
+    /// Adds a note.
+    pub fn with_note(mut self, note: impl Into<String>) -> Diagnostic {
+        self.notes.push(note.into());
+        self
+    }
+
+    /// Sets the help text.
+    pub fn with_help(mut self, help: impl Into<String>) -> Diagnostic {
+        self.help = Some(help.into());
+        self
+    }
+
+    /// The primary span.
+    pub fn span(&self) -> Span {
+        self.labels
+            .iter()
+            .find(|l| l.primary)
+            .map(|l| l.span)
+            .unwrap_or_default()
+    }
+
+    /// True for errors.
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+/// Renders diagnostics for `source` (named `file_name`) with ariadne.
+///
+/// This is the only place that knows about ariadne. Spans are byte offsets, as ariadne's
+/// `IndexType::Byte` expects.
+pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str, color: bool) -> String {
+    use ariadne::{Config, IndexType, Label as ALabel, Report, ReportKind, Source};
+
+    let mut out = Vec::new();
+    let mut cache = (file_name, Source::from(source));
+    let clamp = |span: Span| {
+        let end = span.end.min(source.len());
+        let start = span.start.min(end);
+        start..end
+    };
+    for diag in diagnostics {
+        let kind = match diag.severity {
+            Severity::Error => ReportKind::Error,
+            Severity::Warning => ReportKind::Warning,
+        };
+        let primary = clamp(diag.span());
+        let mut report = Report::build(kind, (file_name, primary.clone()))
+            .with_config(
+                Config::default()
+                    .with_color(color)
+                    .with_index_type(IndexType::Byte),
+            )
+            .with_code(diag.code.as_str())
+            .with_message(&diag.message);
+        for (i, label) in diag.labels.iter().enumerate() {
+            let mut l = ALabel::new((file_name, clamp(label.span))).with_order(i as i32);
+            if !label.message.is_empty() {
+                l = l.with_message(&label.message);
+            }
+            if color {
+                let c = if label.primary {
+                    match diag.severity {
+                        Severity::Error => ariadne::Color::Red,
+                        Severity::Warning => ariadne::Color::Yellow,
+                    }
+                } else {
+                    ariadne::Color::Blue
+                };
+                l = l.with_color(c);
+            }
+            report = report.with_label(l);
+        }
+        for note in &diag.notes {
+            report = report.with_note(note);
+        }
+        if let Some(help) = &diag.help {
+            report = report.with_help(help);
+        }
+        // Writing into a Vec cannot fail; a failure here would only lose this report.
+        let _ = report.finish().write(&mut cache, &mut out);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Maps byte offsets to 1-based line and column numbers.
+#[derive(Debug, Clone)]
+pub struct LineIndex {
+    starts: Vec<usize>,
+}
+
+impl LineIndex {
+    /// Indexes `source`.
+    pub fn new(source: &str) -> LineIndex {
+        let mut starts = vec![0];
+        starts.extend(source.match_indices('\n').map(|(i, _)| i + 1));
+        LineIndex { starts }
+    }
+
+    /// The 1-based line and 1-based column (in characters) of `offset` in `source`.
+    pub fn line_col(&self, source: &str, offset: usize) -> (usize, usize) {
+        let offset = offset.min(source.len());
+        let line = self.starts.partition_point(|&s| s <= offset).max(1);
+        let start = self.starts[line - 1];
+        let col = source
+            .get(start..offset)
+            .map(|s| s.chars().count())
+            .unwrap_or(0);
+        (line, col + 1)
+    }
+
+    /// Byte offset of the start of 1-based `line`, if it exists.
+    pub fn line_start(&self, line: usize) -> Option<usize> {
+        self.starts.get(line.checked_sub(1)?).copied()
+    }
+}

@@ -1,0 +1,165 @@
+//! Stage 1: split the source into classified lines.
+//!
+//! APL's structure is line-based: headings count only at column 0 and outside fenced code
+//! blocks (§1.3). The logos lexer produces one token per line (every token ends with its
+//! newline, so every token starts at column 0); a second pass then turns every line inside
+//! a fenced code block into plain text, so the parser never sees a heading there.
+
+use logos::Logos;
+
+use crate::diagnostic::{Code, Diagnostic, Span};
+
+/// The kind of one source line.
+#[derive(Logos, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LineKind {
+    /// A line starting with exactly one `#`: a phase heading.
+    #[regex(r"#[^#\r\n][^\r\n]*\r?\n?", priority = 10, allow_greedy = true)]
+    #[regex(r"#\r?\n?", priority = 10)]
+    PhaseHeading,
+    /// A line starting with exactly `##`: a role heading inside a prompt phase.
+    #[regex(r"##[^#\r\n][^\r\n]*\r?\n?", priority = 10, allow_greedy = true)]
+    #[regex(r"##\r?\n?", priority = 10)]
+    RoleHeading,
+    /// A code fence delimiter (up to three spaces, then three or more backticks or tildes).
+    #[regex(r" {0,3}(```|~~~)[^\r\n]*\r?\n?", priority = 20, allow_greedy = true)]
+    Fence,
+    /// Anything else.
+    #[regex(r"[^\r\n]*\r?\n", priority = 1, allow_greedy = true)]
+    #[regex(r"[^\r\n]+", priority = 1, allow_greedy = true)]
+    #[regex(r"\r", priority = 1)]
+    Text,
+}
+
+/// One classified line. `span` includes the line break; `text` does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Line<'src> {
+    pub kind: LineKind,
+    pub span: Span,
+    pub text: &'src str,
+}
+
+impl std::fmt::Display for Line<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            LineKind::PhaseHeading => write!(f, "phase heading `{}`", self.text),
+            LineKind::RoleHeading => write!(f, "role heading `{}`", self.text),
+            LineKind::Fence => write!(f, "code fence `{}`", self.text),
+            LineKind::Text => f.write_str("text line"),
+        }
+    }
+}
+
+/// Splits `source` into lines and classifies them, fences resolved.
+pub(crate) fn lex(source: &str) -> (Vec<Line<'_>>, Vec<Diagnostic>) {
+    let mut lines = Vec::new();
+    let mut lexer = LineKind::lexer(source);
+    while let Some(token) = lexer.next() {
+        let range = lexer.span();
+        // Every byte sequence is some kind of line, so the lexer cannot fail; treat a
+        // failure as text all the same rather than trusting that.
+        let kind = token.unwrap_or(LineKind::Text);
+        let raw = &source[range.clone()];
+        let text = raw.trim_end_matches(['\n', '\r']);
+        lines.push(Line {
+            kind,
+            span: Span::new(range.start, range.end),
+            text,
+        });
+    }
+    let diagnostics = resolve_fences(&mut lines);
+    (lines, diagnostics)
+}
+
+/// Turns every line inside a fenced code block (the fences included) into text.
+///
+/// A fence closes with the same character repeated at least as often as it opened, and
+/// nothing but whitespace after it (CommonMark). An unclosed fence runs to the end of the
+/// file, which hides every heading after it, so it gets a warning.
+fn resolve_fences(lines: &mut [Line<'_>]) -> Vec<Diagnostic> {
+    let mut open: Option<(char, usize, Span)> = None;
+    for line in lines.iter_mut() {
+        if line.kind != LineKind::Fence {
+            if open.is_some() {
+                line.kind = LineKind::Text;
+            }
+            continue;
+        }
+        let (ch, len, rest) = fence_parts(line.text);
+        line.kind = LineKind::Text;
+        match open {
+            None => open = Some((ch, len, line.span)),
+            Some((och, olen, _)) if ch == och && len >= olen && rest.trim().is_empty() => {
+                open = None;
+            }
+            Some(_) => {}
+        }
+    }
+    match open {
+        Some((_, _, span)) => vec![
+            Diagnostic::warning(Code::UnclosedFence, "code fence is never closed", span)
+                .with_label_message("this fence runs to the end of the file")
+                .with_note("headings inside a code fence are text, so no step heading after this line counts")
+                .with_help("close the fence with a matching line of backticks or tildes"),
+        ],
+        None => Vec::new(),
+    }
+}
+
+/// The fence character, its run length and what follows the run.
+fn fence_parts(text: &str) -> (char, usize, &str) {
+    let trimmed = text.trim_start_matches(' ');
+    let ch = trimmed.chars().next().unwrap_or('`');
+    let len = trimmed.chars().take_while(|&c| c == ch).count();
+    (ch, len, &trimmed[len * ch.len_utf8()..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(source: &str) -> Vec<LineKind> {
+        lex(source).0.into_iter().map(|l| l.kind).collect()
+    }
+
+    #[test]
+    fn classifies_lines() {
+        use LineKind::*;
+        assert_eq!(
+            kinds("# prompt: a\n## user\nhi\n### three\n #indented\n#\n"),
+            vec![PhaseHeading, RoleHeading, Text, Text, Text, PhaseHeading]
+        );
+    }
+
+    #[test]
+    fn lines_cover_the_source() {
+        let src = "# pre: a\r\n\r\ntext\n\nlast";
+        let (lines, _) = lex(src);
+        let joined: String = lines.iter().map(|l| &src[l.span.range()]).collect();
+        assert_eq!(joined, src);
+        assert_eq!(lines[0].text, "# pre: a");
+    }
+
+    #[test]
+    fn headings_inside_fences_are_text() {
+        use LineKind::*;
+        let src = "# prompt: a\n```md\n# pre: b\n~~~\n## user\n```\n# post: a\n";
+        assert_eq!(
+            kinds(src),
+            vec![PhaseHeading, Text, Text, Text, Text, Text, PhaseHeading]
+        );
+    }
+
+    #[test]
+    fn longer_fence_needs_longer_close() {
+        use LineKind::*;
+        let src = "````\n```\n# pre: x\n````\n# pre: y\n";
+        assert_eq!(kinds(src), vec![Text, Text, Text, Text, PhaseHeading]);
+    }
+
+    #[test]
+    fn unclosed_fence_warns() {
+        let (_, diags) = lex("# prompt: a\n```\n# post: a\n");
+        assert_eq!(diags.len(), 1);
+        assert_eq!(diags[0].code, Code::UnclosedFence);
+    }
+}

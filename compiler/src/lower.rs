@@ -1,0 +1,474 @@
+//! Stage 3: check the §1 rules and lower the syntax tree to the IR.
+//!
+//! Phases are grouped into steps (a step ends at the first phase heading whose identifier
+//! differs), every rule about steps, phases and roles is checked, and every template is
+//! parsed with the VM's own minijinja environment so that a Jinja error is a build error
+//! pointing at the `.apl` line. All problems are collected; nothing stops at the first.
+
+use std::collections::HashMap;
+
+use aplc_vm::bundle::{Role, TemplateKind};
+use aplc_vm::{Limits, minijinja, template_env};
+
+use crate::analyze::{self, Facts, Target};
+use crate::ast::{File, Phase, PhaseKind};
+use crate::diagnostic::{Code, Diagnostic, Span};
+use crate::ir::{Edge, EdgeTo, Ir, Step, Template};
+use crate::parser::{find_jinja, suggest};
+use crate::relaxed::{self, TemplateMap};
+
+/// Lowers a parsed file, appending diagnostics.
+pub(crate) fn lower(
+    source: &str,
+    file: &File<'_>,
+    relaxed: bool,
+    diags: &mut Vec<Diagnostic>,
+) -> Ir {
+    check_preamble(source, file.preamble, diags);
+
+    let mut lowerer = Lowerer {
+        source,
+        relaxed,
+        env: template_env(&Limits::default()),
+        diags,
+        steps: Vec::new(),
+        templates: Vec::new(),
+    };
+    for group in group_steps(file, lowerer.diags) {
+        lowerer.lower_step(group);
+    }
+    if file.phases.is_empty() {
+        lowerer.diags.push(
+            Diagnostic::error(
+                Code::NoSteps,
+                "no steps: the file has no phase headings",
+                Span::new(0, 0),
+            )
+            .with_help(
+                "the simplest APL program is a `# prompt:` heading followed by the prompt text",
+            ),
+        );
+    }
+    let edges = lowerer.edges();
+    Ir {
+        steps: lowerer.steps,
+        templates: lowerer.templates,
+        edges,
+    }
+}
+
+/// Text before the first heading may only be blank lines and comments: anything else
+/// would belong to no step and be lost.
+fn check_preamble(source: &str, preamble: Span, diags: &mut Vec<Diagnostic>) {
+    let text = &source[preamble.range()];
+    let mut rest = text;
+    let mut offset = preamble.start;
+    loop {
+        let trimmed = rest.trim_start();
+        offset += rest.len() - trimmed.len();
+        rest = trimmed;
+        let close = if rest.starts_with("{#") {
+            "#}"
+        } else if rest.starts_with("<!--") {
+            "-->"
+        } else {
+            break;
+        };
+        match rest.find(close) {
+            Some(i) => {
+                offset += i + close.len();
+                rest = &rest[i + close.len()..];
+            }
+            None => break,
+        }
+    }
+    if !rest.is_empty() {
+        let first_line = rest.lines().next().unwrap_or("").trim_end();
+        diags.push(
+            Diagnostic::error(
+                Code::TextBeforeFirstStep,
+                "text before the first step heading",
+                Span::new(offset, offset + first_line.len()),
+            )
+            .with_label_message("this text belongs to no step")
+            .with_help("start the file with a phase heading such as `# prompt:`, or turn the text into a `{# … #}` comment"),
+        );
+    }
+}
+
+/// The phases of one step, in file order.
+struct Group<'a, 'src> {
+    name: String,
+    /// The first heading of the step.
+    span: Span,
+    phases: Vec<(PhaseKind, &'a Phase<'src>)>,
+    /// False when the step is a duplicate or reserved: checked, but not emitted.
+    valid: bool,
+    /// A prompt phase was seen but rejected (out of order): no "missing prompt" error.
+    rejected_prompt: bool,
+}
+
+fn group_steps<'a, 'src>(
+    file: &'a File<'src>,
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<Group<'a, 'src>> {
+    let mut groups: Vec<Group<'a, 'src>> = Vec::new();
+    let mut first_seen: HashMap<String, Span> = HashMap::new();
+    for phase in &file.phases {
+        let Some(header) = phase.heading.parsed else {
+            continue;
+        };
+        let (name, name_span) = header
+            .name
+            .map(|(n, s)| (n.to_string(), s))
+            .unwrap_or_else(|| ("default".to_string(), phase.heading.span));
+
+        if let Some(current) = groups.last_mut().filter(|g| g.name == name) {
+            let last = current.phases.last().map(|(k, _)| *k);
+            if let Some(last) = last.filter(|&last| header.kind <= last) {
+                let message = if header.kind == last {
+                    format!(
+                        "step `{name}` has more than one `{}` phase",
+                        header.kind.as_str()
+                    )
+                } else {
+                    format!(
+                        "the `{}` phase of step `{name}` comes after its `{}` phase",
+                        header.kind.as_str(),
+                        last.as_str()
+                    )
+                };
+                diags.push(
+                    Diagnostic::error(Code::PhaseOrder, message, phase.heading.span)
+                        .with_label_message("out of order")
+                        .with_note("the phases of a step come in the order pre → prompt → post, each at most once"),
+                );
+                current.rejected_prompt |= header.kind == PhaseKind::Prompt;
+                continue;
+            }
+            current.phases.push((header.kind, phase));
+            continue;
+        }
+
+        let mut valid = true;
+        if name == "return" {
+            diags.push(
+                Diagnostic::error(
+                    Code::ReservedStep,
+                    "Reserved step identifier: return",
+                    name_span,
+                )
+                .with_label_message(
+                    "`return` ends the run when used as `next_step`; no step can have this name",
+                ),
+            );
+            valid = false;
+        }
+        if let Some(&first) = first_seen.get(&name) {
+            diags.push(
+                Diagnostic::error(
+                    Code::DuplicateStep,
+                    format!("Duplicate step identifier: {name}"),
+                    name_span,
+                )
+                .with_label_message(format!("`{name}` is defined again here"))
+                .with_secondary(first, "first defined here")
+                .with_note(
+                    "a step's phases must be adjacent; step identifiers are unique within a file",
+                ),
+            );
+            valid = false;
+        } else {
+            first_seen.insert(name.clone(), name_span);
+        }
+        groups.push(Group {
+            name,
+            span: phase.heading.span,
+            phases: vec![(header.kind, phase)],
+            valid,
+            rejected_prompt: false,
+        });
+    }
+    groups
+}
+
+struct Lowerer<'a, 'src> {
+    source: &'src str,
+    relaxed: bool,
+    env: minijinja::Environment<'static>,
+    diags: &'a mut Vec<Diagnostic>,
+    steps: Vec<Step>,
+    templates: Vec<Template>,
+}
+
+impl Lowerer<'_, '_> {
+    fn lower_step(&mut self, group: Group<'_, '_>) {
+        let step = self.steps.len();
+        let mut pre = None;
+        let mut post = None;
+        let mut messages = Vec::new();
+        let mut prompt_span = None;
+        for &(kind, phase) in &group.phases {
+            match kind {
+                PhaseKind::Pre => pre = Some(self.phase_template(step, TemplateKind::Pre, phase)),
+                PhaseKind::Post => {
+                    post = Some(self.phase_template(step, TemplateKind::Post, phase))
+                }
+                PhaseKind::Prompt => {
+                    prompt_span = Some(phase.heading.span);
+                    messages = self.prompt_messages(step, phase);
+                }
+            }
+        }
+        let Some(prompt_span) = prompt_span else {
+            if group.valid && !group.rejected_prompt {
+                self.diags.push(
+                    Diagnostic::error(
+                        Code::MissingPrompt,
+                        format!("step `{}` has no prompt phase", group.name),
+                        group.span,
+                    )
+                    .with_label_message("the step starts here")
+                    .with_help(format!(
+                        "add a `# prompt: {}` phase after this one",
+                        group.name
+                    )),
+                );
+            }
+            return;
+        };
+        if !group.valid {
+            return;
+        }
+        self.steps.push(Step {
+            name: group.name,
+            span: group.span,
+            prompt_span,
+            pre,
+            messages,
+            post,
+        });
+    }
+
+    /// A `pre` or `post` phase: the whole body is one template.
+    fn phase_template(&mut self, step: usize, kind: TemplateKind, phase: &Phase<'_>) -> usize {
+        for section in &phase.sections {
+            if let Some(line) = section.heading
+                && let Some(role) = line.role
+            {
+                self.diags.push(
+                    Diagnostic::warning(
+                        Code::RoleHeadingOutsidePrompt,
+                        format!("role heading `## {}` outside a prompt phase", role.as_str()),
+                        line.span,
+                    )
+                    .with_label_message("this line is template text of the phase")
+                    .with_help("role sections belong in a `# prompt:` phase"),
+                );
+            }
+        }
+        let body = &self.source[phase.body.range()];
+        let (text, map) = if self.relaxed {
+            relaxed::desugar(body, phase.body.start)
+        } else {
+            (body.to_string(), TemplateMap::Verbatim(phase.body.start))
+        };
+        self.add_template(step, kind, text, map, phase.body)
+    }
+
+    /// A prompt phase: one message per role section; text before the first role heading is
+    /// a `user` message. Never rewritten by relaxed mode.
+    fn prompt_messages(&mut self, step: usize, phase: &Phase<'_>) -> Vec<(Role, usize)> {
+        let mut messages = Vec::new();
+        for section in &phase.sections {
+            let body = &self.source[section.body.range()];
+            let role = match section.heading {
+                None if body.trim().is_empty() => continue,
+                None => Role::User,
+                Some(line) => match line.role {
+                    Some(role) => role,
+                    None => {
+                        self.invalid_role(line.text, line.span);
+                        continue;
+                    }
+                },
+            };
+            let t = self.add_template(
+                step,
+                TemplateKind::Prompt(role),
+                body.to_string(),
+                TemplateMap::Verbatim(section.body.start),
+                section.body,
+            );
+            messages.push((role, t));
+        }
+        messages
+    }
+
+    fn invalid_role(&mut self, text: &str, span: Span) {
+        let word = text
+            .trim_start_matches('#')
+            .trim()
+            .trim_end_matches(':')
+            .trim();
+        let roles = aplc_vm::bundle::Role::ALL.map(|r| r.as_str());
+        let mut diag = Diagnostic::error(
+            Code::InvalidRoleHeading,
+            format!("Invalid role heading: {}", text.trim_end()),
+            span,
+        );
+        diag = if find_jinja(text).is_some() {
+            diag.with_label_message("role headings cannot contain Jinja")
+        } else {
+            diag.with_label_message(format!(
+                "expected one of `system`, `user`, `assistant`, `developer`, `tool_result`, found `{word}`"
+            ))
+        };
+        diag = match suggest(word, roles.into_iter()) {
+            Some(s) => diag.with_help(format!("did you mean `## {s}`?")),
+            None => diag.with_help(
+                "a `##` at column 0 in a prompt phase starts a role section; to keep this line as text, indent it or put it in a code fence",
+            ),
+        };
+        self.diags.push(diag);
+    }
+
+    /// Checks a template and adds it to the table.
+    fn add_template(
+        &mut self,
+        step: usize,
+        kind: TemplateKind,
+        source: String,
+        map: TemplateMap,
+        span: Span,
+    ) -> usize {
+        let facts = match analyze::analyze(&source) {
+            Ok(facts) => {
+                // The VM compiles with this same environment at load time; a template the
+                // parser accepts but the code generator rejects must fail here, not there.
+                if let Err(err) = self.env.add_template_owned("check", source.clone()) {
+                    self.template_error(
+                        &source,
+                        &map,
+                        err.detail().unwrap_or("invalid template"),
+                        err.range().map(|r| (r.start, r.end)),
+                        err.line(),
+                    );
+                }
+                self.env.remove_template("check");
+                facts
+            }
+            Err(err) => {
+                self.template_error(&source, &map, &err.message, err.span, err.line);
+                Facts::default()
+            }
+        };
+        for (name, (start, end)) in &facts.reserved {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::ReservedVariable,
+                    format!("Reserved variable: {name}"),
+                    map.span(*start, *end),
+                )
+                .with_label_message("reserved for a future version of APL (§8)")
+                .with_help("choose another variable name"),
+            );
+        }
+        for (what, (start, end)) in &facts.unsupported {
+            self.diags.push(
+                Diagnostic::error(
+                    Code::TemplateSyntax,
+                    format!("`{what}` is not supported in APL templates"),
+                    map.span(*start, *end),
+                )
+                .with_note("each APL template is self-contained: there are no other templates to include, import or extend"),
+            );
+        }
+        self.templates.push(Template {
+            source,
+            step,
+            kind,
+            span,
+            map,
+            facts,
+        });
+        self.templates.len() - 1
+    }
+
+    fn template_error(
+        &mut self,
+        source: &str,
+        map: &TemplateMap,
+        message: &str,
+        span: Option<(usize, usize)>,
+        line: Option<usize>,
+    ) {
+        let (start, end) = span.unwrap_or_else(|| {
+            // Without a span, point at the start of the reported line.
+            let start = line
+                .and_then(|l| {
+                    source
+                        .split_inclusive('\n')
+                        .take(l.saturating_sub(1))
+                        .map(str::len)
+                        .reduce(|a, b| a + b)
+                })
+                .unwrap_or(0);
+            (start, start)
+        });
+        let span = map.span(start, end.max(start));
+        self.diags.push(
+            Diagnostic::error(
+                Code::TemplateSyntax,
+                format!("template syntax error: {message}"),
+                span,
+            )
+            .with_label_message(message.to_string()),
+        );
+    }
+
+    /// The step graph's edges, from literal and computed `set_context('next_step', …)`
+    /// calls in post phases; an unknown literal target is an error.
+    fn edges(&mut self) -> Vec<Edge> {
+        let index: HashMap<&str, usize> = self
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.as_str(), i))
+            .collect();
+        let mut edges = Vec::new();
+        for (step_id, step) in self.steps.iter().enumerate() {
+            let Some(post) = step.post else { continue };
+            let template = &self.templates[post];
+            for (target, (start, end)) in &template.facts.next_steps {
+                let span = template.map.span(*start, *end);
+                let to = match target {
+                    Target::Dynamic => EdgeTo::Dynamic,
+                    Target::Literal(name) if name == "return" => EdgeTo::Return,
+                    Target::Literal(name) => match index.get(name.as_str()) {
+                        Some(&i) => EdgeTo::Step(i),
+                        None => {
+                            // A warning for now: the spec makes this a run-time failure
+                            // (§2.1), which a run still reports if the call is reached.
+                            let mut diag = Diagnostic::warning(Code::UnknownStep, format!("Unknown step: {name}"), span)
+                                .with_label_message(format!("no step is named `{name}`; the run fails here if this call is reached"));
+                            if let Some(s) =
+                                suggest(name, self.steps.iter().map(|s| s.name.as_str()))
+                            {
+                                diag = diag.with_help(format!("did you mean `{s}`?"));
+                            }
+                            self.diags.push(diag);
+                            continue;
+                        }
+                    },
+                };
+                edges.push(Edge {
+                    from: step_id,
+                    to,
+                    span,
+                });
+            }
+        }
+        edges
+    }
+}

@@ -1,0 +1,759 @@
+//! Encoding and decoding of bundle bytes: a fixed 24-byte header, then a postcard payload.
+//!
+//! [`decode`] reads untrusted bytes. It checks the header field by field, in the order
+//! `spec/bundle-format.md` lists them, hands the payload to postcard only once its length
+//! and checksum are right, and returns the bundle only after [`Bundle::validate`] accepted
+//! it. Every failure is a [`BundleError`]; nothing here panics on bad input, and memory use
+//! is bounded by a small multiple of the input length (postcard never preallocates more
+//! than the remaining input can fill). The semantic rules live in `validate.rs`.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::Bundle;
+
+/// The 8 magic bytes every bundle starts with.
+///
+/// Like PNG's signature, they contain a non-ASCII byte, a CR-LF pair and a Ctrl-Z, so
+/// a bundle mangled by a text-mode transfer fails the magic check rather than decoding.
+pub const MAGIC: [u8; 8] = *b"\x89APLB\r\n\x1a";
+/// The bundle format version this VM reads and writes.
+pub const FORMAT_VERSION: u16 = 1;
+/// The largest payload, in bytes, that [`encode`] writes and [`decode`] accepts.
+pub const MAX_PAYLOAD_LEN: u64 = 64 * 1024 * 1024;
+
+/// Why bytes could not be decoded as a bundle.
+///
+/// The variants are listed in the order [`decode`] checks for them: the first check that
+/// fails decides the error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BundleError {
+    /// The bytes do not start with [`MAGIC`] (this includes inputs shorter than it).
+    #[error("not an aplc bundle: bad magic bytes")]
+    BadMagic,
+    /// The input ends inside the 24-byte header.
+    #[error(
+        "bundle header truncated: expected {} bytes, found {found}",
+        HEADER_LEN
+    )]
+    HeaderTruncated {
+        /// The length of the whole input.
+        found: usize,
+    },
+    /// The header's format version is not [`FORMAT_VERSION`].
+    #[error(
+        "unsupported bundle format version {found} (this aplc reads version {})",
+        FORMAT_VERSION
+    )]
+    UnsupportedVersion {
+        /// The version the header declares.
+        found: u16,
+    },
+    /// The header sets flags this version does not define.
+    #[error(
+        "unknown bundle flags {found:#06x} (format version {} defines none, expected 0)",
+        FORMAT_VERSION
+    )]
+    UnknownFlags {
+        /// The flags the header declares.
+        found: u16,
+    },
+    /// The header declares a payload longer than [`MAX_PAYLOAD_LEN`].
+    #[error(
+        "absurd bundle payload length: the header declares {declared} bytes, the limit is {}",
+        MAX_PAYLOAD_LEN
+    )]
+    AbsurdLength {
+        /// The payload length the header declares.
+        declared: u64,
+    },
+    /// Fewer payload bytes follow the header than it declares.
+    #[error("bundle payload truncated: the header declares {declared} bytes, found {found}")]
+    PayloadTruncated {
+        /// The payload length the header declares.
+        declared: u64,
+        /// The number of bytes after the header.
+        found: u64,
+    },
+    /// More bytes follow the header than the payload length it declares.
+    #[error(
+        "trailing bytes after the bundle payload: the header declares {declared} bytes, found {found}"
+    )]
+    TrailingBytes {
+        /// The payload length the header declares.
+        declared: u64,
+        /// The number of bytes after the header.
+        found: u64,
+    },
+    /// The payload's xxh3-64 hash differs from the header's checksum.
+    #[error(
+        "bundle checksum mismatch: the header says {expected:#018x}, the payload hashes to {found:#018x}"
+    )]
+    ChecksumMismatch {
+        /// The checksum the header declares.
+        expected: u64,
+        /// The xxh3-64 hash of the payload as read.
+        found: u64,
+    },
+    /// The payload is not a postcard-encoded [`Bundle`].
+    #[error("malformed bundle payload: {0}")]
+    Malformed(String),
+    /// The payload decoded, but [`Bundle::validate`] rejected it; the message names the
+    /// offending table index.
+    #[error("invalid bundle: {0}")]
+    Invalid(String),
+}
+
+/// Returns true when `bytes` start with the bundle magic.
+///
+/// This only sniffs the file type (to tell a bundle from `.apl` source); [`decode`] does
+/// the actual checking.
+pub fn is_bundle(bytes: &[u8]) -> bool {
+    bytes.starts_with(&MAGIC)
+}
+
+/// Encodes a bundle to bytes: the header, then the postcard payload.
+///
+/// The bundle is not validated here; [`decode`] rejects bytes whose bundle fails
+/// [`Bundle::validate`], so callers that build bundles by hand should validate first.
+///
+/// # Panics
+///
+/// If the payload is longer than [`MAX_PAYLOAD_LEN`], because no reader would accept
+/// the result. That takes a program with tens of megabytes of templates.
+pub fn encode(bundle: &Bundle) -> Vec<u8> {
+    // Serialize straight after a zeroed header, then fill the header in, so the payload
+    // is never copied.
+    let mut bytes = postcard::to_extend(bundle, vec![0u8; HEADER_LEN]).expect(
+        "postcard serializes every Bundle: it holds only integers, strings, enums, \
+         fixed arrays and sequences of known length",
+    );
+    let (header, payload) = bytes.split_at_mut(HEADER_LEN);
+    let payload_len = u32::try_from(payload.len())
+        .ok()
+        .filter(|&len| u64::from(len) <= MAX_PAYLOAD_LEN)
+        .unwrap_or_else(|| payload_too_long(payload.len()));
+    let header_fields = Header {
+        version: FORMAT_VERSION,
+        flags: 0,
+        payload_len,
+        checksum: xxh3_64(payload),
+    };
+    header.copy_from_slice(&header_fields.to_bytes());
+    bytes
+}
+
+/// Decodes and validates untrusted bytes.
+///
+/// The checks run in a fixed order (magic, header length, version, flags, payload length,
+/// checksum, postcard, [`Bundle::validate`]) and the first failure is returned. The
+/// version is checked as soon as its two bytes are present, before the rest of the
+/// header, so a bundle of a later format version always gets
+/// [`BundleError::UnsupportedVersion`] even if that version's header is shorter.
+pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
+    if !is_bundle(bytes) {
+        return Err(BundleError::BadMagic);
+    }
+    let truncated = || BundleError::HeaderTruncated { found: bytes.len() };
+    let (prefix, _) = bytes
+        .split_first_chunk::<VERSION_END>()
+        .ok_or_else(truncated)?;
+    let version = u16::from_le_bytes([prefix[8], prefix[9]]);
+    if version != FORMAT_VERSION {
+        return Err(BundleError::UnsupportedVersion { found: version });
+    }
+    let (header, payload) = bytes
+        .split_first_chunk::<HEADER_LEN>()
+        .ok_or_else(truncated)?;
+    let header = Header::from_bytes(header);
+    if header.flags != 0 {
+        return Err(BundleError::UnknownFlags {
+            found: header.flags,
+        });
+    }
+    let declared = u64::from(header.payload_len);
+    if declared > MAX_PAYLOAD_LEN {
+        return Err(BundleError::AbsurdLength { declared });
+    }
+    // `usize` is at most 64 bits on every target Rust supports.
+    let found = payload.len() as u64;
+    if found < declared {
+        return Err(BundleError::PayloadTruncated { declared, found });
+    }
+    if found > declared {
+        return Err(BundleError::TrailingBytes { declared, found });
+    }
+    let hash = xxh3_64(payload);
+    if hash != header.checksum {
+        return Err(BundleError::ChecksumMismatch {
+            expected: header.checksum,
+            found: hash,
+        });
+    }
+    let (bundle, rest) = postcard::take_from_bytes::<Bundle>(payload)
+        .map_err(|err| BundleError::Malformed(err.to_string()))?;
+    if !rest.is_empty() {
+        return Err(BundleError::Malformed(format!(
+            "{} unused bytes after the bundle value",
+            rest.len()
+        )));
+    }
+    bundle.validate()?;
+    Ok(bundle)
+}
+
+/// Length of the fixed header.
+const HEADER_LEN: usize = 24;
+/// End of the format version field: the magic plus the version.
+const VERSION_END: usize = 10;
+
+/// The header fields after the magic.
+struct Header {
+    version: u16,
+    flags: u16,
+    payload_len: u32,
+    checksum: u64,
+}
+
+impl Header {
+    fn from_bytes(bytes: &[u8; HEADER_LEN]) -> Header {
+        let [
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            v0,
+            v1,
+            f0,
+            f1,
+            l0,
+            l1,
+            l2,
+            l3,
+            c @ ..,
+        ] = *bytes;
+        Header {
+            version: u16::from_le_bytes([v0, v1]),
+            flags: u16::from_le_bytes([f0, f1]),
+            payload_len: u32::from_le_bytes([l0, l1, l2, l3]),
+            checksum: u64::from_le_bytes(c),
+        }
+    }
+
+    fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut bytes = [0u8; HEADER_LEN];
+        bytes[..8].copy_from_slice(&MAGIC);
+        bytes[8..10].copy_from_slice(&self.version.to_le_bytes());
+        bytes[10..12].copy_from_slice(&self.flags.to_le_bytes());
+        bytes[12..16].copy_from_slice(&self.payload_len.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.checksum.to_le_bytes());
+        bytes
+    }
+}
+
+#[cold]
+fn payload_too_long(len: usize) -> ! {
+    panic!("bundle payload of {len} bytes exceeds the format's limit of {MAX_PAYLOAD_LEN} bytes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bundle::{
+        Edge, EdgeTarget, Instr, MessageEntry, Role, SourceSpan, StepEntry, StepId, TemplateEntry,
+        TemplateId, TemplateKind,
+    };
+
+    /// Two steps, `start` and `finish`, each with a system and a user message and a
+    /// post phase; `start` goes to `finish`, `finish` returns.
+    fn sample() -> Bundle {
+        let span = |line: u32| SourceSpan {
+            start: line * 10,
+            end: line * 10 + 9,
+            line,
+            col: 1,
+        };
+        let template = |source: &str, step: u32, kind: TemplateKind, line: u32| TemplateEntry {
+            source: source.to_owned(),
+            step: StepId(step),
+            kind,
+            span: span(line),
+        };
+        let step_code = |step: u32, first_message: u32, post: u32| {
+            [
+                Instr::EnterStep(StepId(step)),
+                Instr::BuildPrompts {
+                    first: first_message,
+                    count: 2,
+                },
+                Instr::CallProvider,
+                Instr::ProcessResponse,
+                Instr::CallTools,
+                Instr::ClearNextStep,
+                Instr::RenderPost(TemplateId(post)),
+                Instr::Snapshot,
+                Instr::Branch,
+            ]
+        };
+        let code: Vec<Instr> = step_code(0, 0, 2)
+            .into_iter()
+            .chain(step_code(1, 2, 5))
+            .collect();
+        Bundle {
+            compiler_version: "0.1.0".to_owned(),
+            source_name: "sample.apl".to_owned(),
+            source_hash: [7; 32],
+            steps: vec![
+                StepEntry {
+                    name: "start".to_owned(),
+                    entry: 0,
+                    span: span(1),
+                },
+                StepEntry {
+                    name: "finish".to_owned(),
+                    entry: 9,
+                    span: span(8),
+                },
+            ],
+            templates: vec![
+                template("You are terse.", 0, TemplateKind::Prompt(Role::System), 2),
+                template("Say hi.", 0, TemplateKind::Prompt(Role::User), 4),
+                template(
+                    "{{ set_context('next_step', 'finish') }}",
+                    0,
+                    TemplateKind::Post,
+                    6,
+                ),
+                template("You are kind.", 1, TemplateKind::Prompt(Role::System), 9),
+                template("Say bye.", 1, TemplateKind::Prompt(Role::User), 11),
+                template("", 1, TemplateKind::Post, 13),
+            ],
+            messages: vec![
+                MessageEntry {
+                    role: Role::System,
+                    template: TemplateId(0),
+                },
+                MessageEntry {
+                    role: Role::User,
+                    template: TemplateId(1),
+                },
+                MessageEntry {
+                    role: Role::System,
+                    template: TemplateId(3),
+                },
+                MessageEntry {
+                    role: Role::User,
+                    template: TemplateId(4),
+                },
+            ],
+            code_spans: (0..code.len() as u32).map(span).collect(),
+            code,
+            edges: vec![
+                Edge {
+                    from: StepId(0),
+                    to: EdgeTarget::Step(StepId(1)),
+                    span: span(6),
+                },
+                Edge {
+                    from: StepId(1),
+                    to: EdgeTarget::Return,
+                    span: span(13),
+                },
+            ],
+        }
+    }
+
+    /// Wraps `payload` in a header with a correct length and checksum.
+    fn with_header(payload: &[u8]) -> Vec<u8> {
+        let header = Header {
+            version: FORMAT_VERSION,
+            flags: 0,
+            payload_len: payload.len() as u32,
+            checksum: xxh3_64(payload),
+        };
+        let mut bytes = header.to_bytes().to_vec();
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    /// The validation message for `bundle`, encoded and decoded.
+    fn invalid(bundle: &Bundle) -> String {
+        let direct = bundle.validate().expect_err("bundle should be invalid");
+        assert_eq!(decode(&encode(bundle)), Err(direct.clone()));
+        match direct {
+            BundleError::Invalid(message) => message,
+            other => panic!("expected BundleError::Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let bundle = sample();
+        assert_eq!(bundle.validate(), Ok(()));
+        let bytes = encode(&bundle);
+        assert!(is_bundle(&bytes));
+        assert_eq!(bytes[..8], MAGIC);
+        assert_eq!(bytes[8..10], [1, 0]);
+        assert_eq!(bytes[10..12], [0, 0]);
+        let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap());
+        assert_eq!(len as usize, bytes.len() - HEADER_LEN);
+        let checksum = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
+        assert_eq!(checksum, xxh3_64(&bytes[HEADER_LEN..]));
+        assert_eq!(decode(&bytes), Ok(bundle));
+    }
+
+    #[test]
+    fn is_bundle_sniffs_only_the_magic() {
+        assert!(is_bundle(&MAGIC));
+        assert!(!is_bundle(b"# start\n"));
+        assert!(!is_bundle(&MAGIC[..7]));
+    }
+
+    #[test]
+    fn bad_magic() {
+        let mut bytes = encode(&sample());
+        bytes[1] ^= 0x20;
+        assert_eq!(decode(&bytes), Err(BundleError::BadMagic));
+        assert_eq!(decode(&[]), Err(BundleError::BadMagic));
+        assert_eq!(decode(&MAGIC[..5]), Err(BundleError::BadMagic));
+        assert_eq!(
+            BundleError::BadMagic.to_string(),
+            "not an aplc bundle: bad magic bytes"
+        );
+    }
+
+    #[test]
+    fn header_truncated() {
+        let bytes = encode(&sample());
+        for len in [8, 9, 10, 23] {
+            assert_eq!(
+                decode(&bytes[..len]),
+                Err(BundleError::HeaderTruncated { found: len })
+            );
+        }
+        assert_eq!(
+            BundleError::HeaderTruncated { found: 9 }.to_string(),
+            "bundle header truncated: expected 24 bytes, found 9"
+        );
+    }
+
+    #[test]
+    fn unsupported_version() {
+        let mut bytes = encode(&sample());
+        bytes[8..10].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(
+            decode(&bytes),
+            Err(BundleError::UnsupportedVersion { found: 2 })
+        );
+        // A later version wins over a header that is short by this version's layout.
+        assert_eq!(
+            decode(&bytes[..12]),
+            Err(BundleError::UnsupportedVersion { found: 2 })
+        );
+        assert_eq!(
+            BundleError::UnsupportedVersion { found: 7 }.to_string(),
+            "unsupported bundle format version 7 (this aplc reads version 1)"
+        );
+    }
+
+    #[test]
+    fn unknown_flags() {
+        let mut bytes = encode(&sample());
+        bytes[10] = 0x04;
+        let err = decode(&bytes).unwrap_err();
+        assert_eq!(err, BundleError::UnknownFlags { found: 4 });
+        assert_eq!(
+            err.to_string(),
+            "unknown bundle flags 0x0004 (format version 1 defines none, expected 0)"
+        );
+    }
+
+    #[test]
+    fn absurd_length() {
+        let mut bytes = encode(&sample());
+        bytes[12..16].copy_from_slice(&(1u32 << 31).to_le_bytes());
+        let err = decode(&bytes).unwrap_err();
+        assert_eq!(err, BundleError::AbsurdLength { declared: 1 << 31 });
+        assert_eq!(
+            err.to_string(),
+            "absurd bundle payload length: the header declares 2147483648 bytes, \
+             the limit is 67108864"
+        );
+    }
+
+    #[test]
+    fn payload_truncated() {
+        let bytes = encode(&sample());
+        let declared = (bytes.len() - HEADER_LEN) as u64;
+        assert_eq!(
+            decode(&bytes[..bytes.len() - 1]),
+            Err(BundleError::PayloadTruncated {
+                declared,
+                found: declared - 1
+            })
+        );
+        assert_eq!(
+            decode(&bytes[..HEADER_LEN]),
+            Err(BundleError::PayloadTruncated { declared, found: 0 })
+        );
+    }
+
+    #[test]
+    fn trailing_bytes() {
+        let mut bytes = encode(&sample());
+        let declared = (bytes.len() - HEADER_LEN) as u64;
+        bytes.push(0);
+        assert_eq!(
+            decode(&bytes),
+            Err(BundleError::TrailingBytes {
+                declared,
+                found: declared + 1
+            })
+        );
+    }
+
+    #[test]
+    fn checksum_mismatch() {
+        let mut bytes = encode(&sample());
+        let expected = xxh3_64(&bytes[HEADER_LEN..]);
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        let found = xxh3_64(&bytes[HEADER_LEN..]);
+        let err = decode(&bytes).unwrap_err();
+        assert_eq!(err, BundleError::ChecksumMismatch { expected, found });
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("{expected:#018x}"))
+                && message.contains(&format!("{found:#018x}")),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn malformed_payload() {
+        // A string length far past the end of the input.
+        let err = decode(&with_header(&[0xff, 0xff, 0xff, 0x0f, b'x'])).unwrap_err();
+        assert!(
+            matches!(&err, BundleError::Malformed(message) if !message.is_empty()),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with("malformed bundle payload: "));
+        assert!(matches!(
+            decode(&with_header(&[])),
+            Err(BundleError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn unused_payload_bytes_are_malformed() {
+        let mut payload = postcard::to_allocvec(&sample()).unwrap();
+        payload.push(0);
+        assert_eq!(
+            decode(&with_header(&payload)),
+            Err(BundleError::Malformed(
+                "1 unused bytes after the bundle value".to_owned()
+            ))
+        );
+    }
+
+    #[test]
+    fn invalid_bundle_error_message() {
+        let mut bundle = sample();
+        bundle.steps.clear();
+        assert_eq!(
+            invalid(&bundle),
+            "the step table is empty (a bundle needs at least one step)"
+        );
+        assert_eq!(
+            decode(&encode(&bundle)).unwrap_err().to_string(),
+            "invalid bundle: the step table is empty (a bundle needs at least one step)"
+        );
+    }
+
+    #[test]
+    fn step_names_non_empty_and_unique() {
+        let mut bundle = sample();
+        bundle.steps[1].name.clear();
+        assert_eq!(invalid(&bundle), "step 1 has an empty name");
+        bundle.steps[1].name = "start".to_owned();
+        assert_eq!(
+            invalid(&bundle),
+            "step 1 has the same name `start` as step 0"
+        );
+    }
+
+    #[test]
+    fn code_spans_match_code() {
+        let mut bundle = sample();
+        bundle.code_spans.pop();
+        assert_eq!(
+            invalid(&bundle),
+            "the span table has 17 entries but the code has 18 instructions"
+        );
+    }
+
+    #[test]
+    fn first_step_starts_at_zero() {
+        let mut bundle = sample();
+        bundle.code.insert(0, Instr::Snapshot);
+        bundle.code_spans.insert(0, SourceSpan::default());
+        bundle.steps[0].entry = 1;
+        bundle.steps[1].entry = 10;
+        assert_eq!(
+            invalid(&bundle),
+            "step 0 starts at instruction 1, expected 0"
+        );
+    }
+
+    #[test]
+    fn steps_in_entry_order() {
+        let mut bundle = sample();
+        bundle.steps[1].entry = 0;
+        assert_eq!(
+            invalid(&bundle),
+            "step 1 starts at instruction 0, not after step 0 (at 0): \
+             steps must be in entry order"
+        );
+    }
+
+    #[test]
+    fn entry_inside_code() {
+        let mut bundle = sample();
+        bundle.steps[1].entry = 18;
+        assert_eq!(
+            invalid(&bundle),
+            "step 1 starts at instruction 18, but the code has only 18 instructions"
+        );
+        let mut bundle = sample();
+        bundle.code.clear();
+        bundle.code_spans.clear();
+        assert_eq!(
+            invalid(&bundle),
+            "step 0 starts at instruction 0, but the code has only 0 instructions"
+        );
+    }
+
+    #[test]
+    fn segment_starts_with_own_enter_step() {
+        let mut bundle = sample();
+        bundle.code[9] = Instr::EnterStep(StepId(0));
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 9, the entry of step 1, is EnterStep(StepId(0)), \
+             expected EnterStep(StepId(1))"
+        );
+        let mut bundle = sample();
+        bundle.code[0] = Instr::Snapshot;
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 0, the entry of step 0, is Snapshot, expected EnterStep(StepId(0))"
+        );
+    }
+
+    #[test]
+    fn segment_ends_with_branch() {
+        let mut bundle = sample();
+        bundle.code[17] = Instr::Snapshot;
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 17, the last of step 1, is Snapshot, expected Branch"
+        );
+        // A one-instruction step cannot both enter and branch.
+        let mut bundle = sample();
+        bundle.code.truncate(10);
+        bundle.code_spans.truncate(10);
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 9, the last of step 1, is EnterStep(StepId(1)), expected Branch"
+        );
+    }
+
+    #[test]
+    fn no_enter_step_or_branch_inside_a_segment() {
+        let mut bundle = sample();
+        bundle.code[4] = Instr::Branch;
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 4 in step 0 is a Branch; only the last instruction of a step may be"
+        );
+        let mut bundle = sample();
+        bundle.code[12] = Instr::EnterStep(StepId(1));
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 12 in step 1 is an EnterStep(StepId(1)); \
+             only the first instruction of a step may be"
+        );
+    }
+
+    #[test]
+    fn template_ids_in_range() {
+        let mut bundle = sample();
+        bundle.code[15] = Instr::RenderPost(TemplateId(6));
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 15 (RenderPost) refers to template 6, but there are only 6 templates"
+        );
+        let mut bundle = sample();
+        bundle.code[1] = Instr::RenderPre(TemplateId(99));
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 1 (RenderPre) refers to template 99, but there are only 6 templates"
+        );
+        let mut bundle = sample();
+        bundle.messages[3].template = TemplateId(6);
+        assert_eq!(
+            invalid(&bundle),
+            "message 3 refers to template 6, but there are only 6 templates"
+        );
+    }
+
+    #[test]
+    fn step_ids_in_range() {
+        let mut bundle = sample();
+        bundle.templates[5].step = StepId(2);
+        assert_eq!(
+            invalid(&bundle),
+            "template 5 belongs to step 2, but there are only 2 steps"
+        );
+        let mut bundle = sample();
+        bundle.edges[1].from = StepId(2);
+        assert_eq!(
+            invalid(&bundle),
+            "edge 1 starts at step 2, but there are only 2 steps"
+        );
+        let mut bundle = sample();
+        bundle.edges[0].to = EdgeTarget::Step(StepId(5));
+        assert_eq!(
+            invalid(&bundle),
+            "edge 0 goes to step 5, but there are only 2 steps"
+        );
+    }
+
+    #[test]
+    fn message_ranges_in_range() {
+        let mut bundle = sample();
+        bundle.code[10] = Instr::BuildPrompts { first: 2, count: 3 };
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 10 (BuildPrompts) covers messages 2..5, but there are only 4 messages"
+        );
+        let mut bundle = sample();
+        bundle.code[1] = Instr::BuildPrompts {
+            first: u32::MAX,
+            count: 1,
+        };
+        assert_eq!(
+            invalid(&bundle),
+            "instruction 1 (BuildPrompts) covers messages 4294967295 + 1, \
+             which overflows a u32"
+        );
+        // An empty range at the end of the table is fine.
+        let mut bundle = sample();
+        bundle.code[10] = Instr::BuildPrompts { first: 4, count: 0 };
+        assert_eq!(bundle.validate(), Ok(()));
+    }
+}

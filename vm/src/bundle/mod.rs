@@ -1,0 +1,160 @@
+//! The bundle: the versioned binary form of a compiled APL program.
+//!
+//! The VM owns the format because the format *is* the machine's instruction set: the
+//! compiler builds a [`Bundle`] value and calls [`encode`]; the VM calls [`decode`] on
+//! untrusted bytes. `spec/bundle-format.md` documents the layout byte by byte.
+//!
+//! These are the only types in the workspace that derive `Serialize`/`Deserialize`.
+
+mod codec;
+mod instr;
+mod validate;
+
+use serde::{Deserialize, Serialize};
+
+pub use codec::{BundleError, FORMAT_VERSION, MAGIC, MAX_PAYLOAD_LEN, decode, encode, is_bundle};
+pub use instr::{Instr, StepId, TemplateId};
+
+/// A compiled APL program, ready to be encoded or loaded.
+///
+/// Every index in here (step ids, template ids, message ranges, instruction targets) is
+/// checked by [`Bundle::validate`] before the VM trusts it, so a decoded bundle can be
+/// executed without bounds panics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bundle {
+    /// Version of the compiler that produced the bundle (`CARGO_PKG_VERSION`).
+    pub compiler_version: String,
+    /// The file name the source was compiled from, for messages.
+    pub source_name: String,
+    /// SHA-256 of the `.apl` source text.
+    pub source_hash: [u8; 32],
+    /// Steps in source order; `StepId(0)` is the entry step.
+    pub steps: Vec<StepEntry>,
+    /// Every template of the program (phase bodies and role sections).
+    pub templates: Vec<TemplateEntry>,
+    /// Prompt messages: one entry per role section, referenced by [`Instr::BuildPrompts`].
+    pub messages: Vec<MessageEntry>,
+    /// The instructions of all steps, each step's code contiguous.
+    pub code: Vec<Instr>,
+    /// Side table: the source span of each instruction in `code` (same length).
+    pub code_spans: Vec<SourceSpan>,
+    /// The step graph's edges, as found by the compiler.
+    pub edges: Vec<Edge>,
+}
+
+/// One step in the step table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepEntry {
+    /// The step identifier as written (trimmed, case-sensitive).
+    pub name: String,
+    /// Index into [`Bundle::code`] of the step's first instruction.
+    pub entry: u32,
+    /// Span of the step's first heading.
+    pub span: SourceSpan,
+}
+
+/// A template and where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateEntry {
+    /// The Jinja source, after relaxed-syntax desugaring where that applied.
+    pub source: String,
+    /// Which step the template belongs to.
+    pub step: StepId,
+    /// Which part of the step it is.
+    pub kind: TemplateKind,
+    /// Span of the template body in the `.apl` source.
+    pub span: SourceSpan,
+}
+
+/// The part of a step a template implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TemplateKind {
+    /// The `pre` phase.
+    Pre,
+    /// One role section of the `prompt` phase.
+    Prompt(Role),
+    /// The `post` phase.
+    Post,
+}
+
+/// A prompt message: a role and the template that renders its content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageEntry {
+    /// The message role.
+    pub role: Role,
+    /// The template rendering the message content.
+    pub template: TemplateId,
+}
+
+/// A prompt role (§1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// `## system`
+    System,
+    /// `## user`, and text before the first role heading.
+    User,
+    /// `## assistant`
+    Assistant,
+    /// `## developer`
+    Developer,
+    /// `## tool_result`
+    ToolResult,
+}
+
+impl Role {
+    /// Every role, in the order the spec lists them.
+    pub const ALL: [Role; 5] = [
+        Role::System,
+        Role::User,
+        Role::Assistant,
+        Role::Developer,
+        Role::ToolResult,
+    ];
+
+    /// The role's name as it appears in headings and in `prompts`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Developer => "developer",
+            Role::ToolResult => "tool_result",
+        }
+    }
+}
+
+/// An edge of the step graph.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Edge {
+    /// The step whose post phase sets `next_step`.
+    pub from: StepId,
+    /// Where it goes.
+    pub to: EdgeTarget,
+    /// The `set_context('next_step', …)` call.
+    pub span: SourceSpan,
+}
+
+/// The target of a step-graph edge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EdgeTarget {
+    /// A literal step name that resolves to this step.
+    Step(StepId),
+    /// The literal `return`.
+    Return,
+    /// A computed target: may reach any step.
+    Dynamic,
+}
+
+/// A region of the `.apl` source: byte offsets plus the 1-based line and column of the
+/// start, so that messages can point at the source without having it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SourceSpan {
+    /// Byte offset of the first byte.
+    pub start: u32,
+    /// Byte offset one past the last byte.
+    pub end: u32,
+    /// 1-based line of `start`.
+    pub line: u32,
+    /// 1-based column (in characters) of `start`.
+    pub col: u32,
+}

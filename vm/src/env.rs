@@ -1,0 +1,1249 @@
+//! The template environment shared by the compiler (build-time checks) and the VM, and the
+//! Python-style printing of values that makes minijinja output look like Jinja2's.
+//!
+//! APL templates are Jinja2 templates (spec §7), and they are run on minijinja. This file
+//! configures the one [`Environment`] both sides use so that the idioms of §7 behave as
+//! they do in Python Jinja2:
+//!
+//! * undefined values follow [`UndefinedBehavior::SemiStrict`]: printing or iterating an
+//!   undefined variable is an error, while `{% if maybe %}`, `maybe is defined`,
+//!   `maybe is none` and `maybe | default(..)` are fine;
+//! * no auto-escaping, a trailing newline of a template is dropped (Jinja2's default),
+//!   errors carry line information;
+//! * every render has a fuel budget, a recursion limit and an output cap ([`Limits`]);
+//! * values print like Python's `str()`: `None`, `True`, `False`, `1.0`, `1e+16`,
+//!   `[1, 'a']`, `{'k': 'v'}`, `(1,)`; strings print as they are;
+//! * Python string and dict methods (`.lower()`, `.strip()`, `.split()`,
+//!   `.startswith()`, `.get()`, `.items()`, ...) come from minijinja-contrib's `pycompat`;
+//! * the filters `truncate`, `join`, `string`, `pprint`, `int`, `float`, `center`,
+//!   `wordcount`, `filesizeformat`, `striptags` and the globals `cycler` and `joiner`
+//!   behave as in Jinja2 (see `helpers.rs`), and so do the APL helpers of §6.3 and §7.4.
+//!
+//! # Known differences from Python Jinja2
+//!
+//! These remain, and are documented in `spec/language.md`:
+//!
+//! * **Undefined values are semi-strict**, where Python APL uses Jinja2's lenient default:
+//!   `{{ missing }}`, `{% for x in missing %}`, `missing.attr` and `missing | length`
+//!   are errors rather than empty. Use `get_context('x', default)`, `x | default(..)` or
+//!   `{% if x is defined %}`.
+//! * **Values are immutable.** `list.append()`, `dict.update()` and friends do not exist;
+//!   build a new value (`xs + [x]`) and store it with `set_context`, or use `add_context`.
+//! * **Only `{{ }}` and the filters listed above print the Python way.** The `~`
+//!   operator and the `format` filter / `str.format` use minijinja's own rendering,
+//!   which differs for floats outside `1e-4..1e16` (`'a' ~ 1e20` is
+//!   `a100000000000000000000.0`, Python gives `a1e+20`).
+//! * **Integers are 128-bit**: arithmetic that overflows is an error, not a big integer.
+//! * **`%` is arithmetic only**: `"%s" % x` fails; use `"%s" | format(x)`.
+//! * **`tojson` keeps insertion order** of keys where Jinja2 sorts them.
+//! * Missing from Jinja2's built-ins: the filters `forceescape`, `random`, `urlencode`,
+//!   `urlize`, `wordwrap` and `xmlattr`, the test `callable`, and the global `lipsum`.
+//!   minijinja adds a few of its own (`split`, `lines`, `bool`, `chain`, `zip` filters
+//!   and the `debug()` global); they are available but are not portable to Jinja2.
+//! * Python's `repr` of strings escapes non-printable characters; here the control
+//!   characters, the space separators other than ` `, the format characters and the
+//!   private-use characters are escaped, but unassigned code points are printed as-is.
+//! * Text written by `{% set x %}...{% endset %}`, `{% filter %}` and macro calls is
+//!   buffered in memory before the output cap sees it; fuel bounds how much can pile up.
+
+use std::fmt;
+use std::io;
+
+use minijinja::value::{Value, ValueKind};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
+
+/// Limits applied to every render.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// minijinja fuel per render (roughly, instructions executed).
+    pub fuel: u64,
+    /// Maximum nesting depth of template recursion (macros, includes), in minijinja's
+    /// units: a block or loop costs 1 and a macro call about 6, so 200 allows about thirty
+    /// nested macro calls.
+    pub recursion: usize,
+    /// Maximum size of one render's output, in bytes.
+    pub max_output_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            fuel: 5_000_000,
+            recursion: 200,
+            max_output_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// Builds the environment every APL template is compiled and rendered in.
+///
+/// The compiler checks templates with it at build time and the VM renders them with it,
+/// so a template that compiles uses only filters, tests and functions the VM has. Every
+/// render's root context must be the run's `Store` (see `store.rs`); the helpers of
+/// §6.3 and §7.4 find it there and fail with a clear error without it.
+pub fn template_env(limits: &Limits) -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
+    env.set_fuel(Some(limits.fuel));
+    env.set_recursion_limit(limits.recursion);
+    env.set_auto_escape_callback(|_| AutoEscape::None);
+    env.set_debug(true);
+    // minijinja's default syntax already drops a template's trailing newline, like
+    // Jinja2's `keep_trailing_newline=False`; a test below pins that down.
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_formatter(|out, _state, value| {
+        // Only the "silent" undefined of `{{ x if cond }}` without an else reaches the
+        // formatter: SemiStrict rejects every other undefined before. Jinja2 prints it
+        // as an empty string.
+        if value.is_undefined() {
+            return Ok(());
+        }
+        write_py_str(out, value)
+    });
+    crate::helpers::register(&mut env);
+    env
+}
+
+/// Renders the template `name` with `root` as its context, failing once the output
+/// exceeds `max_output_bytes`.
+#[allow(dead_code)]
+pub(crate) fn render(
+    env: &Environment<'static>,
+    name: &str,
+    root: Value,
+    max_output_bytes: usize,
+) -> Result<String, Error> {
+    let template = env.get_template(name)?;
+    let mut out = CappedWriter {
+        buf: Vec::new(),
+        limit: max_output_bytes,
+        exceeded: false,
+    };
+    match template.render_captured_to(root, &mut out) {
+        Ok(_) => {}
+        Err(_) if out.exceeded => return Err(output_limit_error(max_output_bytes)),
+        Err(err) => return Err(err),
+    }
+    // Only whole `&str`s are ever written, so the buffer is valid UTF-8.
+    String::from_utf8(out.buf).map_err(|_| {
+        Error::new(
+            ErrorKind::WriteFailure,
+            "template output is not valid UTF-8",
+        )
+    })
+}
+
+/// Writes `value` the way Python's `str()` prints it: strings as they are, everything
+/// else like [`py_repr`].
+///
+/// An undefined value is an error, as Jinja2's `StrictUndefined` makes it.
+pub(crate) fn write_py_str(out: &mut dyn fmt::Write, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::Undefined => Err(Error::new(
+            ErrorKind::UndefinedError,
+            "cannot print an undefined value",
+        )),
+        ValueKind::String => Ok(out.write_str(value.as_str().unwrap_or_default())?),
+        _ => write_repr(out, value, 0),
+    }
+}
+
+/// `str(value)` as a `String`; see [`write_py_str`].
+pub(crate) fn py_str(value: &Value) -> Result<String, Error> {
+    let mut s = String::new();
+    write_py_str(&mut s, value)?;
+    Ok(s)
+}
+
+/// `repr(value)` as a `String`: like [`py_str`], but strings are quoted and escaped,
+/// and an undefined value is `Undefined`.
+pub(crate) fn py_repr(value: &Value) -> Result<String, Error> {
+    let mut s = String::new();
+    write_repr(&mut s, value, 0)?;
+    Ok(s)
+}
+
+/// The name Python would give the type of `value`, for error messages.
+pub(crate) fn py_type_name(value: &Value) -> &'static str {
+    match value.kind() {
+        ValueKind::Undefined => "Undefined",
+        ValueKind::None => "NoneType",
+        ValueKind::Bool => "bool",
+        ValueKind::Number if value.is_integer() => "int",
+        ValueKind::Number => "float",
+        ValueKind::String => "str",
+        ValueKind::Bytes => "bytes",
+        ValueKind::Seq if value.is_tuple() => "tuple",
+        ValueKind::Seq => "list",
+        ValueKind::Map => "dict",
+        ValueKind::Iterable => "iterator",
+        _ => "object",
+    }
+}
+
+/// How deeply nested containers are printed before Python's `...` placeholder is used.
+/// Values cannot be cyclic, but objects handed in by an embedder could be arbitrarily
+/// deep, and printing recurses.
+const MAX_REPR_DEPTH: usize = 100;
+
+/// An `io::Write` that collects output and refuses to grow past `limit` bytes.
+struct CappedWriter {
+    buf: Vec<u8>,
+    limit: usize,
+    exceeded: bool,
+}
+
+impl io::Write for CappedWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.len().saturating_add(data.len()) > self.limit {
+            self.exceeded = true;
+            return Err(io::Error::other(format!(
+                "template output exceeds the limit of {} bytes",
+                self.limit
+            )));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cold]
+fn output_limit_error(limit: usize) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!("template output exceeds the limit of {limit} bytes"),
+    )
+}
+
+fn write_repr(out: &mut dyn fmt::Write, value: &Value, depth: usize) -> Result<(), Error> {
+    match value.kind() {
+        // Inside a container, Jinja2's `StrictUndefined` has a repr (it is only `str()`
+        // that fails); loop objects, for one, hold undefined `previtem`/`nextitem`.
+        ValueKind::Undefined => Ok(out.write_str("Undefined")?),
+        ValueKind::None => Ok(out.write_str("None")?),
+        ValueKind::Bool => Ok(out.write_str(if value.is_true() { "True" } else { "False" })?),
+        ValueKind::Number => write_number(out, value),
+        ValueKind::String => Ok(write_str_repr(out, value.as_str().unwrap_or_default())?),
+        ValueKind::Bytes => Ok(write_bytes_repr(out, value.as_bytes().unwrap_or_default())?),
+        ValueKind::Seq | ValueKind::Iterable | ValueKind::Map if depth >= MAX_REPR_DEPTH => {
+            Ok(out.write_str("...")?)
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            let tuple = value.is_tuple();
+            out.write_char(if tuple { '(' } else { '[' })?;
+            let mut count = 0;
+            for item in value.try_iter()? {
+                if count > 0 {
+                    out.write_str(", ")?;
+                }
+                write_repr(out, &item, depth + 1)?;
+                count += 1;
+            }
+            if tuple && count == 1 {
+                out.write_char(',')?;
+            }
+            Ok(out.write_char(if tuple { ')' } else { ']' })?)
+        }
+        ValueKind::Map => match value.as_object().and_then(|obj| obj.try_iter_pairs()) {
+            Some(pairs) => {
+                out.write_char('{')?;
+                for (idx, (key, item)) in pairs.enumerate() {
+                    if idx > 0 {
+                        out.write_str(", ")?;
+                    }
+                    write_repr(out, &key, depth + 1)?;
+                    out.write_str(": ")?;
+                    write_repr(out, &item, depth + 1)?;
+                }
+                Ok(out.write_char('}')?)
+            }
+            None => Ok(write!(out, "{value}")?),
+        },
+        // Macros, loop objects, cyclers and the like have no Python literal form; their
+        // own rendering (`<macro f>`, ...) is what Jinja2 prints too, give or take.
+        _ => Ok(write!(out, "{value}")?),
+    }
+}
+
+fn write_number(out: &mut dyn fmt::Write, value: &Value) -> Result<(), Error> {
+    if value.is_integer() {
+        return Ok(write!(out, "{value}")?);
+    }
+    match f64::try_from(value.clone()) {
+        Ok(x) => Ok(write_py_float(out, x)?),
+        Err(_) => Ok(write!(out, "{value}")?),
+    }
+}
+
+/// Writes `x` like Python's `repr(float)`: the shortest digits that round-trip, in
+/// positional notation when the decimal exponent is in `-4..16`, else scientific.
+fn write_py_float(out: &mut dyn fmt::Write, x: f64) -> fmt::Result {
+    if x.is_nan() {
+        return out.write_str("nan");
+    }
+    if x.is_infinite() {
+        return out.write_str(if x < 0.0 { "-inf" } else { "inf" });
+    }
+    if x == 0.0 {
+        return out.write_str(if x.is_sign_negative() { "-0.0" } else { "0.0" });
+    }
+    // Rust's `{:e}` gives the same shortest round-trip digits Python uses, as
+    // `d.ddde±x`; only the layout differs.
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((sci.as_str(), "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if x < 0.0 {
+        out.write_char('-')?;
+    }
+    // `decpt` is where the decimal point goes relative to the digits: 0.DIGITS × 10^decpt.
+    let decpt = exp + 1;
+    if decpt > -4 && decpt <= 16 {
+        let n = digits.len() as i32;
+        if decpt <= 0 {
+            out.write_str("0.")?;
+            for _ in 0..-decpt {
+                out.write_char('0')?;
+            }
+            out.write_str(&digits)
+        } else if decpt >= n {
+            out.write_str(&digits)?;
+            for _ in 0..decpt - n {
+                out.write_char('0')?;
+            }
+            out.write_str(".0")
+        } else {
+            let (int, frac) = digits.split_at(decpt as usize);
+            write!(out, "{int}.{frac}")
+        }
+    } else {
+        let (first, rest) = digits.split_at(1);
+        out.write_str(first)?;
+        if !rest.is_empty() {
+            write!(out, ".{rest}")?;
+        }
+        let sign = if exp < 0 { '-' } else { '+' };
+        write!(out, "e{sign}{:02}", exp.unsigned_abs())
+    }
+}
+
+/// Writes `s` like Python's `repr(str)`.
+fn write_str_repr(out: &mut dyn fmt::Write, s: &str) -> fmt::Result {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.write_char(quote)?;
+    for c in s.chars() {
+        match c {
+            '\\' => out.write_str("\\\\")?,
+            '\n' => out.write_str("\\n")?,
+            '\r' => out.write_str("\\r")?,
+            '\t' => out.write_str("\\t")?,
+            c if c == quote => write!(out, "\\{c}")?,
+            c if is_py_printable(c) => out.write_char(c)?,
+            c if (c as u32) <= 0xff => write!(out, "\\x{:02x}", c as u32)?,
+            c if (c as u32) <= 0xffff => write!(out, "\\u{:04x}", c as u32)?,
+            c => write!(out, "\\U{:08x}", c as u32)?,
+        }
+    }
+    out.write_char(quote)
+}
+
+/// Writes `b` like Python's `repr(bytes)`.
+fn write_bytes_repr(out: &mut dyn fmt::Write, b: &[u8]) -> fmt::Result {
+    let quote = if b.contains(&b'\'') && !b.contains(&b'"') {
+        b'"'
+    } else {
+        b'\''
+    };
+    out.write_char('b')?;
+    out.write_char(quote as char)?;
+    for &byte in b {
+        match byte {
+            b'\\' => out.write_str("\\\\")?,
+            b'\n' => out.write_str("\\n")?,
+            b'\r' => out.write_str("\\r")?,
+            b'\t' => out.write_str("\\t")?,
+            byte if byte == quote => write!(out, "\\{}", byte as char)?,
+            0x20..=0x7e => out.write_char(byte as char)?,
+            byte => write!(out, "\\x{byte:02x}")?,
+        }
+    }
+    out.write_char(quote as char)
+}
+
+/// An approximation of Python's `str.isprintable` for one character: false for the
+/// categories Cc, Cf, Co, Zl, Zp and Zs (except the space). Unassigned code points (Cn),
+/// which Python also escapes, would need Unicode tables and are treated as printable.
+fn is_py_printable(c: char) -> bool {
+    let cp = c as u32;
+    let not_printable = c.is_control()
+        || matches!(
+            cp,
+            // Zs other than the space, Zl, Zp.
+            0xa0 | 0x1680 | 0x2000..=0x200a | 0x2028 | 0x2029 | 0x202f | 0x205f | 0x3000
+            // Cf.
+            | 0xad | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x890..=0x891 | 0x8e2 | 0x180e
+            | 0x200b..=0x200f | 0x202a..=0x202e | 0x2060..=0x2064 | 0x2066..=0x206f
+            | 0xfeff | 0xfff9..=0xfffb | 0x110bd | 0x110cd | 0x13430..=0x1343f
+            | 0x1bca0..=0x1bca3 | 0x1d173..=0x1d17a | 0xe0001 | 0xe0020..=0xe007f
+            // Co.
+            | 0xe000..=0xf8ff | 0xf0000..=0xffffd | 0x100000..=0x10fffd
+        );
+    !not_printable
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use minijinja::value::Value;
+
+    use super::*;
+    use crate::store::{Store, Vars};
+
+    /// Renders `source` with a fresh store holding `vars` (a JSON object).
+    fn run(source: &str, vars: serde_json::Value) -> Result<String, Error> {
+        run_with(source, store_from_json(vars)).map(|(out, _)| out)
+    }
+
+    fn run_with(source: &str, store: Arc<Store>) -> Result<(String, Arc<Store>), Error> {
+        run_limited(source, store, &Limits::default())
+    }
+
+    fn run_limited(
+        source: &str,
+        store: Arc<Store>,
+        limits: &Limits,
+    ) -> Result<(String, Arc<Store>), Error> {
+        let mut env = template_env(limits);
+        env.add_template_owned("t", source.to_string())?;
+        let out = render(
+            &env,
+            "t",
+            Value::from_dyn_object(store.clone()),
+            limits.max_output_bytes,
+        )?;
+        Ok((out, store))
+    }
+
+    fn store_from_json(vars: serde_json::Value) -> Arc<Store> {
+        let mut map = Vars::new();
+        if let serde_json::Value::Object(obj) = vars {
+            for (k, v) in obj {
+                let value: Value = serde_json::from_value(v).unwrap();
+                map.insert(Arc::from(k.as_str()), value);
+            }
+        }
+        Store::new(map)
+    }
+
+    fn ok(source: &str, vars: serde_json::Value) -> String {
+        match run(source, vars) {
+            Ok(s) => s,
+            Err(err) => panic!("{source:?} failed: {err:#}"),
+        }
+    }
+
+    fn err(source: &str, vars: serde_json::Value) -> String {
+        match run(source, vars) {
+            Ok(s) => panic!("{source:?} should fail, rendered {s:?}"),
+            Err(err) => format!("{err:#}"),
+        }
+    }
+
+    fn squash(s: &str) -> String {
+        s.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    use serde_json::json;
+
+    #[test]
+    fn env_prints_scalars_like_python() {
+        let cases = [
+            ("{{ none }}", "None"),
+            ("{{ true }} {{ false }}", "True False"),
+            ("{{ 1 }} {{ -7 }}", "1 -7"),
+            ("{{ 1.0 }} {{ 0.5 }} {{ 2.5e-3 }}", "1.0 0.5 0.0025"),
+            (
+                "{{ 1e20 }} {{ 1e16 }} {{ 1e15 }}",
+                "1e+20 1e+16 1000000000000000.0",
+            ),
+            (
+                "{{ 0.0001 }} {{ 0.00001 }} {{ 1.5e-7 }}",
+                "0.0001 1e-05 1.5e-07",
+            ),
+            ("{{ -0.0 }} {{ 0.1 + 0.2 }}", "-0.0 0.30000000000000004"),
+            (
+                "{{ 123456789.125 }} {{ 1.7976931348623157e308 }}",
+                "123456789.125 1.7976931348623157e+308",
+            ),
+            ("{{ 10 / 4 }} {{ 10 // 4 }}", "2.5 2"),
+            ("{{ 'plain' }}", "plain"),
+        ];
+        for (source, expected) in cases {
+            assert_eq!(ok(source, json!({})), expected, "{source}");
+        }
+        assert_eq!(ok("{{ x }}", json!({"x": 0.7})), "0.7");
+        assert_eq!(ok("{{ x }}", json!({"x": 3.0})), "3.0");
+    }
+
+    #[test]
+    fn env_prints_containers_like_python() {
+        let cases = [
+            ("{{ [1, 'a'] }}", "[1, 'a']"),
+            ("{{ [] }} {{ {} }}", "[] {}"),
+            (
+                "{{ {'k': 'v', 'n': [1.5, none, true]} }}",
+                "{'k': 'v', 'n': [1.5, None, True]}",
+            ),
+            ("{{ (1, 2) }} {{ (1,) }}", "(1, 2) (1,)"),
+            (
+                "{{ [[1, [2]], {'a': {'b': 'c'}}] }}",
+                "[[1, [2]], {'a': {'b': 'c'}}]",
+            ),
+            (r#"{{ ["it's"] }}"#, r#"["it's"]"#),
+            (
+                r#"{{ ['say "hi"', "both ' \""] }}"#,
+                r#"['say "hi"', 'both \' "']"#,
+            ),
+            (r#"{{ ["a\nb\tc\\d"] }}"#, r"['a\nb\tc\\d']"),
+            ("{{ [1, 2] + [3] }}", "[1, 2, 3]"),
+            ("{{ {'a': 1}.items() }}", "[('a', 1)]"),
+            ("{{ [1, 2, 3] | map('string') | list }}", "['1', '2', '3']"),
+        ];
+        for (source, expected) in cases {
+            assert_eq!(ok(source, json!({})), expected, "{source}");
+        }
+        assert_eq!(
+            ok(
+                "{{ x }}",
+                json!({"x": ["\u{7}", "\u{a0}é", "\u{200b}", "日本"]})
+            ),
+            r"['\x07', '\xa0é', '\u200b', '日本']"
+        );
+        assert_eq!(
+            ok(
+                "{{ user }}",
+                json!({"user": {"name": "Aron", "tags": ["a"], "age": 3}})
+            ),
+            "{'name': 'Aron', 'tags': ['a'], 'age': 3}"
+        );
+    }
+
+    #[test]
+    fn env_prints_store_views_like_dicts() {
+        let store = store_from_json(json!({"a": 1}));
+        store.snapshot();
+        store.set("b", Value::from("x"));
+        let (out, _) = run_with("{{ context_history }}|{{ context }}", store).unwrap();
+        assert_eq!(
+            out,
+            "[{'a': 1}]|{'a': 1, 'b': 'x', 'context_history': [{'a': 1}]}"
+        );
+    }
+
+    #[test]
+    fn env_python_float_repr_edge_cases() {
+        let cases = [
+            (1.0, "1.0"),
+            (100.0, "100.0"),
+            (1e16, "1e+16"),
+            (9999999999999998.0, "9999999999999998.0"),
+            (1.5e300, "1.5e+300"),
+            (5e-324, "5e-324"),
+            (-2.5, "-2.5"),
+            (-1e-10, "-1e-10"),
+            (f64::NAN, "nan"),
+            (f64::NEG_INFINITY, "-inf"),
+            (0.001, "0.001"),
+            (12345.678, "12345.678"),
+        ];
+        for (x, expected) in cases {
+            let mut s = String::new();
+            write_py_float(&mut s, x).unwrap();
+            assert_eq!(s, expected, "{x:?}");
+        }
+    }
+
+    #[test]
+    fn env_py_helpers() {
+        assert_eq!(py_repr(&Value::from("a'b")).unwrap(), "\"a'b\"");
+        assert_eq!(py_str(&Value::from("a'b")).unwrap(), "a'b");
+        assert_eq!(
+            py_repr(&Value::from_bytes(b"a'\x00".to_vec())).unwrap(),
+            "b\"a'\\x00\""
+        );
+        assert_eq!(py_type_name(&Value::from(1)), "int");
+        assert_eq!(py_type_name(&Value::from(1.5)), "float");
+        assert_eq!(py_type_name(&Value::from(())), "NoneType");
+        assert_eq!(py_type_name(&Value::from(vec![1])), "list");
+        assert!(py_str(&Value::UNDEFINED).is_err());
+    }
+
+    #[test]
+    fn env_semi_strict_undefined() {
+        let e = err("{{ missing }}", json!({}));
+        assert!(e.contains("undefined"), "{e}");
+        assert_eq!(
+            ok("{% if missing %}yes{% else %}no{% endif %}", json!({})),
+            "no"
+        );
+        assert_eq!(ok("{{ missing | default('x') }}", json!({})), "x");
+        assert_eq!(
+            ok("{{ missing is defined }} {{ none is none }}", json!({})),
+            "False True"
+        );
+        assert_eq!(ok("{{ 'a' if missing }}|", json!({})), "|");
+        assert!(err("{% for x in missing %}{% endfor %}", json!({})).contains("undefined"));
+        assert!(err("{{ missing.attr }}", json!({})).contains("undefined"));
+        // A missing key of a defined dict is undefined, and falsy.
+        assert_eq!(
+            ok("{% if d.nope %}y{% else %}n{% endif %}", json!({"d": {}})),
+            "n"
+        );
+        // Like StrictUndefined, whose repr() works and whose str() fails.
+        assert_eq!(ok("{{ [missing] }}", json!({})), "[Undefined]");
+        assert!(ok("{% for i in [1] %}{{ loop }}{% endfor %}", json!({})).contains("'index': 1"));
+    }
+
+    #[test]
+    fn env_errors_carry_line_numbers() {
+        let mut env = template_env(&Limits::default());
+        env.add_template("t", "line one\n{{ missing }}").unwrap();
+        let store = Store::new(Vars::new());
+        let e = render(&env, "t", Value::from_dyn_object(store), 1024).unwrap_err();
+        assert_eq!(e.line(), Some(2));
+    }
+
+    #[test]
+    fn env_whitespace_and_escaping_follow_jinja2() {
+        assert_eq!(ok("a\n", json!({})), "a");
+        assert_eq!(ok("a\n\n", json!({})), "a\n");
+        assert_eq!(ok("{{ '<b>&' }}", json!({})), "<b>&");
+        let mut env = template_env(&Limits::default());
+        env.add_template("x.html", "{{ '<b>' }}").unwrap();
+        let store = Store::new(Vars::new());
+        assert_eq!(
+            render(&env, "x.html", Value::from_dyn_object(store), 1024).unwrap(),
+            "<b>"
+        );
+    }
+
+    #[test]
+    fn env_python_methods() {
+        let vars = json!({"result_text": "  Good Morning  ", "d": {"a": 1}});
+        assert_eq!(
+            ok("{{ result_text.lower() }}", vars.clone()),
+            "  good morning  "
+        );
+        assert_eq!(
+            ok("{{ result_text.strip() }}", vars.clone()),
+            "Good Morning"
+        );
+        assert_eq!(
+            ok("{{ result_text.split() }}", vars.clone()),
+            "['Good', 'Morning']"
+        );
+        assert_eq!(
+            ok("{{ result_text.strip().startswith('Good') }}", vars.clone()),
+            "True"
+        );
+        assert_eq!(
+            ok(
+                "{{ d.get('a') }} {{ d.get('b', 2) }} {{ d.get('c') }}",
+                vars.clone()
+            ),
+            "1 2 None"
+        );
+        assert_eq!(
+            ok(
+                "{% for k, v in d.items() %}{{ k }}={{ v }}{% endfor %}",
+                vars.clone()
+            ),
+            "a=1"
+        );
+        assert_eq!(ok("{{ '{} and {}'.format(1, 'x') }}", vars), "1 and x");
+    }
+
+    #[test]
+    fn env_output_cap() {
+        let limits = Limits {
+            max_output_bytes: 10,
+            ..Limits::default()
+        };
+        let store = Store::new(Vars::new());
+        let (out, _) = run_limited("0123456789", store.clone(), &limits).unwrap();
+        assert_eq!(out, "0123456789");
+        let e = run_limited("0123456789x", store.clone(), &limits).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("template output exceeds the limit of 10 bytes"),
+            "{e}"
+        );
+        let e = run_limited(
+            "{% for i in range(100) %}{{ i }}{% endfor %}",
+            store.clone(),
+            &limits,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("exceeds the limit of 10 bytes"),
+            "{e}"
+        );
+        let e = run_limited("{{ range(100) | list }}", store, &limits).unwrap_err();
+        assert!(
+            e.to_string().contains("exceeds the limit of 10 bytes"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn env_fuel_stops_runaway_loops() {
+        let source =
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let e = run(source, json!({})).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfFuel, "{e}");
+        // range() on its own refuses absurd sizes.
+        assert!(run("{% for i in range(100000000) %}{% endfor %}", json!({})).is_err());
+        // A small budget applies per render.
+        let limits = Limits {
+            fuel: 50,
+            ..Limits::default()
+        };
+        let store = Store::new(Vars::new());
+        let e = run_limited("{% for i in range(1000) %}{% endfor %}", store, &limits).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::OutOfFuel);
+    }
+
+    #[test]
+    fn env_recursion_limit() {
+        let source = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        let e = run(source, json!({})).unwrap_err();
+        assert!(e.to_string().contains("recursion limit exceeded"), "{e}");
+        // The limit counts in minijinja's units: a macro call costs about 6, so the
+        // default of 64 allows 10 nested calls.
+        let nested = |n: usize| {
+            format!(
+                "{{% macro f(n) %}}{{% if n > 0 %}}{{{{ f(n - 1) }}}}{{% else %}}done{{% endif %}}\
+                 {{% endmacro %}}{{{{ f({n}) }}}}"
+            )
+        };
+        assert_eq!(ok(&nested(9), json!({})), "done");
+        assert!(run(&nested(10), json!({})).is_err());
+        let limits = Limits {
+            recursion: 500,
+            ..Limits::default()
+        };
+        let (out, _) = run_limited(&nested(50), Store::new(Vars::new()), &limits).unwrap();
+        assert_eq!(out, "done");
+    }
+
+    #[test]
+    fn env_jinja2_idioms() {
+        let vars = json!({
+            "items": [{"name": "a", "ok": true}, {"name": "b", "ok": false}],
+            "errors": ["e1", "schema validation failed"],
+        });
+        let cases = [
+            ("{{ items | selectattr('ok') | list | length }}", "1"),
+            (
+                "{{ items | rejectattr('ok') | map(attribute='name') | join(',') }}",
+                "b",
+            ),
+            (
+                "{{ errors | join(' | ') }}",
+                "e1 | schema validation failed",
+            ),
+            (
+                "{% for e in errors %}{{ loop.index }}:{{ e | length }} {% endfor %}",
+                "1:2 2:24 ",
+            ),
+            (
+                "{% for i in [1, 2, 3] %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}",
+                "1",
+            ),
+            (
+                "{% for i in [1, 2, 3] %}{% if i == 2 %}{% continue %}{% endif %}{{ i }}{% endfor %}",
+                "13",
+            ),
+            ("{{ 'schema validation' in errors[1] }}", "True"),
+            (
+                "{{ 'x' in items[0] }} {{ 'name' in items[0] }}",
+                "False True",
+            ),
+            (
+                "{{ [1, 2] | sum }} {{ [[1], [2, 3]] | map('length') | sum }}",
+                "3 3",
+            ),
+            ("{{ items | map(attribute='name') | list }}", "['a', 'b']"),
+            (
+                "{% set ns = namespace(n=0) %}{% for i in [1, 2] %}{% set ns.n = ns.n + i %}{% endfor %}{{ ns.n }}",
+                "3",
+            ),
+            (
+                "{{ (items | first).name }} {{ (items | last).name }}",
+                "a b",
+            ),
+            (
+                "{{ [3, 1, 2] | sort }} {{ {'b': 1, 'a': 2} | dictsort }}",
+                "[1, 2, 3] [('a', 2), ('b', 1)]",
+            ),
+            ("{{ 'Hello World' | truncate(8) }}", "Hello World"),
+            (
+                "{{ 3.14159 | round(2) }} {{ 7 | float }} {{ '42' | int + 1 }}",
+                "3.14 7.0 43",
+            ),
+            ("{{ '%s-%d' | format('a', 3) }}", "a-3"),
+            ("{{ [1, none, true] | join(', ') }}", "1, None, True"),
+            ("{{ [1.0, 1e20] | join(' ') }}", "1.0 1e+20"),
+            ("{{ none | string }} {{ [1] | string }}", "None [1]"),
+            (
+                "{{ {'a': 'b'} | pprint }} {{ 'x' | pprint }}",
+                "{'a': 'b'} 'x'",
+            ),
+            ("{{ items[-1].name }} {{ 'abcdef'[1:3] }}", "b bc"),
+        ];
+        for (source, expected) in cases {
+            assert_eq!(ok(source, vars.clone()), expected, "{source}");
+        }
+    }
+
+    /// The §7 patterns of the spec, each rendered against a store that makes its
+    /// branches do something.
+    fn spec_store() -> Arc<Store> {
+        store_from_json(json!({
+            "result_tool_calls": [
+                {"tool_call_id": "calc_1", "content": "{\"score\": 0.9, \"user\": {\"id\": 7}, \"items\": [1, 2], \"count\": 2}", "with_error": false},
+                {"tool_call_id": "api_call_1", "content": "{\"status\": \"ok\", \"data\": {\"items\": [{\"name\": \"first\"}]}}", "with_error": false},
+                {"tool_call_id": "api_2", "content": "boom", "with_error": true},
+                {"tool_call_id": "process_item_1", "content": "{\"status\": \"failed\", \"item_id\": 11}", "with_error": false},
+                {"tool_call_id": "calculate_score", "content": "{\"score\": 0.6}", "with_error": false},
+            ],
+            "errors": ["schema validation: bad", "tool execution: failed", "provider: 500"],
+            "context_history": [],
+            "prev_step": "validation",
+            "result_text": "an error happened",
+            "runs": 1,
+            "global_runs": 4,
+            "time_elapsed": 10.5,
+            "time_elapsed_global": 100.0,
+        }))
+    }
+
+    fn spec_store_with_history() -> Arc<Store> {
+        let store = spec_store();
+        store.snapshot();
+        store.set("prev_step", Value::from("calc_step"));
+        store.set("result_text", Value::from("42"));
+        store.snapshot();
+        store.set("prev_step", Value::from("validation"));
+        store.set("result_text", Value::from("an error happened"));
+        store
+    }
+
+    fn spec(source: &str) -> (String, Arc<Store>) {
+        match run_with(source, spec_store_with_history()) {
+            Ok((out, store)) => (squash(&out), store),
+            Err(err) => panic!("{source} failed: {err:#}"),
+        }
+    }
+
+    #[test]
+    fn env_spec_7_1_tool_results() {
+        let (out, store) = spec(
+            r#"{# Iterate over all tool call results #}
+{% for tool_call in result_tool_calls %}
+  Tool {{ tool_call.tool_call_id }}: {{ tool_call.content }}
+  {% if tool_call.with_error %}(ERROR){% endif %}
+{% endfor %}
+
+{# Filter successful results #}
+{% for tool_call in result_tool_calls if not tool_call.with_error %}
+  Success: {{ tool_call.content }}
+{% endfor %}
+
+{# Check if any tools failed #}
+{% if result_tool_calls | selectattr('with_error') | list %}
+  Some tools failed!
+{% endif %}
+
+{# Get first result from a specific tool by name #}
+{% for tool_call in result_tool_calls %}
+  {% if "calc" in tool_call.tool_call_id %}
+    First calc result: {{ tool_call.content }}
+    {% break %}
+  {% endif %}
+{% endfor %}
+
+{# Count tool calls by type #}
+{{ set_context('api_call_count', 0) }}
+{% for tool_call in result_tool_calls %}
+  {% if "api" in tool_call.tool_call_id %}
+    {{ set_context('api_call_count', api_call_count + 1) }}
+  {% endif %}
+{% endfor %}
+{% if api_call_count > 3 %}
+  Too many API calls: {{ api_call_count }}
+{% endif %}"#,
+        );
+        assert!(out.contains("Tool api_2: boom (ERROR)"), "{out}");
+        assert_eq!(out.matches("Success:").count(), 4, "{out}");
+        assert!(out.contains("Some tools failed!"), "{out}");
+        assert_eq!(out.matches("First calc result:").count(), 1, "{out}");
+        assert_eq!(store.get("api_call_count"), Some(Value::from(2)));
+        assert!(!out.contains("Too many"), "{out}");
+    }
+
+    #[test]
+    fn env_spec_7_2_error_handling() {
+        let (out, store) = spec(
+            r#"{# Check for errors #}
+{% if errors %}
+  {{ set_context('next_step', 'error_handler') }}
+  Error details: {{ errors | join(" | ") }}
+{% endif %}
+
+{# Check for specific error types #}
+{% for error in errors %}
+  {% if "schema validation" in error %}
+    Schema error: {{ error }}
+  {% elif "tool execution" in error %}
+    Tool error: {{ error }}
+  {% elif "provider" in error %}
+    Provider error: {{ error }}
+  {% endif %}
+{% endfor %}
+
+{# Count total errors across workflow #}
+{{ set_context('total_errors', context_history | map(attribute='errors') | map('length') | sum) }}
+{% if total_errors > 5 %}
+  Too many errors: {{ total_errors }}
+{% endif %}"#,
+        );
+        assert!(
+            out.contains(
+                "Error details: schema validation: bad | tool execution: failed | provider: 500"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("Schema error: schema validation: bad Tool error: tool execution: failed Provider error: provider: 500"), "{out}");
+        assert!(out.contains("Too many errors: 6"), "{out}");
+        assert_eq!(store.get("next_step"), Some(Value::from("error_handler")));
+    }
+
+    #[test]
+    fn env_spec_7_3_previous_step() {
+        let (out, _) = spec(
+            r#"{# Check if a specific step was the previous one #}
+{% if prev_step == "validation" %}
+  Validation step was completed.
+{% endif %}
+
+{# Get data from a specific previous step #}
+{% for step_context in context_history %}
+  {% if step_context.prev_step == "calc_step" %}
+    Previous calc result: {{ step_context.result_text }}
+    {% break %}
+  {% endif %}
+{% endfor %}
+
+{# Get execution count for current step #}
+Current step retries: {{ runs }}
+Total workflow runs: {{ global_runs }}"#,
+        );
+        assert_eq!(
+            out,
+            "Validation step was completed. Previous calc result: 42 Current step retries: 1 Total workflow runs: 4"
+        );
+    }
+
+    #[test]
+    fn env_spec_7_4_1_set_context() {
+        let (out, store) = spec(
+            r#"{# Set variables using set_context function #}
+{{ set_context('model', 'gpt-4o') }}
+{{ set_context('temperature', 0.7) }}
+{{ set_context('customer_name', 'Aron Homberg') }}
+
+{# Works with conditional logic #}
+{% if "error" in result_text %}
+{{ set_context('next_step', 'error_handler') }}
+{% else %}
+{{ set_context('next_step', 'continue_processing') }}
+{% endif %}
+
+{# Works with computed values #}
+{{ set_context('retry_count', runs + 1) }}
+{{ set_context('total_errors', context_history | map(attribute='errors') | map('length') | sum) }}"#,
+        );
+        assert_eq!(out, "");
+        assert_eq!(store.get("model"), Some(Value::from("gpt-4o")));
+        assert_eq!(store.get("temperature"), Some(Value::from(0.7)));
+        assert_eq!(
+            store.get("customer_name"),
+            Some(Value::from("Aron Homberg"))
+        );
+        assert_eq!(store.get("next_step"), Some(Value::from("error_handler")));
+        assert_eq!(store.get("retry_count"), Some(Value::from(2)));
+        assert_eq!(store.get("total_errors"), Some(Value::from(6)));
+    }
+
+    #[test]
+    fn env_spec_7_4_2_get_context() {
+        let store = spec_store();
+        store.set("current_user", Value::from("ann"));
+        store.set("current_score", Value::from(5));
+        store.set("items", Value::from(vec!["x", "y"]));
+        let (out, store) = run_with(
+            r#"{# Access variables set earlier with safe defaults #}
+{{ get_context('user_name', 'Guest') }}
+{{ get_context('retry_count', 0) }}
+
+{# Use in calculations and conditionals #}
+{{ set_context('total_retries', get_context('retry_count', 0) + 1) }}
+{% if get_context('error_count', 0) > 3 %}
+  {{ set_context('next_step', 'error_handler') }}
+{% endif %}
+
+{# Build complex data structures #}
+{{ set_context('user_list', get_context('user_list', []) + [get_context('current_user', 'unknown')]) }}
+{{ set_context('score_total', get_context('score_total', 0) + get_context('current_score', 0)) }}
+
+{# Safe access prevents undefined variable errors #}
+{% for item in get_context('items', []) %}
+  Processing: {{ item }}
+{% endfor %}
+{{ user_list[0] }}"#,
+            store,
+        )
+        .unwrap();
+        assert_eq!(squash(&out), "Guest 0 Processing: x Processing: y ann");
+        assert_eq!(store.get("total_retries"), Some(Value::from(1)));
+        assert_eq!(store.get("next_step"), None);
+        assert_eq!(store.get("user_list"), Some(Value::from(vec!["ann"])));
+        assert_eq!(store.get("score_total"), Some(Value::from(5)));
+    }
+
+    #[test]
+    fn env_spec_7_4_3_accumulators() {
+        let (out, store) = spec(
+            r#"{# Increment a counter (defaults to 0 if variable doesn't exist) #}
+{{ inc_context('counter') }}
+{{ inc_context('retry_count') }}
+
+{# Add values to variables with default initialization #}
+{{ add_context('total', 10) }}        {# total starts at 0, becomes 10 #}
+{{ add_context('total', 5) }}         {# total becomes 15 #}
+
+{# String concatenation #}
+{{ add_context('message', 'Hello', '') }}  {# Initialize with empty string #}
+{{ add_context('message', ' World') }}      {# message becomes "Hello World" #}
+
+{# List accumulation #}
+{{ add_context('items', [1, 2], []) }}     {# Initialize with empty list #}
+{{ add_context('items', [3, 4]) }}         {# items becomes [1, 2, 3, 4] #}
+
+{# Use in loops for sum calculations #}
+{% for number in [10, 20, 30, 40, 50] %}
+  {{ add_context('sum', number) }}
+{% endfor %}
+{# sum will be 150 #}
+{{ sum }} {{ items }} {{ message }} {{ total }} {{ counter }}"#,
+        );
+        assert_eq!(out, "150 [1, 2, 3, 4] Hello World 15 1");
+        assert_eq!(store.get("sum"), Some(Value::from(150)));
+        assert_eq!(store.get("items"), Some(Value::from(vec![1, 2, 3, 4])));
+        assert_eq!(store.get("retry_count"), Some(Value::from(1)));
+    }
+
+    #[test]
+    fn env_spec_7_4_3_process_loop() {
+        let pre = r#"{% if get_context('items') is none %}
+{{ set_context('items', [1, 2, 3, 4, 5]) }}
+{{ set_context('index', 0) }}
+{% endif %}
+{{ inc_context('processed_count') }}
+{{ add_context('running_total', get_context('items', [])[get_context('index', 0)]) }}
+{{ inc_context('index') }}"#;
+        let post = r#"{% if get_context('index', 0) < get_context('items', [])|length %}
+{{ set_context('next_step', 'process_loop') }}
+{% endif %}"#;
+        let store = Store::new(Vars::new());
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            store.set("next_step", Value::from("return"));
+            run_with(pre, store.clone()).unwrap();
+            run_with(post, store.clone()).unwrap();
+            if store.get("next_step") != Some(Value::from("process_loop")) || rounds > 10 {
+                break;
+            }
+        }
+        assert_eq!(rounds, 5);
+        assert_eq!(store.get("running_total"), Some(Value::from(15)));
+        assert_eq!(store.get("processed_count"), Some(Value::from(5)));
+    }
+
+    #[test]
+    fn env_spec_7_4_4_json_paths() {
+        let (out, store) = spec(
+            r#"{# Set up test data and extract values #}
+{{ set_context('test_data', {"user": {"name": "Alice", "items": [1, 2, 3]}}) }}
+{{ set_context('user_id', get_json_path(test_data, "user.id", "unknown")) }}
+{{ set_context('items', get_json_path(test_data, "items")) }}
+{{ set_context('count', get_json_path(test_data, "count", 0)) }}
+{{ user_id }} {{ items }} {{ count }} {{ get_json_path(test_data, "user.items.1") }}
+
+{# Extract data from tool results #}
+{% for tool_call in result_tool_calls if not tool_call.with_error %}
+  {{ set_context('user_id', get_json_path(tool_call.content, "user.id", "unknown")) }}
+  {{ set_context('items', get_json_path(tool_call.content, "items")) }}
+  {{ set_context('count', get_json_path(tool_call.content, "count", 0)) }}
+  
+  User: {{ user_id }}, Items: {{ items | length if items is not none else 0 }}, Count: {{ count }}
+{% endfor %}
+
+{# Extract data from specific tool results #}
+{% for tool_call in result_tool_calls %}
+  {% if "api_call" in tool_call.tool_call_id and not tool_call.with_error %}
+    {{ set_context('status', get_json_path(tool_call.content, "status")) }}
+    {{ set_context('data', get_json_path(tool_call.content, "data.items.0.name")) }}
+    API Status: {{ status }}, First Item: {{ data }}
+  {% endif %}
+{% endfor %}"#,
+        );
+        assert!(out.starts_with("unknown None 0 2 "), "{out}");
+        assert!(out.contains("User: 7, Items: 2, Count: 2"), "{out}");
+        assert!(out.contains("User: unknown, Items: 0, Count: 0"), "{out}");
+        assert!(out.contains("API Status: ok, First Item: first"), "{out}");
+        assert_eq!(store.get("data"), Some(Value::from("first")));
+    }
+
+    #[test]
+    fn env_spec_7_4_4_verbatim_items_length() {
+        // Verbatim, the snippet prints `items | length` for every successful tool call;
+        // with a result that has no `items` that is `None | length`, an error in Jinja2
+        // too. With `items` everywhere it renders.
+        let store = store_from_json(json!({
+            "result_tool_calls": [
+                {"tool_call_id": "a", "content": {"user": {"id": 1}, "items": [1], "count": 3}, "with_error": false},
+            ],
+        }));
+        let (out, _) = run_with(
+            r#"{% for tool_call in result_tool_calls if not tool_call.with_error %}
+  {{ set_context('user_id', get_json_path(tool_call.content, "user.id", "unknown")) }}
+  {{ set_context('items', get_json_path(tool_call.content, "items")) }}
+  {{ set_context('count', get_json_path(tool_call.content, "count", 0)) }}
+  
+  User: {{ user_id }}, Items: {{ items | length }}, Count: {{ count }}
+{% endfor %}"#,
+            store,
+        )
+        .unwrap();
+        assert_eq!(squash(&out), "User: 1, Items: 1, Count: 3");
+    }
+
+    #[test]
+    fn env_spec_7_5_control_flow() {
+        let (out, store) = spec(
+            r#"{# Error-first decision making #}
+{% if errors %}
+  {{ set_context('next_step', 'error_handler') }}
+{% elif time_elapsed > 5000 %}
+  {{ set_context('next_step', 'timeout_handler') }}
+{% elif runs > 3 %}
+  {{ set_context('next_step', 'retry_limit_reached') }}
+{% else %}
+  {{ set_context('next_step', 'continue_processing') }}
+{% endif %}
+
+{# Complex scoring logic using tool results #}
+{% for tool_call in result_tool_calls %}
+  {% if "calculate_score" in tool_call.tool_call_id and not tool_call.with_error %}
+    {{ set_context('score', get_json_path(tool_call.content, "score", 0)) }}
+    {% if score > 0.8 %}
+      {{ set_context('next_step', 'finalize') }}
+    {% elif score > 0.5 and runs < 3 %}
+      {{ set_context('next_step', 'refine') }}
+    {% else %}
+      {{ set_context('next_step', 'manual_review') }}
+    {% endif %}
+    {% break %}
+  {% endif %}
+{% endfor %}
+
+{# Circuit breaker with global error tracking #}
+{{ set_context('global_errors', context_history | map(attribute='errors') | map('length') | sum) }}
+{% if global_errors > 10 %}
+  Global error threshold exceeded: {{ global_errors }}
+  {{ set_context('next_step', 'return') }}
+{% elif time_elapsed_global > 30000 %}
+  Workflow timeout exceeded
+  {{ set_context('next_step', 'return') }}
+{% endif %}
+
+{# Batch processing with JSON extraction #}
+{{ set_context('failed_items', []) }}
+{% for tool_call in result_tool_calls %}
+  {% if "process_item" in tool_call.tool_call_id %}
+    {{ set_context('status', get_json_path(tool_call.content, "status")) }}
+    {{ set_context('item_id', get_json_path(tool_call.content, "item_id")) }}
+    {% if status == "failed" %}
+      {{ set_context('failed_items', failed_items + [item_id]) }}
+    {% endif %}
+  {% endif %}
+{% endfor %}
+
+{% if failed_items | length > 0 %}
+  {{ set_context('next_step', 'retry_failed') }}
+  {{ set_context('retry_items', failed_items) }}
+{% else %}
+  {{ set_context('next_step', 'summary') }}
+{% endif %}"#,
+        );
+        assert_eq!(out, "");
+        assert_eq!(store.get("score"), Some(Value::from(0.6)));
+        assert_eq!(store.get("global_errors"), Some(Value::from(6)));
+        assert_eq!(store.get("next_step"), Some(Value::from("retry_failed")));
+        assert_eq!(store.get("retry_items"), Some(Value::from(vec![11])));
+    }
+
+    #[test]
+    fn env_spec_7_5_iterations() {
+        let pre = r#"{% if get_context('counter') is none %}
+  {{ set_context('counter', 0) }}
+  {{ set_context('max_iterations', 3) }}
+{% endif %}"#;
+        let prompt = "Iteration {{ get_context('counter', 0) + 1 }}";
+        let post = r#"{{ set_context('counter', get_context('counter', 0) + 1) }}
+{% if get_context('counter', 0) < get_context('max_iterations', 3) %}
+  {{ set_context('next_step', 'iterate') }}
+{% else %}
+  {{ set_context('next_step', 'complete') }}
+{% endif %}"#;
+        let complete = "Completed {{ get_context('counter', 0) }} iterations";
+        let store = Store::new(Vars::new());
+        let mut prompts = Vec::new();
+        for _ in 0..10 {
+            run_with(pre, store.clone()).unwrap();
+            prompts.push(run_with(prompt, store.clone()).unwrap().0);
+            run_with(post, store.clone()).unwrap();
+            if store.get("next_step") != Some(Value::from("iterate")) {
+                break;
+            }
+        }
+        assert_eq!(prompts, ["Iteration 1", "Iteration 2", "Iteration 3"]);
+        assert_eq!(store.get("next_step"), Some(Value::from("complete")));
+        assert_eq!(
+            run_with(complete, store).unwrap().0,
+            "Completed 3 iterations"
+        );
+    }
+}

@@ -1,0 +1,37 @@
+//! The APL virtual machine.
+//!
+//! * [`bundle`]: the versioned binary format the compiler writes and the VM loads.
+//! * [`Program`]: a decoded bundle with every template compiled once; immutable,
+//!   `Send + Sync`, shared by any number of runs.
+//! * [`Machine`]: one run, as a sans-IO state machine. It takes the current time and the
+//!   results of provider and tool calls in, and hands out [`Action`]s. It never reads a
+//!   clock, spawns, or touches the network or the file system.
+//! * [`driver`] (feature `driver`, on by default): the tokio driver that performs the I/O.
+//! * [`ScriptedProvider`]: canned provider responses, for tests, `--mock` and benches.
+#![deny(missing_docs)]
+
+pub mod bundle;
+mod env;
+mod helpers;
+mod machine;
+mod messages;
+mod names;
+mod program;
+mod provider;
+mod response;
+mod store;
+
+#[cfg(feature = "driver")]
+pub mod driver;
+
+pub use env::{Limits, template_env};
+pub use machine::{
+    Action, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions, RunOutcome, run_scripted,
+};
+pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
+pub use program::{LoadError, Program};
+pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
+pub use store::{Snapshot, Vars};
+
+/// Re-exported so embedders and the compiler use the exact same template engine.
+pub use minijinja;

@@ -1,0 +1,716 @@
+//! One run of a program, as a sans-IO state machine.
+//!
+//! The machine owns the run's live context and walks the program's instructions. It never
+//! reads a clock, sleeps, spawns or does I/O: the driver passes the current time into
+//! every call and performs the provider calls the machine asks for.
+//!
+//! The contract, in the order a driver calls things:
+//!
+//! 1. [`Machine::new`] with the time the run starts.
+//! 2. [`Machine::poll`] with the current time. It runs instructions until the run needs
+//!    something from outside or a step ends, and returns an [`Action`]:
+//!    * [`Action::CallProvider`]: call the provider, then hand the result to
+//!      [`Machine::handle_provider_response`]. If [`Machine::deadline`] passes first, call
+//!      [`Machine::handle_timeout`] instead.
+//!    * [`Action::Continue`]: a step ended; poll again (with a fresh time).
+//!    * [`Action::Done`]: the run is over; take the result with [`Machine::into_outcome`].
+//! 3. Repeat 2 until `Done`.
+//!
+//! `poll` returns at the latest at the end of every step, so a driver that passes a fresh
+//! time each call enforces the run timeout even in a loop that never calls the provider.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use imbl::Vector;
+use minijinja::Value;
+
+use crate::bundle::{Instr, MessageEntry, SourceSpan, StepId, TemplateId};
+use crate::env::render;
+use crate::messages::build_message;
+use crate::names::{RESERVED_VARIABLES, user_defaults};
+use crate::program::Program;
+use crate::provider::{ProviderError, ProviderRequest};
+use crate::response::{Completion, parse_completion, parse_json_output, validate_output};
+use crate::store::{CONTEXT, CONTEXT_HISTORY, Store, Vars, value_from_json};
+
+/// The default wall-clock timeout of a run (§6.1).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(120_000);
+
+/// Options of one run (§6.1).
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Wall-clock limit for the whole run.
+    pub timeout: Duration,
+    /// Cap on `global_runs`; `None` is unlimited.
+    pub max_runs: Option<u64>,
+    /// Variables injected before the first step (`with_context`).
+    pub with_context: Vec<(String, Value)>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            timeout: DEFAULT_TIMEOUT,
+            max_runs: None,
+            with_context: Vec::new(),
+        }
+    }
+}
+
+impl RunOptions {
+    /// Adds every entry of a JSON object to `with_context`.
+    pub fn with_context_json(
+        mut self,
+        object: &serde_json::Map<String, serde_json::Value>,
+    ) -> Self {
+        for (k, v) in object {
+            self.with_context
+                .push((k.clone(), crate::store::value_from_json(v)));
+        }
+        self
+    }
+}
+
+/// What the machine needs the driver to do next.
+#[derive(Debug)]
+#[must_use]
+pub enum Action {
+    /// Call the provider with this request and pass the result to
+    /// [`Machine::handle_provider_response`].
+    CallProvider(ProviderRequest),
+    /// A step ended: call [`Machine::poll`] again.
+    Continue,
+    /// The run is over: take the result with [`Machine::into_outcome`].
+    Done,
+}
+
+/// Why a run failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RunError {
+    /// What kind of failure.
+    pub kind: RunErrorKind,
+    /// The message, in the spec's words where it has them (`Unknown step: <name>`).
+    pub message: String,
+    /// The step that was running.
+    pub step: Option<String>,
+    /// Where in the `.apl` source, when known.
+    pub span: Option<SourceSpan>,
+}
+
+/// The kinds of run failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunErrorKind {
+    /// `next_step` named no step.
+    UnknownStep,
+    /// A provider call would exceed `max_runs`.
+    BudgetExceeded,
+    /// The run's wall-clock timeout passed.
+    Timeout,
+    /// The run options were invalid (e.g. a reserved `with_context` name).
+    InvalidOptions,
+    /// The driver broke the calling contract.
+    Protocol,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// Every variable at the end of the run.
+    pub vars: Vars,
+    /// `context_history`: one snapshot per finished step.
+    pub history: Vector<Value>,
+    /// Why the run failed, if it did.
+    pub error: Option<RunError>,
+    /// The `errors` of the last finished step (the final `errors` is reset to `[]`).
+    pub last_step_errors: Vec<String>,
+    /// Number of steps entered.
+    pub steps: u64,
+}
+
+impl RunOutcome {
+    /// `result_text` as a string ("" when it is not a string).
+    pub fn result_text(&self) -> String {
+        self.vars
+            .get("result_text")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// The final context as one JSON object: every variable plus `context_history`, keys
+    /// sorted. The `context` view is left out: it would repeat every variable.
+    pub fn context_json(&self) -> serde_json::Value {
+        let mut map = std::collections::BTreeMap::new();
+        for (k, v) in &self.vars {
+            map.insert(k.to_string(), to_json(v));
+        }
+        let history: Vec<serde_json::Value> = self.history.iter().map(to_json).collect();
+        map.insert(
+            CONTEXT_HISTORY.to_string(),
+            serde_json::Value::Array(history),
+        );
+        serde_json::Value::Object(map.into_iter().collect())
+    }
+}
+
+fn to_json(value: &Value) -> serde_json::Value {
+    // Values that JSON cannot represent (functions, macros) become their text.
+    serde_json::to_value(value).unwrap_or_else(|_| serde_json::Value::String(value.to_string()))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Running,
+    AwaitingProvider,
+    Done,
+}
+
+/// One run of a [`Program`]. See the module docs for the calling contract.
+#[derive(Debug)]
+pub struct Machine {
+    program: Arc<Program>,
+    store: Arc<Store>,
+    state: State,
+    pc: usize,
+    step: Option<StepId>,
+    /// Successful provider calls per step, over the whole run.
+    runs: Vec<u64>,
+    global_runs: u64,
+    max_runs: Option<u64>,
+    started: Instant,
+    step_started: Instant,
+    deadline: Instant,
+    timeout: Duration,
+    /// The prompt of the current step failed to render: no provider call.
+    prompt_failed: bool,
+    response: Option<Result<serde_json::Value, ProviderError>>,
+    completion: Option<Completion>,
+    last_step_errors: Vec<String>,
+    steps: u64,
+    error: Option<RunError>,
+}
+
+impl Machine {
+    /// Starts a run at `now`.
+    pub fn new(program: Arc<Program>, options: RunOptions, now: Instant) -> Machine {
+        let store = Store::new(initial_vars());
+        let mut error = None;
+        for (name, value) in options.with_context {
+            if let Some(problem) = invalid_context_name(&name) {
+                error = Some(RunError {
+                    kind: RunErrorKind::InvalidOptions,
+                    message: format!("with_context: cannot set `{name}`: {problem}"),
+                    step: None,
+                    span: None,
+                });
+                break;
+            }
+            store.set(&name, value);
+        }
+        let steps = program.bundle().steps.len();
+        Machine {
+            program,
+            store,
+            state: if error.is_some() {
+                State::Done
+            } else {
+                State::Running
+            },
+            pc: 0,
+            step: None,
+            runs: vec![0; steps],
+            global_runs: 0,
+            max_runs: options.max_runs,
+            started: now,
+            step_started: now,
+            deadline: now
+                .checked_add(options.timeout)
+                .unwrap_or(now + DEFAULT_TIMEOUT * 1000),
+            timeout: options.timeout,
+            prompt_failed: false,
+            response: None,
+            completion: None,
+            last_step_errors: Vec::new(),
+            steps: 0,
+            error,
+        }
+    }
+
+    /// When the run times out.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The run's live store (for embedders that inspect a run in progress).
+    pub fn vars(&self) -> Vars {
+        self.store.vars()
+    }
+
+    /// Runs until the next [`Action`].
+    pub fn poll(&mut self, now: Instant) -> Action {
+        loop {
+            match self.state {
+                State::Done => return Action::Done,
+                State::AwaitingProvider => {
+                    self.fail(
+                        RunErrorKind::Protocol,
+                        "poll called while a provider call is outstanding".into(),
+                    );
+                    return Action::Done;
+                }
+                State::Running => {}
+            }
+            if now >= self.deadline {
+                self.fail_timeout();
+                return Action::Done;
+            }
+            let Some(&instr) = self.program.bundle().code.get(self.pc) else {
+                // Validation guarantees every step ends in `Branch`; running off the end
+                // would be a VM bug, and ending the run is the safe answer.
+                self.state = State::Done;
+                return Action::Done;
+            };
+            self.pc += 1;
+            match instr {
+                Instr::EnterStep(step) => self.enter_step(step, now),
+                Instr::RenderPre(t) | Instr::RenderPost(t) => {
+                    self.update_times(now);
+                    self.render_phase(t);
+                }
+                Instr::BuildPrompts { first, count } => {
+                    self.update_times(now);
+                    self.build_prompts(first, count);
+                }
+                Instr::CallProvider => {
+                    if let Some(action) = self.call_provider() {
+                        return action;
+                    }
+                }
+                Instr::ProcessResponse => self.process_response(),
+                Instr::CallTools => self.call_tools(),
+                Instr::ClearNextStep => self.store.set("next_step", Value::from(())),
+                Instr::Snapshot => self.snapshot(),
+                Instr::Branch => return self.branch(),
+            }
+        }
+    }
+
+    /// Hands the machine the result of the provider call it asked for.
+    pub fn handle_provider_response(
+        &mut self,
+        now: Instant,
+        result: Result<serde_json::Value, ProviderError>,
+    ) {
+        if self.state != State::AwaitingProvider {
+            self.fail(
+                RunErrorKind::Protocol,
+                "provider response without a provider call".into(),
+            );
+            return;
+        }
+        self.state = State::Running;
+        if now >= self.deadline {
+            self.fail_timeout();
+            return;
+        }
+        self.response = Some(result);
+    }
+
+    /// Tells the machine its deadline passed while it waited for the driver.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.state != State::Done && now >= self.deadline {
+            self.fail_timeout();
+        }
+    }
+
+    /// The result of the run. Call after [`Action::Done`]; earlier, the run counts as
+    /// failed with a protocol error.
+    pub fn into_outcome(mut self) -> RunOutcome {
+        if self.state != State::Done && self.error.is_none() {
+            self.fail(
+                RunErrorKind::Protocol,
+                "the run was stopped before it finished".into(),
+            );
+        }
+        let (vars, history) = self.store.parts();
+        RunOutcome {
+            vars,
+            history,
+            error: self.error,
+            last_step_errors: self.last_step_errors,
+            steps: self.steps,
+        }
+    }
+
+    fn enter_step(&mut self, step: StepId, now: Instant) {
+        let prev = match self.step {
+            Some(prev) => Value::from(self.program.step_name(prev)),
+            None => Value::from(()),
+        };
+        self.step = Some(step);
+        self.steps += 1;
+        self.step_started = now;
+        self.prompt_failed = false;
+        self.response = None;
+        self.completion = None;
+        self.store.set("prev_step", prev);
+        self.store.set("next_step", Value::from(()));
+        self.store.set("runs", Value::from(self.runs[step.index()]));
+        self.update_times(now);
+    }
+
+    fn update_times(&self, now: Instant) {
+        let ms = |d: Duration| Value::from(d.as_secs_f64() * 1000.0);
+        self.store.set(
+            "time_elapsed",
+            ms(now.saturating_duration_since(self.step_started)),
+        );
+        self.store.set(
+            "time_elapsed_global",
+            ms(now.saturating_duration_since(self.started)),
+        );
+    }
+
+    /// Renders a template; a failure is appended to `errors` and returns `None`.
+    fn render(&self, template: TemplateId) -> Option<String> {
+        let program = &self.program;
+        let root = Value::from_dyn_object(self.store.clone());
+        match render(
+            program.env(),
+            program.template_name(template),
+            root,
+            program.limits().max_output_bytes,
+        ) {
+            Ok(text) => Some(text),
+            Err(err) => {
+                self.store.push_error(self.template_error(template, &err));
+                None
+            }
+        }
+    }
+
+    fn render_phase(&self, template: TemplateId) {
+        // Pre and post phases run for their effects; their text output is discarded.
+        let _ = self.render(template);
+    }
+
+    fn template_error(&self, template: TemplateId, err: &minijinja::Error) -> String {
+        let bundle = self.program.bundle();
+        let mut message = err.kind().to_string();
+        if let Some(detail) = err.detail() {
+            message.push_str(": ");
+            message.push_str(detail);
+        }
+        let location = match (bundle.templates.get(template.index()), err.line()) {
+            (Some(t), Some(line)) => {
+                format!(
+                    " ({}:{})",
+                    bundle.source_name,
+                    t.span.line as usize + line - 1
+                )
+            }
+            (Some(t), None) => format!(" ({}:{})", bundle.source_name, t.span.line),
+            _ => String::new(),
+        };
+        format!(
+            "template error in {}{location}: {message}",
+            self.program.describe_template(template)
+        )
+    }
+
+    fn build_prompts(&mut self, first: u32, count: u32) {
+        let bundle = self.program.bundle();
+        // Validation checked `first + count <= messages.len()`.
+        let entries: &[MessageEntry] = &bundle.messages[first as usize..(first + count) as usize];
+        let mut prompts = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match self.render(entry.template) {
+                Some(text) => prompts.extend(build_message(entry.role, &text)),
+                None => self.prompt_failed = true,
+            }
+        }
+        self.store.set("prompts", Value::from(prompts));
+    }
+
+    fn call_provider(&mut self) -> Option<Action> {
+        if self.prompt_failed {
+            // Sending a prompt that failed to render would bill for a wrong request; the
+            // error is in `errors` and the step goes on to its post phase.
+            return None;
+        }
+        if let Some(max) = self.max_runs
+            && self.global_runs >= max
+        {
+            self.fail(RunErrorKind::BudgetExceeded, "Run budget exceeded".into());
+            return Some(Action::Done);
+        }
+        for (name, value) in RESULT_DEFAULTS {
+            self.store.set(name, value());
+        }
+        // describe_tools (§2.2.1): no tool registry yet, so no tools are offered.
+        self.store.set("tools", Value::from(Vec::<Value>::new()));
+        let model = self
+            .store
+            .get("model")
+            .map(|m| {
+                m.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| m.to_string())
+            })
+            .unwrap_or_default();
+        self.state = State::AwaitingProvider;
+        Some(Action::CallProvider(ProviderRequest {
+            model,
+            context: self.store.vars(),
+        }))
+    }
+
+    fn process_response(&mut self) {
+        let Some(response) = self.response.take() else {
+            return;
+        };
+        let raw = match response {
+            Ok(raw) => raw,
+            Err(err) => {
+                self.store
+                    .push_error(format!("provider error: {}", err.message));
+                return;
+            }
+        };
+        let completion = match parse_completion(&raw) {
+            Ok(c) => c,
+            Err(message) => {
+                self.store.push_error(format!("provider error: {message}"));
+                return;
+            }
+        };
+        let set = |name: &str, value: Value| self.store.set(name, value);
+        set("result_role", Value::from(completion.role.as_str()));
+        set("result_text", Value::from(completion.text.as_str()));
+        set(
+            "result_image_urls",
+            Value::from(completion.image_urls.clone()),
+        );
+        set(
+            "result_audio_inputs",
+            Value::from(completion.audio_inputs.clone()),
+        );
+        set("result_files", Value::from(completion.files.clone()));
+        set(
+            "usage",
+            completion
+                .usage
+                .as_ref()
+                .map(value_from_json)
+                .unwrap_or(Value::from(())),
+        );
+        self.structured_output(&completion.text);
+
+        if let Some(step) = self.step {
+            self.runs[step.index()] += 1;
+            self.global_runs += 1;
+            self.store.set("runs", Value::from(self.runs[step.index()]));
+            self.store.set("global_runs", Value::from(self.global_runs));
+        }
+        self.completion = Some(completion);
+    }
+
+    /// With `output_mode` json or structured_output: parse `result_json` and validate it
+    /// against `output_structure` (§2.2.6, steps 5 and 7).
+    fn structured_output(&self, text: &str) {
+        let mode = self.store.get("output_mode").unwrap_or_default();
+        match mode.as_str() {
+            Some("json") | Some("structured_output") => {}
+            Some("text") | None => return,
+            Some(other) => {
+                self.store.push_error(format!(
+                    "invalid output_mode `{other}`: expected `text`, `json` or `structured_output`"
+                ));
+                return;
+            }
+        }
+        let value = match parse_json_output(text) {
+            Ok(v) => v,
+            Err(message) => {
+                self.store.push_error(message);
+                return;
+            }
+        };
+        self.store.set("result_json", value_from_json(&value));
+        let schema = self.store.get("output_structure").unwrap_or_default();
+        if schema.is_none() || schema.is_undefined() {
+            return;
+        }
+        let schema = to_json(&schema);
+        if let Err(errors) = validate_output(&value, &schema) {
+            for e in errors {
+                self.store.push_error(e);
+            }
+        }
+    }
+
+    fn call_tools(&mut self) {
+        let Some(completion) = self.completion.take() else {
+            return;
+        };
+        if completion.tool_calls.is_empty() {
+            return;
+        }
+        // No tool registry yet: every call the model makes is recorded as failed (§2.2.2),
+        // and the run goes on.
+        let mut results = Vec::with_capacity(completion.tool_calls.len());
+        for call in &completion.tool_calls {
+            let message = format!(
+                "tool execution failed: `{}`: no tools are registered",
+                call.name
+            );
+            self.store.push_error(message.clone());
+            results.push(Value::from_pairs([
+                ("role", Value::from("tool")),
+                ("tool_call_id", Value::from(call.id.as_str())),
+                ("content", Value::from(message)),
+                ("with_error", Value::from(true)),
+            ]));
+        }
+        self.store.set("result_tool_calls", Value::from(results));
+    }
+
+    fn snapshot(&mut self) {
+        self.store.snapshot();
+        self.last_step_errors = self
+            .store
+            .get("errors")
+            .and_then(|e| {
+                e.try_iter()
+                    .ok()
+                    .map(|it| it.map(|v| v.to_string()).collect())
+            })
+            .unwrap_or_default();
+        self.store.set("errors", Value::from(Vec::<Value>::new()));
+    }
+
+    fn branch(&mut self) -> Action {
+        let next = self.store.get("next_step").unwrap_or_default();
+        if next.is_none() || next.is_undefined() {
+            self.state = State::Done;
+            return Action::Done;
+        }
+        let name = next
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| next.to_string());
+        if name == "return" {
+            self.state = State::Done;
+            return Action::Done;
+        }
+        match self.program.step_by_name(&name) {
+            Some(step) => {
+                self.pc = self.program.bundle().steps[step.index()].entry as usize;
+                Action::Continue
+            }
+            None => {
+                self.fail(RunErrorKind::UnknownStep, format!("Unknown step: {name}"));
+                Action::Done
+            }
+        }
+    }
+
+    fn fail_timeout(&mut self) {
+        let ms = self.timeout.as_millis();
+        self.fail(
+            RunErrorKind::Timeout,
+            format!("Run timeout: the run did not finish within its timeout of {ms} ms"),
+        );
+    }
+
+    /// Ends the run with an error.
+    fn fail(&mut self, kind: RunErrorKind, message: String) {
+        let bundle = self.program.bundle();
+        let step = self.step.map(|s| bundle.steps[s.index()].name.clone());
+        let span = bundle.code_spans.get(self.pc.saturating_sub(1)).copied();
+        self.error = Some(RunError {
+            kind,
+            message,
+            step,
+            span,
+        });
+        self.state = State::Done;
+    }
+}
+
+/// The `result_*` variables and their values before any provider call (§2.4).
+const RESULT_DEFAULTS: [(&str, fn() -> Value); 8] = [
+    ("result_text", || Value::from("")),
+    ("result_json", || Value::from(())),
+    ("result_tool_calls", || Value::from(Vec::<Value>::new())),
+    ("result_image_urls", || Value::from(Vec::<Value>::new())),
+    ("result_audio_inputs", || Value::from(Vec::<Value>::new())),
+    ("result_files", || Value::from(Vec::<Value>::new())),
+    ("result_role", || Value::from("")),
+    ("usage", || Value::from(())),
+];
+
+/// Every variable a run starts with: executor-maintained (§2.4) and user-settable (§2.5).
+fn initial_vars() -> Vars {
+    let mut vars = Vars::new();
+    let mut set = |k: &str, v: Value| {
+        vars.insert(Arc::from(k), v);
+    };
+    set("prev_step", Value::from(()));
+    set("next_step", Value::from(()));
+    for (name, value) in RESULT_DEFAULTS {
+        set(name, value());
+    }
+    set("runs", Value::from(0));
+    set("global_runs", Value::from(0));
+    set("time_elapsed", Value::from(0.0));
+    set("time_elapsed_global", Value::from(0.0));
+    set("errors", Value::from(Vec::<Value>::new()));
+    set("prompts", Value::from(Vec::<Value>::new()));
+    set("tools", Value::from(Vec::<Value>::new()));
+    for (name, value) in user_defaults() {
+        set(name, value);
+    }
+    vars
+}
+
+/// Why `name` cannot be injected with `with_context`, if it cannot.
+fn invalid_context_name(name: &str) -> Option<&'static str> {
+    if name == CONTEXT || name == CONTEXT_HISTORY {
+        Some("it is a view maintained by the executor")
+    } else if RESERVED_VARIABLES.contains(&name) {
+        Some("it is a reserved variable (§8)")
+    } else if crate::helpers::HELPERS.contains(&name) {
+        Some("it is a built-in helper")
+    } else if name.is_empty() {
+        Some("the name is empty")
+    } else {
+        None
+    }
+}
+
+/// Runs `program` to the end against a scripted provider, without any async runtime.
+///
+/// The core never reads a clock: `clock` is asked for the time before every poll and
+/// after every provider call. Tests pass a simulated clock; benchmarks pass
+/// `Instant::now`.
+pub fn run_scripted(
+    program: Arc<Program>,
+    options: RunOptions,
+    provider: &mut crate::ScriptedProvider,
+    mut clock: impl FnMut() -> Instant,
+) -> RunOutcome {
+    let mut machine = Machine::new(program, options, clock());
+    loop {
+        match machine.poll(clock()) {
+            Action::CallProvider(_) => {
+                let response = provider.next_response();
+                machine.handle_provider_response(clock(), response);
+            }
+            Action::Continue => {}
+            Action::Done => return machine.into_outcome(),
+        }
+    }
+}

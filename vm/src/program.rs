@@ -1,0 +1,137 @@
+//! A loaded program: a validated bundle with every template compiled once.
+//!
+//! `Program` is immutable and `Send + Sync`; any number of runs share one through an
+//! `Arc`. No template is parsed or compiled after [`Program::from_bundle`] returns.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use minijinja::Environment;
+
+use crate::bundle::{self, Bundle, BundleError, StepId, TemplateId, TemplateKind};
+use crate::env::{Limits, template_env};
+
+/// A decoded, validated bundle with its templates compiled.
+pub struct Program {
+    bundle: Bundle,
+    env: Environment<'static>,
+    /// Template `i` is registered in `env` under `names[i]`.
+    names: Vec<String>,
+    steps_by_name: HashMap<String, StepId>,
+    limits: Limits,
+}
+
+/// Why a program could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The bytes are not a valid bundle.
+    #[error("{0}")]
+    Bundle(#[from] BundleError),
+    /// A template in the bundle does not compile.
+    #[error("template {index} ({what}) does not compile: {message}")]
+    Template {
+        /// Index in the template table.
+        index: usize,
+        /// Which phase of which step.
+        what: String,
+        /// minijinja's message.
+        message: String,
+    },
+}
+
+impl Program {
+    /// Decodes untrusted bundle bytes and loads them with default limits.
+    pub fn load(bytes: &[u8]) -> Result<Program, LoadError> {
+        Program::from_bundle(bundle::decode(bytes)?, Limits::default())
+    }
+
+    /// Loads an in-memory bundle (validated again here: it may not come from `decode`).
+    pub fn from_bundle(bundle: Bundle, limits: Limits) -> Result<Program, LoadError> {
+        bundle.validate()?;
+        let mut env = template_env(&limits);
+        let mut names = Vec::with_capacity(bundle.templates.len());
+        for (index, template) in bundle.templates.iter().enumerate() {
+            let name = index.to_string();
+            env.add_template_owned(name.clone(), template.source.clone())
+                .map_err(|e| LoadError::Template {
+                    index,
+                    what: describe(&bundle, TemplateId(index as u32)),
+                    message: e.to_string(),
+                })?;
+            names.push(name);
+        }
+        let steps_by_name = bundle
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.clone(), StepId(i as u32)))
+            .collect();
+        Ok(Program {
+            bundle,
+            env,
+            names,
+            steps_by_name,
+            limits,
+        })
+    }
+
+    /// The bundle the program was loaded from.
+    pub fn bundle(&self) -> &Bundle {
+        &self.bundle
+    }
+
+    /// The step with this identifier.
+    pub fn step_by_name(&self, name: &str) -> Option<StepId> {
+        self.steps_by_name.get(name).copied()
+    }
+
+    /// The identifier of a step.
+    pub fn step_name(&self, step: StepId) -> &str {
+        &self.bundle.steps[step.index()].name
+    }
+
+    /// The limits every render of this program runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Describes a template for messages: "post phase of step `a`".
+    pub fn describe_template(&self, template: TemplateId) -> String {
+        describe(&self.bundle, template)
+    }
+
+    pub(crate) fn env(&self) -> &Environment<'static> {
+        &self.env
+    }
+
+    pub(crate) fn template_name(&self, template: TemplateId) -> &str {
+        &self.names[template.index()]
+    }
+}
+
+impl fmt::Debug for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Program")
+            .field("source_name", &self.bundle.source_name)
+            .field("steps", &self.bundle.steps.len())
+            .field("templates", &self.bundle.templates.len())
+            .finish()
+    }
+}
+
+fn describe(bundle: &Bundle, template: TemplateId) -> String {
+    let Some(t) = bundle.templates.get(template.index()) else {
+        return format!("template {}", template.0);
+    };
+    let step = bundle
+        .steps
+        .get(t.step.index())
+        .map(|s| s.name.as_str())
+        .unwrap_or("?");
+    match t.kind {
+        TemplateKind::Pre => format!("pre phase of step `{step}`"),
+        TemplateKind::Post => format!("post phase of step `{step}`"),
+        TemplateKind::Prompt(role) => format!("`{}` section of step `{step}`", role.as_str()),
+    }
+}
