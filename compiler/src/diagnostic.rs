@@ -243,8 +243,12 @@ pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str, color: 
             )
             .with_code(diag.code.as_str())
             .with_message(&diag.message);
-        for (i, label) in diag.labels.iter().enumerate() {
-            let mut l = ALabel::new((file_name, clamp(label.span))).with_order(i as i32);
+        // ariadne starts a new source block whenever a label lies before the previous one,
+        // so labels go in in source order: one block, lines in file order.
+        let mut labels: Vec<&Label> = diag.labels.iter().collect();
+        labels.sort_by_key(|l| l.span.start);
+        for label in labels {
+            let mut l = ALabel::new((file_name, clamp(label.span)));
             if !label.message.is_empty() {
                 l = l.with_message(&label.message);
             }

@@ -124,8 +124,8 @@ fn group_steps<'a, 'src>(
             .unwrap_or_else(|| ("default".to_string(), phase.heading.span));
 
         if let Some(current) = groups.last_mut().filter(|g| g.name == name) {
-            let last = current.phases.last().map(|(k, _)| *k);
-            if let Some(last) = last.filter(|&last| header.kind <= last) {
+            let last = current.phases.last().map(|&(k, p)| (k, p.heading.span));
+            if let Some((last, last_span)) = last.filter(|&(last, _)| header.kind <= last) {
                 let message = if header.kind == last {
                     format!(
                         "step `{name}` has more than one `{}` phase",
@@ -138,9 +138,15 @@ fn group_steps<'a, 'src>(
                         last.as_str()
                     )
                 };
+                let (here, there) = if header.kind == last {
+                    ("repeated here", "first here")
+                } else {
+                    ("out of order", "this phase must come after it")
+                };
                 diags.push(
                     Diagnostic::error(Code::PhaseOrder, message, phase.heading.span)
-                        .with_label_message("out of order")
+                        .with_label_message(here)
+                        .with_secondary(last_span, there)
                         .with_note("the phases of a step come in the order pre → prompt → post, each at most once"),
                 );
                 current.rejected_prompt |= header.kind == PhaseKind::Prompt;
@@ -428,7 +434,7 @@ impl Lowerer<'_, '_> {
     }
 
     /// The step graph's edges, from literal and computed `set_context('next_step', …)`
-    /// calls in post phases; an unknown literal target is an error.
+    /// calls in post phases; an unknown literal target gets a warning.
     fn edges(&mut self) -> Vec<Edge> {
         let index: HashMap<&str, usize> = self
             .steps
@@ -451,7 +457,8 @@ impl Lowerer<'_, '_> {
                             // A warning for now: the spec makes this a run-time failure
                             // (§2.1), which a run still reports if the call is reached.
                             let mut diag = Diagnostic::warning(Code::UnknownStep, format!("Unknown step: {name}"), span)
-                                .with_label_message(format!("no step is named `{name}`; the run fails here if this call is reached"));
+                                .with_label_message(format!("no step is named `{name}`"))
+                                .with_note("if `next_step` still holds this value when the post phase ends, the run fails with this error");
                             if let Some(s) =
                                 suggest(name, self.steps.iter().map(|s| s.name.as_str()))
                             {

@@ -100,9 +100,9 @@ where
     let phase_line = select! { l @ Line { kind: LineKind::PhaseHeading, .. } => l };
     let role_line = select! { l @ Line { kind: LineKind::RoleHeading, .. } => l };
     let lines = text.repeated().collect::<Vec<_>>();
-    let section = role_line.then(lines.clone());
+    let section = role_line.then(lines);
     let phase = phase_line
-        .then(lines.clone())
+        .then(lines)
         .then(section.repeated().collect::<Vec<_>>())
         .map(|((h, first), rest)| (h, first, rest));
     lines
@@ -167,7 +167,17 @@ fn phase_heading<'src>(line: Line<'src>, diagnostics: &mut Vec<Diagnostic>) -> H
     let heading = |parsed| Heading { span, parsed };
 
     if let Some(pos) = find_jinja(text) {
-        let at = Span::new(base + pos, base + pos + 2);
+        // Underline the whole Jinja construct when it is closed on this line.
+        let close = match &text[pos..pos + 2] {
+            "{{" => "}}",
+            "{%" => "%}",
+            _ => "#}",
+        };
+        let end = text[pos + 2..]
+            .find(close)
+            .map(|i| pos + 2 + i + 2)
+            .unwrap_or(pos + 2);
+        let at = Span::new(base + pos, base + end);
         diagnostics.push(
             invalid("headings cannot contain Jinja", at)
                 .with_note("step identifiers are fixed at build time; set `next_step` in a post phase to choose steps at run time"),

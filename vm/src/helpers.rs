@@ -385,6 +385,9 @@ fn writable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
             "{func}('{name}', ...): `{name}` is a helper function and cannot be used as a variable name"
         )));
     }
+    if crate::names::RESERVED_VARIABLES.contains(&name) {
+        return Err(invalid(format!("Reserved variable: {name}")));
+    }
     Ok(name)
 }
 
@@ -704,6 +707,14 @@ mod tests {
 
     fn json_value(v: serde_json::Value) -> Value {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn helpers_set_context_refuses_reserved_names() {
+        let s = store();
+        let err = err(&s, "{{ set_context('mem' ~ 'ory', 1) }}");
+        assert!(err.contains("Reserved variable: memory"), "{err}");
+        assert_eq!(s.get("memory"), None);
     }
 
     #[test]

@@ -640,8 +640,11 @@ impl Machine {
     }
 }
 
+/// Builds a variable's initial value.
+type Initial = fn() -> Value;
+
 /// The `result_*` variables and their values before any provider call (§2.4).
-const RESULT_DEFAULTS: [(&str, fn() -> Value); 8] = [
+const RESULT_DEFAULTS: [(&str, Initial); 8] = [
     ("result_text", || Value::from("")),
     ("result_json", || Value::from(())),
     ("result_tool_calls", || Value::from(Vec::<Value>::new())),

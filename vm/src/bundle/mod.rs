@@ -8,12 +8,14 @@
 
 mod codec;
 mod instr;
+mod listing;
 mod validate;
 
 use serde::{Deserialize, Serialize};
 
 pub use codec::{BundleError, FORMAT_VERSION, MAGIC, MAX_PAYLOAD_LEN, decode, encode, is_bundle};
 pub use instr::{Instr, StepId, TemplateId};
+pub use listing::listing;
 
 /// A compiled APL program, ready to be encoded or loaded.
 ///
