@@ -71,18 +71,25 @@ pub async fn run(
     options: RunOptions,
     provider: &dyn Provider,
 ) -> RunOutcome {
-    let mut machine = Machine::new(program, options, Instant::now());
+    let mut machine = Machine::new(program, options, now());
     loop {
-        match machine.poll(Instant::now()) {
+        match machine.poll(now()) {
             Action::CallProvider(request) => {
-                let deadline = tokio::time::Instant::from_std(machine.deadline());
-                match tokio::time::timeout_at(deadline, provider.call(&request)).await {
-                    Ok(result) => machine.handle_provider_response(Instant::now(), result),
-                    Err(_) => machine.handle_timeout(Instant::now()),
+                let deadline = machine.deadline();
+                match tokio::time::timeout_at(deadline.into(), provider.call(&request)).await {
+                    Ok(result) => machine.handle_provider_response(now(), result),
+                    // The timer fired at the deadline, so that is the earliest "now".
+                    Err(_) => machine.handle_timeout(now().max(deadline)),
                 }
             }
             Action::Continue => {}
             Action::Done => return machine.into_outcome(),
         }
     }
+}
+
+/// The current time on tokio's clock, which the driver's timers use too (and which tests
+/// can pause and advance).
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }

@@ -601,7 +601,9 @@ impl Machine {
             .as_str()
             .map(str::to_string)
             .unwrap_or_else(|| next.to_string());
-        if name == "return" {
+        // An empty name is treated like an unset one: `get_context('target', '')` idioms
+        // mean "no jump".
+        if name == "return" || name.is_empty() {
             self.state = State::Done;
             return Action::Done;
         }

@@ -71,8 +71,13 @@ impl Store {
     /// Appends `message` to the `errors` list.
     pub fn push_error(&self, message: String) {
         let mut inner = self.lock();
+        // A template may have overwritten `errors` with anything; keep what it holds.
         let mut errors: Vec<Value> = match inner.vars.get("errors") {
-            Some(v) => v.try_iter().map(|it| it.collect()).unwrap_or_default(),
+            Some(v) if v.kind() == minijinja::value::ValueKind::Seq => {
+                v.try_iter().map(|it| it.collect()).unwrap_or_default()
+            }
+            Some(v) if v.is_none() || v.is_undefined() => Vec::new(),
+            Some(v) => vec![v.clone()],
             None => Vec::new(),
         };
         errors.push(Value::from(message));

@@ -1,0 +1,180 @@
+//! The machine's sans-IO contract, driven by hand with simulated time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aplc_compiler::{Options, compile};
+use aplc_vm::driver::{self, Scripted};
+use aplc_vm::{Action, Limits, Machine, Program, RunErrorKind, RunOptions, ScriptedProvider};
+
+fn program(source: &str) -> Arc<Program> {
+    let c = compile(source, "test.apl", &Options::default());
+    let bundle = c.bundle.unwrap_or_else(|| panic!("{:?}", c.diagnostics));
+    Arc::new(Program::from_bundle(bundle, Limits::default()).unwrap())
+}
+
+fn reply(text: &str) -> Result<serde_json::Value, aplc_vm::ProviderError> {
+    Ok(serde_json::json!({"choices": [{"message": {"role": "assistant", "content": text}}]}))
+}
+
+const LOOP: &str = "# prompt: a\nhi\n# post: a\n{{ set_context('next_step', 'a') }}\n";
+
+#[test]
+fn poll_returns_at_every_step_end_so_a_providerless_loop_times_out() {
+    // The prompt never renders, so no provider call is ever made: only `poll` returning
+    // at each step end lets the driver's clock advance.
+    let p = program("# prompt: a\n{{ missing }}\n# post: a\n{{ set_context('next_step', 'a') }}\n");
+    let start = Instant::now();
+    let options = RunOptions {
+        timeout: Duration::from_millis(100),
+        ..RunOptions::default()
+    };
+    let mut m = Machine::new(p, options, start);
+    let mut polls = 0u64;
+    loop {
+        polls += 1;
+        let now = start + Duration::from_millis(polls);
+        match m.poll(now) {
+            Action::Continue => {}
+            Action::Done => break,
+            Action::CallProvider(_) => panic!("the prompt failed; no provider call expected"),
+        }
+        assert!(polls < 1_000, "the run did not time out");
+    }
+    let outcome = m.into_outcome();
+    let error = outcome.error.expect("timed out");
+    assert_eq!(error.kind, RunErrorKind::Timeout);
+    assert!(
+        error.message.contains("timeout of 100 ms"),
+        "{}",
+        error.message
+    );
+    // Poll k enters step k at k ms; poll 100 finds the deadline passed.
+    assert_eq!(outcome.steps, 99);
+}
+
+#[test]
+fn deadline_passing_during_a_provider_call() {
+    let start = Instant::now();
+    let options = RunOptions {
+        timeout: Duration::from_millis(50),
+        ..RunOptions::default()
+    };
+    let mut m = Machine::new(program(LOOP), options, start);
+    assert!(matches!(m.poll(start), Action::CallProvider(_)));
+    assert_eq!(m.deadline(), start + Duration::from_millis(50));
+    // Too early: nothing happens.
+    m.handle_timeout(start + Duration::from_millis(10));
+    m.handle_timeout(start + Duration::from_millis(50));
+    assert!(matches!(
+        m.poll(start + Duration::from_millis(51)),
+        Action::Done
+    ));
+    assert_eq!(m.into_outcome().error.unwrap().kind, RunErrorKind::Timeout);
+}
+
+#[test]
+fn a_response_arriving_after_the_deadline_times_out() {
+    let start = Instant::now();
+    let options = RunOptions {
+        timeout: Duration::from_millis(50),
+        ..RunOptions::default()
+    };
+    let mut m = Machine::new(program(LOOP), options, start);
+    assert!(matches!(m.poll(start), Action::CallProvider(_)));
+    m.handle_provider_response(start + Duration::from_millis(60), reply("late"));
+    assert!(matches!(
+        m.poll(start + Duration::from_millis(61)),
+        Action::Done
+    ));
+    let outcome = m.into_outcome();
+    assert_eq!(outcome.result_text(), "", "a late response is not applied");
+    assert_eq!(outcome.error.unwrap().kind, RunErrorKind::Timeout);
+}
+
+#[test]
+fn misuse_is_a_protocol_error_not_a_panic() {
+    let start = Instant::now();
+    let mut m = Machine::new(program(LOOP), RunOptions::default(), start);
+    m.handle_provider_response(start, reply("unasked"));
+    assert!(matches!(m.poll(start), Action::Done));
+    assert_eq!(m.into_outcome().error.unwrap().kind, RunErrorKind::Protocol);
+
+    let mut m = Machine::new(program(LOOP), RunOptions::default(), start);
+    assert!(matches!(m.poll(start), Action::CallProvider(_)));
+    assert!(
+        matches!(m.poll(start), Action::Done),
+        "poll while a call is outstanding"
+    );
+    assert_eq!(m.into_outcome().error.unwrap().kind, RunErrorKind::Protocol);
+
+    let m = Machine::new(program(LOOP), RunOptions::default(), start);
+    assert_eq!(m.into_outcome().error.unwrap().kind, RunErrorKind::Protocol);
+}
+
+#[test]
+fn the_budget_is_checked_before_each_call() {
+    let start = Instant::now();
+    let options = RunOptions {
+        max_runs: Some(2),
+        ..RunOptions::default()
+    };
+    let mut m = Machine::new(program(LOOP), options, start);
+    let mut calls = 0;
+    loop {
+        match m.poll(start) {
+            Action::CallProvider(request) => {
+                calls += 1;
+                assert_eq!(request.model, "gpt-4o");
+                m.handle_provider_response(start, reply("ok"));
+            }
+            Action::Continue => {}
+            Action::Done => break,
+        }
+    }
+    assert_eq!(calls, 2);
+    let outcome = m.into_outcome();
+    let error = outcome.error.unwrap();
+    assert_eq!(
+        (error.kind, error.message.as_str()),
+        (RunErrorKind::BudgetExceeded, "Run budget exceeded")
+    );
+    assert_eq!(error.step.as_deref(), Some("a"));
+    assert_eq!(
+        outcome.history.len(),
+        2,
+        "the aborted visit adds no snapshot"
+    );
+}
+
+#[test]
+fn with_context_refuses_views_and_reserved_names() {
+    for name in ["context", "context_history", "memory", "set_context"] {
+        let options = RunOptions::default()
+            .with_context_json(serde_json::json!({ name: 1 }).as_object().unwrap());
+        let mut m = Machine::new(program(LOOP), options, Instant::now());
+        assert!(matches!(m.poll(Instant::now()), Action::Done));
+        assert_eq!(
+            m.into_outcome().error.unwrap().kind,
+            RunErrorKind::InvalidOptions,
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_tokio_driver_enforces_the_timeout_on_a_slow_provider() {
+    let script = ScriptedProvider::from_json(r#"["a", "b", "c"]"#).unwrap();
+    let provider = Scripted::new(script).with_latency(Duration::from_secs(10));
+    let options = RunOptions {
+        timeout: Duration::from_secs(25),
+        ..RunOptions::default()
+    };
+    let outcome = driver::run(program(LOOP), options, &provider).await;
+    assert_eq!(
+        outcome.history.len(),
+        2,
+        "two calls fit in 25 s, the third does not"
+    );
+    assert_eq!(outcome.error.unwrap().kind, RunErrorKind::Timeout);
+}
