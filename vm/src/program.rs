@@ -120,6 +120,12 @@ impl fmt::Debug for Program {
     }
 }
 
+/// `Program` is shared by concurrent runs: it must stay `Send + Sync`.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Program>();
+};
+
 fn describe(bundle: &Bundle, template: TemplateId) -> String {
     let Some(t) = bundle.templates.get(template.index()) else {
         return format!("template {}", template.0);
