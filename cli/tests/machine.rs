@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aplc_compiler::{Options, compile};
-use aplc_vm::driver::{self, Scripted};
+use aplc_vm::driver::{self, Scripted, Toolbox};
+use aplc_vm::tools::{ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Limits, Machine, Program, RunErrorKind, RunOptions, ScriptedProvider};
 
 fn program(source: &str) -> Arc<Program> {
@@ -37,7 +38,9 @@ fn poll_returns_at_every_step_end_so_a_providerless_loop_times_out() {
         match m.poll(now) {
             Action::Continue => {}
             Action::Done => break,
-            Action::CallProvider(_) => panic!("the prompt failed; no provider call expected"),
+            Action::CallProvider(_) | Action::CallTool(_) => {
+                panic!("the prompt failed; no provider or tool call expected")
+            }
         }
         assert!(polls < 1_000, "the run did not time out");
     }
@@ -128,6 +131,7 @@ fn the_budget_is_checked_before_each_call() {
                 assert_eq!(request.model, "gpt-4o");
                 m.handle_provider_response(start, reply("ok"));
             }
+            Action::CallTool(_) => panic!("no tools in this program"),
             Action::Continue => {}
             Action::Done => break,
         }
@@ -177,4 +181,82 @@ async fn the_tokio_driver_enforces_the_timeout_on_a_slow_provider() {
         "two calls fit in 25 s, the third does not"
     );
     assert_eq!(outcome.error.unwrap().kind, RunErrorKind::Timeout);
+}
+
+fn tool_call_reply(name: &str, args: &str) -> Result<serde_json::Value, aplc_vm::ProviderError> {
+    Ok(
+        serde_json::json!({"choices": [{"message": {"role": "assistant", "content": null,
+        "tool_calls": [{"id": "t1", "type": "function", "function": {"name": name, "arguments": args}}]}}]}),
+    )
+}
+
+#[test]
+fn no_tool_runs_once_the_deadline_has_passed() {
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(ToolSpec::new(serde_json::json!({"name": "t"})).unwrap())
+        .unwrap();
+    let options = RunOptions {
+        timeout: Duration::from_millis(50),
+        tools: Arc::new(registry),
+        ..RunOptions::default()
+    };
+    let start = Instant::now();
+    let mut m = Machine::new(program("# prompt: a\nhi\n"), options, start);
+    assert!(matches!(m.poll(start), Action::CallProvider(_)));
+    m.handle_provider_response(
+        start + Duration::from_millis(10),
+        tool_call_reply("t", "{}"),
+    );
+    // The response was in time; the tool would start after the deadline.
+    match m.poll(start + Duration::from_millis(50)) {
+        Action::Done => {}
+        other => panic!("expected the run to time out, got {other:?}"),
+    }
+    assert_eq!(m.into_outcome().error.unwrap().kind, RunErrorKind::Timeout);
+}
+
+#[tokio::test]
+async fn embedders_register_closures_as_tools() {
+    let mut toolbox = Toolbox::new();
+    let spec = ToolSpec::new(serde_json::json!({
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                       "required": ["x", "y"]}
+    }))
+    .unwrap();
+    toolbox
+        .register_fn(spec, |args, _ctx| {
+            Ok(serde_json::json!(
+                args["x"].as_i64().unwrap_or(0) + args["y"].as_i64().unwrap_or(0)
+            ))
+        })
+        .unwrap();
+    let spec = ToolSpec::new(serde_json::json!({"name": "model"}))
+        .unwrap()
+        .with_context(true);
+    toolbox
+        .register_async(spec, |_args, ctx| async move {
+            Ok(ctx.map(|c| c["model"].clone()).unwrap_or_default())
+        })
+        .unwrap();
+    let script = ScriptedProvider::from_json(
+        r#"[{"tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "add", "arguments": "{\"x\": 40, \"y\": 2}"}},
+            {"id": "2", "type": "function", "function": {"name": "model", "arguments": "{}"}}
+        ]}]"#,
+    )
+    .unwrap();
+    let outcome = driver::run_with_tools(
+        program("# prompt: a\nhi\n"),
+        RunOptions::default(),
+        &Scripted::new(script),
+        &toolbox,
+    )
+    .await;
+    assert!(outcome.error.is_none());
+    let json = outcome.context_json();
+    assert_eq!(json["result_tool_calls"][0]["content"], 42);
+    assert_eq!(json["result_tool_calls"][1]["content"], "gpt-4o");
+    assert_eq!(json["tools"].as_array().unwrap().len(), 2);
 }

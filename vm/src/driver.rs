@@ -1,17 +1,21 @@
 //! The tokio driver: performs the I/O a [`Machine`] asks for.
 //!
-//! Providers are object-safe async traits, so drivers and embedders can mix HTTP
-//! providers, scripted ones and Rust closures. This module is behind the `driver` feature;
-//! the machine itself builds without it.
+//! Providers and tools are object-safe async traits, so drivers and embedders can mix
+//! HTTP providers, scripted ones, subprocess tools and Rust closures. This module is
+//! behind the `driver` feature; the machine itself builds without it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde_json::Value as Json;
+
 use crate::machine::{Action, Machine, RunOptions, RunOutcome};
 use crate::program::Program;
 use crate::provider::{ProviderError, ProviderRequest, ScriptedProvider};
+use crate::tools::{ToolInvocation, ToolRegistry, ToolSpec};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -23,6 +27,95 @@ pub trait Provider: Send + Sync {
         &'a self,
         request: &'a ProviderRequest,
     ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>>;
+}
+
+/// A native tool (§5): takes checked arguments (and the context, for `with_context`
+/// tools), returns a JSON result or an error message. A failure never aborts the run.
+pub trait Tool: Send + Sync {
+    /// Runs the tool.
+    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>>;
+}
+
+/// A tool written as an async closure: `|arguments, context| async move { … }`.
+struct FnTool<F>(F);
+
+impl<F, Fut> Tool for FnTool<F>
+where
+    F: Fn(Json, Option<Json>) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Json, String>> + Send + 'static,
+{
+    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
+        Box::pin((self.0)(
+            invocation.arguments.clone(),
+            invocation.context.clone(),
+        ))
+    }
+}
+
+/// The tools of a run: descriptors (for the machine) and implementations (for the driver).
+#[derive(Default, Clone)]
+pub struct Toolbox {
+    registry: ToolRegistry,
+    tools: HashMap<String, Arc<dyn Tool>>,
+}
+
+impl std::fmt::Debug for Toolbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Toolbox")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Toolbox {
+    /// No tools.
+    pub fn new() -> Toolbox {
+        Toolbox::default()
+    }
+
+    /// Registers a tool implementation under its descriptor.
+    pub fn register(&mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<(), String> {
+        let name = spec.name().to_string();
+        self.registry.register(spec)?;
+        self.tools.insert(name, tool);
+        Ok(())
+    }
+
+    /// Registers an async closure `|arguments, context| async move { … }`.
+    pub fn register_async<F, Fut>(&mut self, spec: ToolSpec, f: F) -> Result<(), String>
+    where
+        F: Fn(Json, Option<Json>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Json, String>> + Send + 'static,
+    {
+        self.register(spec, Arc::new(FnTool(f)))
+    }
+
+    /// Registers a plain closure `|arguments, context| -> Result<Json, String>`.
+    pub fn register_fn<F>(&mut self, spec: ToolSpec, f: F) -> Result<(), String>
+    where
+        F: Fn(Json, Option<Json>) -> Result<Json, String> + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        self.register_async(spec, move |args, ctx| {
+            let f = f.clone();
+            async move { f(args, ctx) }
+        })
+    }
+
+    /// The descriptors, for [`RunOptions::tools`].
+    pub fn registry(&self) -> Arc<ToolRegistry> {
+        Arc::new(self.registry.clone())
+    }
+
+    /// Number of tools.
+    pub fn len(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// True without tools.
+    pub fn is_empty(&self) -> bool {
+        self.registry.is_empty()
+    }
 }
 
 /// A [`ScriptedProvider`] behind a lock, optionally sleeping to simulate model latency.
@@ -65,12 +158,25 @@ impl Provider for Scripted {
     }
 }
 
-/// Runs `program` to the end with `provider`, enforcing the run timeout.
+/// Runs `program` to the end with `provider` and no tools, enforcing the run timeout.
 pub async fn run(
     program: Arc<Program>,
     options: RunOptions,
     provider: &dyn Provider,
 ) -> RunOutcome {
+    run_with_tools(program, options, provider, &Toolbox::new()).await
+}
+
+/// Runs `program` to the end with `provider` and `toolbox`, enforcing the run timeout.
+///
+/// The toolbox's descriptors replace `options.tools`.
+pub async fn run_with_tools(
+    program: Arc<Program>,
+    mut options: RunOptions,
+    provider: &dyn Provider,
+    toolbox: &Toolbox,
+) -> RunOutcome {
+    options.tools = toolbox.registry();
     let mut machine = Machine::new(program, options, now());
     loop {
         match machine.poll(now()) {
@@ -81,6 +187,23 @@ pub async fn run(
                     // The timer fired at the deadline, so that is the earliest "now".
                     Err(_) => machine.handle_timeout(now().max(deadline)),
                 }
+            }
+            Action::CallTool(invocation) => {
+                let deadline = machine.deadline();
+                let result = match toolbox.tools.get(&invocation.name) {
+                    Some(tool) => {
+                        match tokio::time::timeout_at(deadline.into(), tool.call(&invocation)).await
+                        {
+                            Ok(result) => result,
+                            Err(_) => {
+                                machine.handle_timeout(now().max(deadline));
+                                continue;
+                            }
+                        }
+                    }
+                    None => Err("the tool has a descriptor but no implementation".to_string()),
+                };
+                machine.handle_tool_result(now(), result);
             }
             Action::Continue => {}
             Action::Done => return machine.into_outcome(),

@@ -23,6 +23,13 @@ mod store;
 
 #[cfg(feature = "driver")]
 pub mod driver;
+#[cfg(feature = "driver")]
+pub mod manifest;
+#[cfg(feature = "http")]
+pub mod openai;
+#[cfg(feature = "driver")]
+pub mod routing;
+pub mod tools;
 
 pub use env::{Limits, template_env};
 pub use machine::{

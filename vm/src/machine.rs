@@ -12,6 +12,9 @@
 //!    * [`Action::CallProvider`]: call the provider, then hand the result to
 //!      [`Machine::handle_provider_response`]. If [`Machine::deadline`] passes first, call
 //!      [`Machine::handle_timeout`] instead.
+//!    * [`Action::CallTool`]: execute the tool, then hand the result to
+//!      [`Machine::handle_tool_result`] (or call [`Machine::handle_timeout`]). Tool calls
+//!      come one at a time, in the order the model listed them.
 //!    * [`Action::Continue`]: a step ended; poll again (with a fresh time).
 //!    * [`Action::Done`]: the run is over; take the result with [`Machine::into_outcome`].
 //! 3. Repeat 2 until `Done`.
@@ -33,6 +36,7 @@ use crate::program::Program;
 use crate::provider::{ProviderError, ProviderRequest};
 use crate::response::{Completion, parse_completion, parse_json_output, validate_output};
 use crate::store::{CONTEXT, CONTEXT_HISTORY, Store, Vars, value_from_json};
+use crate::tools::{Allowed, Ledger, ToolInvocation, ToolRegistry, check_call};
 
 /// The default wall-clock timeout of a run (§6.1).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(120_000);
@@ -46,6 +50,8 @@ pub struct RunOptions {
     pub max_runs: Option<u64>,
     /// Variables injected before the first step (`with_context`).
     pub with_context: Vec<(String, Value)>,
+    /// The tools the run may offer the model (`with_tools`; their descriptors).
+    pub tools: Arc<ToolRegistry>,
 }
 
 impl Default for RunOptions {
@@ -54,6 +60,7 @@ impl Default for RunOptions {
             timeout: DEFAULT_TIMEOUT,
             max_runs: None,
             with_context: Vec::new(),
+            tools: Arc::new(ToolRegistry::new()),
         }
     }
 }
@@ -79,6 +86,8 @@ pub enum Action {
     /// Call the provider with this request and pass the result to
     /// [`Machine::handle_provider_response`].
     CallProvider(ProviderRequest),
+    /// Execute this tool and pass the result to [`Machine::handle_tool_result`].
+    CallTool(ToolInvocation),
     /// A step ended: call [`Machine::poll`] again.
     Continue,
     /// The run is over: take the result with [`Machine::into_outcome`].
@@ -164,7 +173,20 @@ fn to_json(value: &Value) -> serde_json::Value {
 enum State {
     Running,
     AwaitingProvider,
+    AwaitingTool,
     Done,
+}
+
+/// The tool calls of one response, being worked through in order.
+#[derive(Debug)]
+struct ToolRound {
+    calls: Vec<crate::response::ToolCall>,
+    /// Index of the next call to check.
+    next: usize,
+    /// One `result_tool_calls` entry per finished call.
+    results: Vec<Value>,
+    /// The call the driver is executing: its idempotency key, if any.
+    running: Option<Option<String>>,
 }
 
 /// One run of a [`Program`]. See the module docs for the calling contract.
@@ -187,6 +209,9 @@ pub struct Machine {
     prompt_failed: bool,
     response: Option<Result<serde_json::Value, ProviderError>>,
     completion: Option<Completion>,
+    tools: Arc<ToolRegistry>,
+    tool_round: Option<ToolRound>,
+    ledger: Ledger,
     last_step_errors: Vec<String>,
     steps: u64,
     error: Option<RunError>,
@@ -232,6 +257,9 @@ impl Machine {
             prompt_failed: false,
             response: None,
             completion: None,
+            tools: options.tools,
+            tool_round: None,
+            ledger: Ledger::default(),
             last_step_errors: Vec::new(),
             steps: 0,
             error,
@@ -253,10 +281,10 @@ impl Machine {
         loop {
             match self.state {
                 State::Done => return Action::Done,
-                State::AwaitingProvider => {
+                State::AwaitingProvider | State::AwaitingTool => {
                     self.fail(
                         RunErrorKind::Protocol,
-                        "poll called while a provider call is outstanding".into(),
+                        "poll called while a provider or tool call is outstanding".into(),
                     );
                     return Action::Done;
                 }
@@ -265,6 +293,12 @@ impl Machine {
             if now >= self.deadline {
                 self.fail_timeout();
                 return Action::Done;
+            }
+            if self.tool_round.is_some() {
+                if let Some(action) = self.advance_tools(now) {
+                    return action;
+                }
+                continue;
             }
             let Some(&instr) = self.program.bundle().code.get(self.pc) else {
                 // Validation guarantees every step ends in `Branch`; running off the end
@@ -289,7 +323,7 @@ impl Machine {
                     }
                 }
                 Instr::ProcessResponse => self.process_response(),
-                Instr::CallTools => self.call_tools(),
+                Instr::CallTools => self.start_tools(),
                 Instr::ClearNextStep => self.store.set("next_step", Value::from(())),
                 Instr::Snapshot => self.snapshot(),
                 Instr::Branch => return self.branch(),
@@ -316,6 +350,51 @@ impl Machine {
             return;
         }
         self.response = Some(result);
+    }
+
+    /// Hands the machine the result of the tool call it asked for: the tool's output, or
+    /// an error message.
+    pub fn handle_tool_result(&mut self, now: Instant, result: Result<serde_json::Value, String>) {
+        if self.state != State::AwaitingTool {
+            self.fail(
+                RunErrorKind::Protocol,
+                "tool result without a tool call".into(),
+            );
+            return;
+        }
+        self.state = State::Running;
+        let Some(round) = self.tool_round.as_mut() else {
+            self.fail(
+                RunErrorKind::Protocol,
+                "tool result without a tool call".into(),
+            );
+            return;
+        };
+        let Some(key) = round.running.take() else {
+            self.fail(
+                RunErrorKind::Protocol,
+                "tool result without a tool call".into(),
+            );
+            return;
+        };
+        let call = &round.calls[round.next - 1];
+        let entry = match result {
+            Ok(content) => {
+                if let Some(key) = key {
+                    self.ledger.put(key, content.clone(), now);
+                }
+                tool_result(&call.id, value_from_json(&content), false, false)
+            }
+            Err(message) => {
+                let message = format!("tool execution failed: `{}`: {message}", call.name);
+                self.store.push_error(message.clone());
+                tool_result(&call.id, Value::from(message), true, false)
+            }
+        };
+        round.results.push(entry);
+        if now >= self.deadline {
+            self.fail_timeout();
+        }
     }
 
     /// Tells the machine its deadline passed while it waited for the driver.
@@ -449,8 +528,15 @@ impl Machine {
         for (name, value) in RESULT_DEFAULTS {
             self.store.set(name, value());
         }
-        // describe_tools (§2.2.1): no tool registry yet, so no tools are offered.
-        self.store.set("tools", Value::from(Vec::<Value>::new()));
+        // describe_tools (§2.2.1): the registered tools that `allowed_tools` permits.
+        let allowed = Allowed::from_value(self.store.get("allowed_tools").as_ref());
+        let tools: Vec<Value> = self
+            .tools
+            .describe(&allowed)
+            .iter()
+            .map(value_from_json)
+            .collect();
+        self.store.set("tools", Value::from(tools));
         let model = self
             .store
             .get("model")
@@ -464,6 +550,7 @@ impl Machine {
         Some(Action::CallProvider(ProviderRequest {
             model,
             context: self.store.vars(),
+            deadline: self.deadline,
         }))
     }
 
@@ -551,30 +638,76 @@ impl Machine {
         }
     }
 
-    fn call_tools(&mut self) {
+    /// Starts working through the response's tool calls (§2.2.2), if it has any.
+    fn start_tools(&mut self) {
         let Some(completion) = self.completion.take() else {
             return;
         };
         if completion.tool_calls.is_empty() {
             return;
         }
-        // No tool registry yet: every call the model makes is recorded as failed (§2.2.2),
-        // and the run goes on.
-        let mut results = Vec::with_capacity(completion.tool_calls.len());
-        for call in &completion.tool_calls {
-            let message = format!(
-                "tool execution failed: `{}`: no tools are registered",
-                call.name
-            );
-            self.store.push_error(message.clone());
-            results.push(Value::from_pairs([
-                ("role", Value::from("tool")),
-                ("tool_call_id", Value::from(call.id.as_str())),
-                ("content", Value::from(message)),
-                ("with_error", Value::from(true)),
-            ]));
+        self.tool_round = Some(ToolRound {
+            calls: completion.tool_calls,
+            next: 0,
+            results: Vec::new(),
+            running: None,
+        });
+    }
+
+    /// Checks the next tool calls in order. Returns the action for the first call that
+    /// must execute; when every call is done, stores `result_tool_calls` and returns `None`.
+    fn advance_tools(&mut self, now: Instant) -> Option<Action> {
+        let allowed = Allowed::from_value(self.store.get("allowed_tools").as_ref());
+        loop {
+            let round = self.tool_round.as_mut()?;
+            let Some(call) = round.calls.get(round.next) else {
+                let results = std::mem::take(&mut round.results);
+                self.tool_round = None;
+                self.store.set("result_tool_calls", Value::from(results));
+                return None;
+            };
+            round.next += 1;
+            // A failure here never aborts the run: the call gets a failed result, the
+            // message goes to `errors`, and the next call is checked.
+            let checked = if now >= self.deadline {
+                Err("the run's deadline passed before the call".to_string())
+            } else {
+                check_call(&self.tools, &allowed, &call.name, &call.arguments)
+            };
+            let args = match checked {
+                Ok(args) => args,
+                Err(message) => {
+                    let message = format!("tool execution failed: `{}`: {message}", call.name);
+                    self.store.push_error(message.clone());
+                    round
+                        .results
+                        .push(tool_result(&call.id, Value::from(message), true, false));
+                    continue;
+                }
+            };
+            // `check_call` found the tool, so the registry has it.
+            let Some(spec) = self.tools.get(&call.name) else {
+                continue;
+            };
+            let key = Ledger::key(spec, &args);
+            if let Some(cached) = key.as_ref().and_then(|k| self.ledger.get(spec, k, now)) {
+                let entry = tool_result(&call.id, value_from_json(cached), false, true);
+                round.results.push(entry);
+                continue;
+            }
+            let context = spec
+                .with_context_enabled()
+                .then(|| tool_context(&self.store.vars()));
+            let invocation = ToolInvocation {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: args,
+                context,
+            };
+            round.running = Some(key);
+            self.state = State::AwaitingTool;
+            return Some(Action::CallTool(invocation));
         }
-        self.store.set("result_tool_calls", Value::from(results));
     }
 
     fn snapshot(&mut self) {
@@ -640,6 +773,30 @@ impl Machine {
         });
         self.state = State::Done;
     }
+}
+
+/// One `result_tool_calls` entry (§2.2.4); `reused` marks a result taken from the
+/// idempotency ledger instead of executing the tool again.
+fn tool_result(id: &str, content: Value, with_error: bool, reused: bool) -> Value {
+    let mut fields = vec![
+        ("role", Value::from("tool")),
+        ("tool_call_id", Value::from(id)),
+        ("content", content),
+        ("with_error", Value::from(with_error)),
+    ];
+    if reused {
+        fields.push(("reused", Value::from(true)));
+    }
+    Value::from_pairs(fields)
+}
+
+/// The context a `with_context` tool receives: every variable, without the history.
+fn tool_context(vars: &Vars) -> serde_json::Value {
+    serde_json::Value::Object(
+        vars.iter()
+            .map(|(k, v)| (k.to_string(), to_json(v)))
+            .collect(),
+    )
 }
 
 /// Builds a variable's initial value.
@@ -713,6 +870,11 @@ pub fn run_scripted(
             Action::CallProvider(_) => {
                 let response = provider.next_response();
                 machine.handle_provider_response(clock(), response);
+            }
+            Action::CallTool(_) => {
+                // This runner has descriptors at most, never implementations.
+                let message = "tools cannot execute in run_scripted; use the driver".to_string();
+                machine.handle_tool_result(clock(), Err(message));
             }
             Action::Continue => {}
             Action::Done => return machine.into_outcome(),

@@ -1,0 +1,1270 @@
+//! The OpenAI Chat Completions provider (feature `http`).
+//!
+//! [`OpenAiProvider`] turns a [`ProviderRequest`] into `POST {base_url}/v1/chat/completions`,
+//! sends it with reqwest over rustls (on `ring`), and hands the parsed JSON body back; the
+//! machine reads it as §2.2.5–§2.2.6 say. Failures become [`ProviderError`]s that name the
+//! HTTP status and the API's own message; 429s, 5xx and connection failures are retried
+//! with exponential backoff and jitter, honouring `Retry-After`, and never past the run's
+//! deadline. `spec/providers.md` is the specification: the request mapping, the error
+//! texts and the retry rules.
+//!
+//! This is one of the VM's two I/O modules (with `driver.rs`): it reads the clock, sleeps
+//! and uses the network. Not in here: streaming (the machine consumes whole responses),
+//! reading API keys from the environment (the CLI and [`crate::routing`] do that), and
+//! choosing a provider by model name ([`crate::routing::Router`]).
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use minijinja::Value;
+use minijinja::value::ValueKind;
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{StatusCode, Url};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value as Json;
+
+use crate::driver::{BoxFuture, Provider};
+use crate::provider::{ProviderError, ProviderRequest};
+use crate::response::kind;
+use crate::store::Vars;
+
+/// Where requests go when no base URL is configured (§6.1 `base_url`).
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com";
+/// How long one HTTP request may take, unless configured otherwise. The run's deadline
+/// caps it further.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many times a failed request is retried (so at most three attempts in all).
+pub const DEFAULT_MAX_RETRIES: u32 = 2;
+/// The first backoff delay; each further retry doubles it.
+pub const DEFAULT_RETRY_BASE_DELAY: Duration = Duration::from_millis(500);
+/// The longest backoff delay. A server's `Retry-After` is honoured beyond it, as long as
+/// the run's deadline allows.
+pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(8);
+
+/// How an [`OpenAiProvider`] reaches its server: the builder for
+/// [`OpenAiProvider::new`].
+///
+/// The API key and the header values are secrets: `Debug` prints them as `<redacted>`,
+/// and no error message contains them.
+#[derive(Clone)]
+pub struct OpenAiConfig {
+    base_url: String,
+    api_key: Option<String>,
+    headers: Vec<(String, String)>,
+    request_timeout: Duration,
+    max_retries: u32,
+    retry_base_delay: Duration,
+    retry_max_delay: Duration,
+}
+
+impl Default for OpenAiConfig {
+    fn default() -> Self {
+        OpenAiConfig {
+            base_url: DEFAULT_BASE_URL.to_owned(),
+            api_key: None,
+            headers: Vec::new(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_retries: DEFAULT_MAX_RETRIES,
+            retry_base_delay: DEFAULT_RETRY_BASE_DELAY,
+            retry_max_delay: DEFAULT_RETRY_MAX_DELAY,
+        }
+    }
+}
+
+impl OpenAiConfig {
+    /// The defaults: `https://api.openai.com`, no key, 60 s per request, 2 retries.
+    pub fn new() -> OpenAiConfig {
+        OpenAiConfig::default()
+    }
+
+    /// The server's base URL, e.g. `http://localhost:8080`. A URL that already ends in
+    /// `/v1` is not given a second one.
+    pub fn base_url(mut self, url: impl Into<String>) -> OpenAiConfig {
+        self.base_url = url.into();
+        self
+    }
+
+    /// The API key, sent as `Authorization: Bearer <key>`. Surrounding whitespace (a
+    /// trailing newline from a file or a shell) is trimmed.
+    pub fn api_key(mut self, key: impl Into<String>) -> OpenAiConfig {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// An extra header sent with every request (`OpenAI-Organization`, or `api-key` for
+    /// servers that take the key there). Its value is treated as a secret.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> OpenAiConfig {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// How long one HTTP request may take, from sending to the last byte of the body.
+    pub fn request_timeout(mut self, timeout: Duration) -> OpenAiConfig {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How many times a retryable failure is retried (0 turns retries off).
+    pub fn max_retries(mut self, retries: u32) -> OpenAiConfig {
+        self.max_retries = retries;
+        self
+    }
+
+    /// The backoff: the first delay and the longest one (before jitter).
+    pub fn retry_delays(mut self, base: Duration, max: Duration) -> OpenAiConfig {
+        self.retry_base_delay = base;
+        self.retry_max_delay = max;
+        self
+    }
+}
+
+impl fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &printable_url(&self.base_url))
+            .field("api_key", &self.api_key.as_ref().map(|_| Redacted))
+            .field("headers", &RedactedHeaders(&self.headers))
+            .field("request_timeout", &self.request_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("retry_base_delay", &self.retry_base_delay)
+            .field("retry_max_delay", &self.retry_max_delay)
+            .finish()
+    }
+}
+
+/// A provider for any server that speaks the OpenAI Chat Completions API: OpenAI,
+/// llama.cpp's `llama-server`, vLLM, Ollama, LiteLLM, …
+///
+/// Cloning is cheap and shares the connection pool.
+#[derive(Clone)]
+pub struct OpenAiProvider {
+    client: reqwest::Client,
+    endpoint: Url,
+    headers: HeaderMap,
+    /// Strings that must never appear in an error message: the key and header values.
+    secrets: Vec<String>,
+    request_timeout: Duration,
+    max_retries: u32,
+    retry_base_delay: Duration,
+    retry_max_delay: Duration,
+}
+
+impl OpenAiProvider {
+    /// Checks `config` and builds the HTTP client.
+    ///
+    /// Errors name what is wrong (a bad URL, a header that is not valid HTTP) without
+    /// repeating a secret.
+    pub fn new(config: OpenAiConfig) -> Result<OpenAiProvider, String> {
+        let endpoint = endpoint(&config.base_url)?;
+        if config.request_timeout.is_zero() {
+            return Err("the request timeout must be greater than zero".into());
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let mut secrets = Vec::new();
+        for (name, value) in &config.headers {
+            let header_name = HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|_| format!("`{name}` is not a valid HTTP header name"))?;
+            if MANAGED_HEADERS.contains(&header_name) {
+                return Err(format!(
+                    "header `{header_name}` is set by the provider and cannot be configured"
+                ));
+            }
+            if header_name == header::AUTHORIZATION && config.api_key.is_some() {
+                return Err("both an API key and an `Authorization` header are configured: \
+                            use one of them"
+                    .into());
+            }
+            let mut header_value = HeaderValue::from_str(value.trim()).map_err(|_| {
+                format!("the value of header `{header_name}` is not a valid HTTP header value")
+            })?;
+            header_value.set_sensitive(true);
+            headers.append(header_name, header_value);
+            remember_secret(&mut secrets, value.trim());
+        }
+        if let Some(key) = &config.api_key {
+            let key = key.trim();
+            if key.is_empty() {
+                return Err("the API key is empty".into());
+            }
+            let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                "the API key is not a valid HTTP header value (it holds a line break or \
+                 another control character)"
+                    .to_string()
+            })?;
+            value.set_sensitive(true);
+            headers.insert(header::AUTHORIZATION, value);
+            remember_secret(&mut secrets, key);
+        }
+        ensure_crypto_provider();
+        let client = reqwest::Client::builder()
+            .user_agent(concat!("aplc/", env!("CARGO_PKG_VERSION")))
+            // A redirect would carry custom headers (which may hold keys) to wherever it
+            // points, and turn the POST into a GET; a moved endpoint is a configuration
+            // error to report, not to follow.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("could not build the HTTP client: {}", root_cause(&e)))?;
+        Ok(OpenAiProvider {
+            client,
+            endpoint,
+            headers,
+            secrets,
+            request_timeout: config.request_timeout,
+            max_retries: config.max_retries,
+            retry_base_delay: config.retry_base_delay,
+            retry_max_delay: config.retry_max_delay.max(config.retry_base_delay),
+        })
+    }
+
+    /// The URL requests are posted to (`…/v1/chat/completions`).
+    pub fn endpoint(&self) -> &str {
+        self.endpoint.as_str()
+    }
+
+    /// Sends `body` until it succeeds, fails for good, runs out of retries or would pass
+    /// `deadline`.
+    async fn send(&self, body: Vec<u8>, deadline: std::time::Instant) -> Result<Json, String> {
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let mut attempts = 0u32;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(self.gave_up(
+                    "the run's deadline passed before the request was sent".into(),
+                    attempts,
+                    None,
+                ));
+            }
+            attempts += 1;
+            let limit = self.request_timeout.min(left);
+            let failure = match tokio::time::timeout(limit, self.attempt(body.clone())).await {
+                Ok(Ok(response)) => return Ok(response),
+                Ok(Err(failure)) => failure,
+                Err(_) if limit < self.request_timeout => Failure {
+                    // Nothing is left to retry with.
+                    message: format!("no response before the run's deadline ({} ms)", millis(limit)),
+                    retry: false,
+                    retry_after: None,
+                },
+                Err(_) => Failure {
+                    message: format!("no response within the request timeout of {} ms", millis(limit)),
+                    retry: true,
+                    retry_after: None,
+                },
+            };
+            if !failure.retry || attempts > self.max_retries {
+                return Err(self.gave_up(failure.message, attempts, None));
+            }
+            let delay = failure
+                .retry_after
+                .unwrap_or_else(|| self.backoff(attempts - 1));
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if delay >= left {
+                let why = match failure.retry_after {
+                    Some(after) => format!(
+                        "not retried: the server asked to wait {} ms, past the run's deadline",
+                        millis(after)
+                    ),
+                    None => "not retried: the next attempt would start past the run's deadline"
+                        .to_owned(),
+                };
+                return Err(self.gave_up(failure.message, attempts, Some(&why)));
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One HTTP exchange.
+    async fn attempt(&self, body: Vec<u8>) -> Result<Json, Failure> {
+        let mut response = self
+            .client
+            .post(self.endpoint.clone())
+            .headers(self.headers.clone())
+            .body(body)
+            .send()
+            .await
+            .map_err(Failure::transport)?;
+        let status = response.status();
+        let retry_after = retry_after(response.headers(), SystemTime::now());
+        let location = response
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = read_body(&mut response).await?;
+        if status.is_success() {
+            return completion(status, &body).map_err(Failure::fatal);
+        }
+        let retry = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
+        let detail = if status.is_redirection() {
+            let to = location.map(|l| format!(" to `{l}`")).unwrap_or_default();
+            format!("redirected{to}; redirects are not followed, check the base URL")
+        } else {
+            api_message(&body)
+        };
+        Err(Failure {
+            message: format!("{}: {detail}", status_text(status)),
+            retry,
+            retry_after: retry_after.filter(|_| retry),
+        })
+    }
+
+    /// The backoff before retry number `retry + 1`: exponential, capped, with jitter.
+    fn backoff(&self, retry: u32) -> Duration {
+        let exponential = self
+            .retry_base_delay
+            .saturating_mul(1u32 << retry.min(20))
+            .min(self.retry_max_delay);
+        // "Equal jitter": half fixed, half random, so clients that failed together spread
+        // out without any of them retrying at once.
+        exponential / 2 + exponential.mul_f64(fastrand::f64() / 2.0)
+    }
+
+    /// The final message: what failed, where, and how often it was tried.
+    fn gave_up(&self, message: String, attempts: u32, note: Option<&str>) -> String {
+        let mut trailer = format!("POST {}", self.endpoint);
+        if attempts > 1 {
+            trailer.push_str(&format!("; gave up after {attempts} attempts"));
+        }
+        if let Some(note) = note {
+            trailer.push_str("; ");
+            trailer.push_str(note);
+        }
+        self.redact(format!("{message} ({trailer})"))
+    }
+
+    /// Replaces every secret in `message` with `<redacted>`: a server may echo a header
+    /// back in an error body.
+    fn redact(&self, mut message: String) -> String {
+        for secret in &self.secrets {
+            if message.contains(secret.as_str()) {
+                message = message.replace(secret.as_str(), REDACTED);
+            }
+        }
+        message
+    }
+}
+
+impl Provider for OpenAiProvider {
+    fn call<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+    ) -> BoxFuture<'a, Result<Json, ProviderError>> {
+        Box::pin(async move {
+            let body = encode_request(&request.model, &request.context).map_err(|message| {
+                ProviderError {
+                    message: self.redact(message),
+                }
+            })?;
+            self.send(body, request.deadline)
+                .await
+                .map_err(|message| ProviderError { message })
+        })
+    }
+}
+
+impl fmt::Debug for OpenAiProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let custom: Vec<_> = self
+            .headers
+            .keys()
+            .filter(|name| !MANAGED_HEADERS.contains(name) && **name != header::AUTHORIZATION)
+            .map(|name| (name.as_str(), Redacted))
+            .collect();
+        f.debug_struct("OpenAiProvider")
+            .field("endpoint", &self.endpoint.as_str())
+            .field(
+                "api_key",
+                &self.headers.contains_key(header::AUTHORIZATION).then_some(Redacted),
+            )
+            .field("headers", &custom)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_retries", &self.max_retries)
+            .finish_non_exhaustive()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The request body.
+
+/// Context variables copied into the request when set, and the field each becomes, in
+/// the order they are written.
+const PARAMETERS: [(&str, &str); 10] = [
+    ("temperature", "temperature"),
+    ("max_tokens", "max_tokens"),
+    ("top_p", "top_p"),
+    ("presence_penalty", "presence_penalty"),
+    ("frequency_penalty", "frequency_penalty"),
+    ("seed", "seed"),
+    ("stop_sequences", "stop"),
+    ("logit_bias", "logit_bias"),
+    ("top_k", "top_k"),
+    ("repetition_penalty", "repetition_penalty"),
+];
+
+/// Encodes the Chat Completions request for `model` from the context.
+///
+/// The context's values are serialized straight into the body; the only JSON text that
+/// is parsed is an `output_structure` given as a string.
+fn encode_request(model: &str, context: &Vars) -> Result<Vec<u8>, String> {
+    let request = ChatRequest::new(model, context)?;
+    serde_json::to_vec(&request).map_err(|e| format!("the request could not be encoded: {e}"))
+}
+
+/// A Chat Completions request, borrowing what it can from the context.
+struct ChatRequest<'a> {
+    model: &'a str,
+    messages: Vec<Message>,
+    parameters: Vec<(&'static str, &'a Value)>,
+    tools: Vec<ToolEntry>,
+    response_format: Option<ResponseFormat<'a>>,
+}
+
+impl<'a> ChatRequest<'a> {
+    fn new(model: &'a str, context: &'a Vars) -> Result<ChatRequest<'a>, String> {
+        let parameters = PARAMETERS
+            .iter()
+            .filter_map(|(variable, field)| {
+                context
+                    .get(*variable)
+                    .filter(|value| is_set(value))
+                    .map(|value| (*field, value))
+            })
+            .collect();
+        Ok(ChatRequest {
+            model,
+            messages: messages(context.get("prompts"))?,
+            parameters,
+            tools: tools(context.get("tools"))?,
+            response_format: response_format(context)?,
+        })
+    }
+}
+
+impl Serialize for ChatRequest<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("model", self.model)?;
+        map.serialize_entry("messages", &self.messages)?;
+        for (field, value) in &self.parameters {
+            map.serialize_entry(field, value)?;
+        }
+        if !self.tools.is_empty() {
+            map.serialize_entry("tools", &self.tools)?;
+        }
+        if let Some(format) = &self.response_format {
+            map.serialize_entry("response_format", format)?;
+        }
+        map.end()
+    }
+}
+
+/// One message of `messages`.
+struct Message {
+    role: Value,
+    content: Value,
+    /// `name`, `tool_calls` (assistant) and `tool_call_id` (tool), when present.
+    extra: Vec<(&'static str, Value)>,
+}
+
+impl Serialize for Message {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2 + self.extra.len()))?;
+        map.serialize_entry("role", &self.role)?;
+        map.serialize_entry("content", &self.content)?;
+        for (key, value) in &self.extra {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+/// `prompts` (§3) as API messages.
+///
+/// `system`, `user`, `assistant` and `developer` pass through. A `tool_result` message
+/// becomes a `tool` message only when it names a `tool_call_id` that an earlier
+/// assistant message in the same request called: the API rejects a `tool` message
+/// without that call before it, and APL's `## tool_result` sections carry no id. Every
+/// other `tool_result` message becomes a `user` message with the same content. Content
+/// (a string or a list of parts) is passed through unchanged.
+fn messages(prompts: Option<&Value>) -> Result<Vec<Message>, String> {
+    let Some(prompts) = prompts.filter(|p| is_set(p)) else {
+        return Ok(Vec::new());
+    };
+    if prompts.kind() != ValueKind::Seq {
+        return Err(format!(
+            "`prompts` must be a list of messages, found {}",
+            value_kind(prompts)
+        ));
+    }
+    let mut called: Vec<String> = Vec::new();
+    let mut messages = Vec::new();
+    for (index, message) in prompts.try_iter().map_err(|e| e.to_string())?.enumerate() {
+        if message.kind() != ValueKind::Map {
+            return Err(format!(
+                "prompt message {index} must be an object, found {}",
+                value_kind(&message)
+            ));
+        }
+        let field = |name: &str| message.get_attr(name).ok().filter(|v| is_set(v));
+        let role = field("role")
+            .and_then(|r| r.as_str().map(str::to_owned))
+            .ok_or_else(|| format!("prompt message {index} has no string `role`"))?;
+        let content = message.get_attr("content").unwrap_or_default();
+        let content = if content.is_undefined() {
+            Value::from(())
+        } else {
+            content
+        };
+        let mut extra = Vec::new();
+        if let Some(name) = field("name") {
+            extra.push(("name", name));
+        }
+        let role = match role.as_str() {
+            "tool_result" | "tool" => {
+                let id = field("tool_call_id").filter(|id| {
+                    id.as_str()
+                        .is_some_and(|id| called.iter().any(|c| c == id))
+                });
+                match id {
+                    Some(id) => {
+                        extra.push(("tool_call_id", id));
+                        "tool".to_owned()
+                    }
+                    None => "user".to_owned(),
+                }
+            }
+            "assistant" => {
+                if let Some(calls) = field("tool_calls") {
+                    if let Ok(iter) = calls.try_iter() {
+                        called.extend(iter.filter_map(|call| {
+                            call.get_attr("id")
+                                .ok()
+                                .and_then(|id| id.as_str().map(str::to_owned))
+                        }));
+                    }
+                    extra.push(("tool_calls", calls));
+                }
+                role
+            }
+            _ => role,
+        };
+        messages.push(Message {
+            role: Value::from(role),
+            content,
+            extra,
+        });
+    }
+    Ok(messages)
+}
+
+/// One entry of `tools`.
+enum ToolEntry {
+    /// Already an API tool (`{"type": "function", "function": …}`).
+    AsIs(Value),
+    /// A bare function descriptor (`{"name", "description", "parameters"}`, §2.2.4),
+    /// wrapped as `{"type": "function", "function": …}`.
+    Function(Value),
+}
+
+impl Serialize for ToolEntry {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ToolEntry::AsIs(tool) => tool.serialize(serializer),
+            ToolEntry::Function(function) => {
+                let mut map = serializer.serialize_map(Some(2))?;
+                map.serialize_entry("type", "function")?;
+                map.serialize_entry("function", function)?;
+                map.end()
+            }
+        }
+    }
+}
+
+/// `tools` as API tools; none when unset or empty.
+fn tools(tools: Option<&Value>) -> Result<Vec<ToolEntry>, String> {
+    let Some(tools) = tools.filter(|t| is_set(t)) else {
+        return Ok(Vec::new());
+    };
+    if tools.kind() != ValueKind::Seq {
+        return Err(format!(
+            "`tools` must be a list of tool descriptions, found {}",
+            value_kind(tools)
+        ));
+    }
+    Ok(tools
+        .try_iter()
+        .map_err(|e| e.to_string())?
+        .map(|tool| {
+            let has = |key: &str| tool.get_attr(key).is_ok_and(|v| !v.is_undefined());
+            if tool.kind() == ValueKind::Map && !has("type") && has("name") {
+                ToolEntry::Function(tool)
+            } else {
+                ToolEntry::AsIs(tool)
+            }
+        })
+        .collect())
+}
+
+/// `response_format`, from `output_mode` and `output_structure`.
+enum ResponseFormat<'a> {
+    /// `{"type": "json_object"}`.
+    JsonObject,
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict": true}}`.
+    JsonSchema { name: String, schema: Schema<'a> },
+}
+
+/// A JSON schema from the context: a map, or parsed from a string.
+enum Schema<'a> {
+    Value(&'a Value),
+    Parsed(Json),
+}
+
+impl Serialize for ResponseFormat<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        match self {
+            ResponseFormat::JsonObject => map.serialize_entry("type", "json_object")?,
+            ResponseFormat::JsonSchema { name, schema } => {
+                map.serialize_entry("type", "json_schema")?;
+                map.serialize_entry("json_schema", &JsonSchema { name, schema })?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// The `json_schema` object.
+struct JsonSchema<'s, 'a> {
+    name: &'s str,
+    schema: &'s Schema<'a>,
+}
+
+impl Serialize for JsonSchema<'_, '_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(3))?;
+        map.serialize_entry("name", self.name)?;
+        match self.schema {
+            Schema::Value(schema) => map.serialize_entry("schema", schema)?,
+            Schema::Parsed(schema) => map.serialize_entry("schema", schema)?,
+        }
+        map.serialize_entry("strict", &true)?;
+        map.end()
+    }
+}
+
+/// `output_mode` `json` asks for a JSON object; `structured_output` for the schema in
+/// `output_structure` (or, without one, for any JSON object). Other modes ask nothing.
+fn response_format(context: &Vars) -> Result<Option<ResponseFormat<'_>>, String> {
+    let mode = context.get("output_mode");
+    match mode.and_then(|m| m.as_str()) {
+        Some("json") => Ok(Some(ResponseFormat::JsonObject)),
+        Some("structured_output") => {
+            let Some(structure) = context.get("output_structure").filter(|s| is_set(s)) else {
+                return Ok(Some(ResponseFormat::JsonObject));
+            };
+            let schema = match structure.kind() {
+                ValueKind::Map => Schema::Value(structure),
+                ValueKind::String => {
+                    let text = structure.as_str().unwrap_or_default();
+                    let parsed: Json = serde_json::from_str(text)
+                        .map_err(|e| format!("`output_structure` is not valid JSON: {e}"))?;
+                    if !parsed.is_object() {
+                        return Err(format!(
+                            "`output_structure` must hold a JSON schema object, found {}",
+                            kind(&parsed)
+                        ));
+                    }
+                    Schema::Parsed(parsed)
+                }
+                _ => {
+                    return Err(format!(
+                        "`output_structure` must be a JSON schema object or a string holding \
+                         one, found {}",
+                        value_kind(structure)
+                    ));
+                }
+            };
+            let title = match &schema {
+                Schema::Value(v) => v
+                    .get_attr("title")
+                    .ok()
+                    .and_then(|t| t.as_str().map(str::to_owned)),
+                Schema::Parsed(j) => j.get("title").and_then(Json::as_str).map(str::to_owned),
+            };
+            let name = title
+                .filter(|t| is_schema_name(t))
+                .unwrap_or_else(|| "output".to_owned());
+            Ok(Some(ResponseFormat::JsonSchema { name, schema }))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Whether `name` is a valid `json_schema.name` (`^[a-zA-Z0-9_-]{1,64}$`).
+fn is_schema_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A variable counts as set unless it is none, undefined, or an empty string, list or
+/// map (the "empty defaults" of §2.5: `stop_sequences = []`, `logit_bias = {}`).
+fn is_set(value: &Value) -> bool {
+    !(value.is_none() || value.is_undefined() || value.len() == Some(0))
+}
+
+/// "a string", "a list", …: how errors name the value they found.
+fn value_kind(value: &Value) -> &'static str {
+    match value.kind() {
+        ValueKind::Undefined => "undefined",
+        ValueKind::None => "none",
+        ValueKind::Bool => "a boolean",
+        ValueKind::Number => "a number",
+        ValueKind::String => "a string",
+        ValueKind::Bytes => "bytes",
+        ValueKind::Seq | ValueKind::Iterable => "a list",
+        ValueKind::Map => "a map",
+        _ => "an object",
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Responses and failures.
+
+/// Headers the provider sets itself.
+const MANAGED_HEADERS: [HeaderName; 5] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::HOST,
+    header::TRANSFER_ENCODING,
+    header::ACCEPT,
+];
+
+/// The largest response body read; a bigger one is an error, not an allocation.
+const MAX_RESPONSE_BYTES: usize = 32 << 20;
+/// How much of a body an error message quotes.
+const EXCERPT_CHARS: usize = 200;
+/// What a secret is replaced with.
+const REDACTED: &str = "<redacted>";
+/// Shorter secrets are not searched for in messages: replacing every `"1"` would
+/// garble the message and protect nothing.
+const MIN_REDACTED_LEN: usize = 8;
+
+/// A failed attempt.
+struct Failure {
+    message: String,
+    /// Whether another attempt might succeed (429, 5xx, transport failures).
+    retry: bool,
+    /// The delay the server asked for.
+    retry_after: Option<Duration>,
+}
+
+impl Failure {
+    fn fatal(message: String) -> Failure {
+        Failure {
+            message,
+            retry: false,
+            retry_after: None,
+        }
+    }
+
+    /// A request that got no (complete) response.
+    fn transport(error: reqwest::Error) -> Failure {
+        let what = if error.is_connect() {
+            "could not connect"
+        } else if error.is_timeout() {
+            "the request timed out"
+        } else if error.is_body() || error.is_decode() {
+            "the response could not be read"
+        } else {
+            "the request failed"
+        };
+        Failure {
+            message: format!("{what}: {}", root_cause(&error)),
+            retry: !error.is_builder(),
+            retry_after: None,
+        }
+    }
+}
+
+/// Reads the body, up to [`MAX_RESPONSE_BYTES`].
+async fn read_body(response: &mut reqwest::Response) -> Result<Vec<u8>, Failure> {
+    let too_big = || {
+        Failure::fatal(format!(
+            "{}: the response body is larger than {} MiB",
+            status_text(response.status()),
+            MAX_RESPONSE_BYTES >> 20
+        ))
+    };
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
+    {
+        return Err(too_big());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(Failure::transport)? {
+        if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            return Err(too_big());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// A 2xx body: the parsed completion, or why it is not one.
+fn completion(status: StatusCode, body: &[u8]) -> Result<Json, String> {
+    let status = status_text(status);
+    let json: Json = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "{status}: the response is not JSON ({e}); it begins: {}",
+            excerpt(body)
+        )
+    })?;
+    match json.get("choices") {
+        Some(Json::Array(_)) => Ok(json),
+        Some(other) => Err(format!(
+            "{status}: the response is not a chat completion (`choices` is {}): {}",
+            kind(other),
+            excerpt(body)
+        )),
+        None if error_message(&json).is_some() => Err(format!(
+            "{status}: the response has no `choices`: {}",
+            error_message(&json).unwrap_or_default()
+        )),
+        None => Err(format!(
+            "{status}: the response is not a chat completion (no `choices`): {}",
+            excerpt(body)
+        )),
+    }
+}
+
+/// The API's message from an error body, or an excerpt of the body.
+fn api_message(body: &[u8]) -> String {
+    serde_json::from_slice::<Json>(body)
+        .ok()
+        .and_then(|json| error_message(&json))
+        .unwrap_or_else(|| excerpt(body))
+}
+
+/// `error.message` (OpenAI, llama.cpp, vLLM), `error` as a string (Ollama), or a
+/// top-level `message` or `detail`.
+fn error_message(json: &Json) -> Option<String> {
+    let text = match json.get("error") {
+        Some(Json::Object(error)) => error.get("message").and_then(Json::as_str),
+        Some(Json::String(message)) => Some(message.as_str()),
+        _ => None,
+    }
+    .or_else(|| json.get("message").and_then(Json::as_str))
+    .or_else(|| json.get("detail").and_then(Json::as_str))?;
+    Some(clip(text))
+}
+
+/// The start of a body, on one line, for an error message.
+fn excerpt(body: &[u8]) -> String {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return "(empty body)".into();
+    }
+    clip(&String::from_utf8_lossy(body))
+}
+
+/// `text` on one line, cut to [`EXCERPT_CHARS`] characters.
+fn clip(text: &str) -> String {
+    let flat: String = text
+        .trim()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    match flat.char_indices().nth(EXCERPT_CHARS) {
+        Some((cut, _)) => format!("{}…", &flat[..cut]),
+        None => flat,
+    }
+}
+
+/// `HTTP 429 Too Many Requests`.
+fn status_text(status: StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(reason) => format!("HTTP {} {reason}", status.as_u16()),
+        None => format!("HTTP {}", status.as_u16()),
+    }
+}
+
+/// The innermost cause of a reqwest error (`Connection refused (os error 111)`), which
+/// names no URL.
+fn root_cause(error: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}
+
+/// The delay a 429 or 503 response asks for: `retry-after-ms` (OpenAI), else
+/// `Retry-After` in seconds or as an HTTP date.
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64((ms / 1000.0).min(u32::MAX as f64)));
+    }
+    let value = text("retry-after")?;
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = parse_http_date(value)?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the HTTP-date format servers
+/// must send (RFC 9110 §5.6.7). The two obsolete formats are not accepted.
+fn parse_http_date(text: &str) -> Option<SystemTime> {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (_weekday, rest) = text.split_once(", ")?;
+    let mut fields = rest.split(' ');
+    let day: u32 = fields.next()?.parse().ok()?;
+    let month = MONTHS.iter().position(|m| Some(*m) == fields.next())? as u32 + 1;
+    let year: i64 = fields.next()?.parse().ok()?;
+    let mut time = fields.next()?.split(':');
+    let mut part = |max: u64| time.next()?.parse::<u64>().ok().filter(|v| *v <= max);
+    let (hour, minute, second) = (part(23)?, part(59)?, part(60)?);
+    if fields.next() != Some("GMT") || fields.next().is_some() || !(1..=31).contains(&day) {
+        return None;
+    }
+    let days = days_from_civil(year, month, day);
+    let seconds = u64::try_from(days).ok()? * 86_400 + hour * 3600 + minute * 60 + second;
+    UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month = i64::from(month);
+    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+// ---------------------------------------------------------------------------------------
+// Configuration helpers.
+
+/// `{base_url}/v1/chat/completions`, without doubling a trailing `/v1`.
+fn endpoint(base_url: &str) -> Result<Url, String> {
+    let text = base_url.trim();
+    let shown = printable_url(text);
+    let mut url = Url::parse(text).map_err(|e| format!("invalid base URL `{shown}`: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "invalid base URL `{shown}`: expected an http:// or https:// URL"
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("invalid base URL: credentials in the URL are not supported; use an API \
+                    key or a header"
+            .into());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(format!(
+            "invalid base URL `{shown}`: a base URL has no query string or fragment"
+        ));
+    }
+    let path = url.path().trim_end_matches('/');
+    let path = if path.ends_with("/v1") {
+        format!("{path}/chat/completions")
+    } else {
+        format!("{path}/v1/chat/completions")
+    };
+    url.set_path(&path);
+    Ok(url)
+}
+
+/// A URL for messages and `Debug`, without any user name or password in it.
+fn printable_url(text: &str) -> String {
+    match text.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{scheme}://{REDACTED}@{}", &rest[at + 1..]),
+                None => text.to_owned(),
+            }
+        }
+        None if text.contains('@') => REDACTED.to_owned(),
+        None => text.to_owned(),
+    }
+}
+
+/// Adds `secret` to the strings scrubbed from messages.
+fn remember_secret(secrets: &mut Vec<String>, secret: &str) {
+    if secret.len() >= MIN_REDACTED_LEN && !secrets.iter().any(|s| s == secret) {
+        secrets.push(secret.to_owned());
+        // Longest first, so a secret that contains another is replaced whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    }
+}
+
+/// Makes `ring` the process's rustls crypto provider unless one is installed already.
+///
+/// reqwest is built with `rustls-no-provider`: it takes the process default provider and
+/// verifies certificates with the platform verifier (the operating system's roots).
+/// Installing is idempotent; if an embedder installed another provider first, that one
+/// is used.
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race with another thread installing one is fine: there is one now.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+fn millis(duration: Duration) -> u128 {
+    duration.as_millis()
+}
+
+/// Prints as `<redacted>`.
+struct Redacted;
+
+impl fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+/// Header names with redacted values.
+struct RedactedHeaders<'a>(&'a [(String, String)]);
+
+impl fmt::Debug for RedactedHeaders<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(name, _)| (name, Redacted)))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::value_from_json;
+
+    fn context(vars: Json) -> Vars {
+        let mut context = Vars::new();
+        for (k, v) in vars.as_object().unwrap() {
+            context.insert(Arc::from(k.as_str()), value_from_json(v));
+        }
+        context
+    }
+
+    fn body(vars: Json) -> Json {
+        serde_json::from_slice(&encode_request("m", &context(vars)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn endpoints() {
+        let cases = [
+            ("https://api.openai.com", "https://api.openai.com/v1/chat/completions"),
+            ("https://api.openai.com/", "https://api.openai.com/v1/chat/completions"),
+            ("http://localhost:8080/v1", "http://localhost:8080/v1/chat/completions"),
+            ("http://localhost:8080/v1/", "http://localhost:8080/v1/chat/completions"),
+            ("http://h/proxy/openai", "http://h/proxy/openai/v1/chat/completions"),
+            (" http://h:1/api/v1 ", "http://h:1/api/v1/chat/completions"),
+        ];
+        for (base, expected) in cases {
+            assert_eq!(endpoint(base).unwrap().as_str(), expected, "{base}");
+        }
+        for (base, error) in [
+            ("localhost:8080", "expected an http:// or https:// URL"),
+            ("ftp://h", "expected an http:// or https:// URL"),
+            ("http://h/?key=1", "no query string"),
+            ("nonsense", "invalid base URL `nonsense`"),
+        ] {
+            let e = endpoint(base).unwrap_err();
+            assert!(e.contains(error), "{base}: {e}");
+        }
+        let e = endpoint("https://user:sk-secret-1234@h").unwrap_err();
+        assert!(!e.contains("sk-secret"), "{e}");
+    }
+
+    #[test]
+    fn printable_urls_hide_credentials() {
+        assert_eq!(printable_url("https://u:p@h/x@y"), "https://<redacted>@h/x@y");
+        assert_eq!(printable_url("https://h/a@b"), "https://h/a@b");
+        assert_eq!(printable_url("u:p@h"), "<redacted>");
+    }
+
+    #[test]
+    fn unset_parameters_are_left_out() {
+        let b = body(json!({
+            "prompts": [{"role": "user", "content": "hi"}],
+            "temperature": null, "max_tokens": null, "stop_sequences": [],
+            "logit_bias": {}, "seed": null, "top_k": null, "tools": [],
+            "output_mode": null, "output_structure": null,
+        }));
+        assert_eq!(
+            b,
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        );
+    }
+
+    #[test]
+    fn schema_name_comes_from_a_valid_title() {
+        let b = body(json!({
+            "output_mode": "structured_output",
+            "output_structure": "{\"title\": \"Person Record\", \"type\": \"object\"}",
+        }));
+        assert_eq!(b["response_format"]["json_schema"]["name"], "output");
+        let b = body(json!({
+            "output_mode": "structured_output",
+            "output_structure": {"title": "person_record", "type": "object"},
+        }));
+        assert_eq!(b["response_format"]["json_schema"]["name"], "person_record");
+    }
+
+    #[test]
+    fn bad_output_structure_is_an_error() {
+        let e = encode_request(
+            "m",
+            &context(json!({"output_mode": "structured_output", "output_structure": "{"})),
+        )
+        .unwrap_err();
+        assert!(e.starts_with("`output_structure` is not valid JSON:"), "{e}");
+        let e = encode_request(
+            "m",
+            &context(json!({"output_mode": "structured_output", "output_structure": 3})),
+        )
+        .unwrap_err();
+        assert!(e.ends_with("found a number"), "{e}");
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (k, v) in pairs {
+                map.insert(*k, HeaderValue::from_static(v));
+            }
+            map
+        };
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "3")]), now),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:47 GMT")]), now),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:00 GMT")]), now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after-ms", "250"), ("retry-after", "9")]), now),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
+        assert_eq!(retry_after(&headers(&[]), now), None);
+    }
+
+    #[test]
+    fn http_dates() {
+        let at = |s| parse_http_date(s).map(|t| t.duration_since(UNIX_EPOCH).unwrap().as_secs());
+        assert_eq!(at("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(at("Sun, 06 Nov 1994 08:49:37 GMT"), Some(784_111_777));
+        assert_eq!(at("Tue, 29 Feb 2000 12:00:00 GMT"), Some(951_825_600));
+        assert_eq!(at("Sunday, 06-Nov-94 08:49:37 GMT"), None);
+        assert_eq!(at("Sun Nov  6 08:49:37 1994"), None);
+        assert_eq!(at("Sun, 06 Nov 1994 24:00:00 GMT"), None);
+        assert_eq!(at("Sun, 06 Nov 1994 08:49:37 UTC"), None);
+    }
+
+    #[test]
+    fn error_bodies() {
+        let message = |body: &str| api_message(body.as_bytes());
+        assert_eq!(message(r#"{"error": {"message": "bad key", "type": "x"}}"#), "bad key");
+        assert_eq!(message(r#"{"error": "model not found"}"#), "model not found");
+        assert_eq!(message(r#"{"object": "error", "message": "vllm says"}"#), "vllm says");
+        assert_eq!(message("upstream\nconnect error"), "upstream connect error");
+        assert_eq!(message(""), "(empty body)");
+        let long = "x".repeat(500);
+        assert_eq!(message(&long), format!("{}…", "x".repeat(EXCERPT_CHARS)));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let provider = OpenAiProvider::new(
+            OpenAiConfig::new()
+                .base_url("http://127.0.0.1:9")
+                .retry_delays(Duration::from_millis(100), Duration::from_millis(300)),
+        )
+        .unwrap();
+        for _ in 0..50 {
+            let first = provider.backoff(0);
+            assert!((50..=100).contains(&first.as_millis()), "{first:?}");
+            let second = provider.backoff(1);
+            assert!((100..=200).contains(&second.as_millis()), "{second:?}");
+            let capped = provider.backoff(30);
+            assert!((150..=300).contains(&capped.as_millis()), "{capped:?}");
+        }
+    }
+
+    #[test]
+    fn bad_configuration_is_rejected_without_secrets() {
+        let key = "sk-very-secret-key-0123456789";
+        let e = OpenAiProvider::new(OpenAiConfig::new().api_key(format!("{key}\nX: y")))
+            .unwrap_err();
+        assert!(!e.contains(key), "{e}");
+        let e = OpenAiProvider::new(OpenAiConfig::new().header("api-key", format!("{key}\r\n")))
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(e.is_ok(), "surrounding whitespace is trimmed: {e:?}");
+        let e = OpenAiProvider::new(OpenAiConfig::new().header("x-key", format!("a\n{key}")))
+            .unwrap_err();
+        assert_eq!(e, "the value of header `x-key` is not a valid HTTP header value");
+        let e = OpenAiProvider::new(OpenAiConfig::new().header("bad header", "v")).unwrap_err();
+        assert_eq!(e, "`bad header` is not a valid HTTP header name");
+        let e = OpenAiProvider::new(OpenAiConfig::new().header("Content-Type", "text/plain"))
+            .unwrap_err();
+        assert_eq!(e, "header `content-type` is set by the provider and cannot be configured");
+        let e = OpenAiProvider::new(
+            OpenAiConfig::new()
+                .api_key(key)
+                .header("Authorization", "Bearer other-secret"),
+        )
+        .unwrap_err();
+        assert!(e.starts_with("both an API key and an `Authorization` header"), "{e}");
+        assert_eq!(
+            OpenAiProvider::new(OpenAiConfig::new().api_key("  ")).unwrap_err(),
+            "the API key is empty"
+        );
+        assert_eq!(
+            OpenAiProvider::new(OpenAiConfig::new().request_timeout(Duration::ZERO)).unwrap_err(),
+            "the request timeout must be greater than zero"
+        );
+    }
+
+    #[test]
+    fn redaction_replaces_every_secret() {
+        let provider = OpenAiProvider::new(
+            OpenAiConfig::new()
+                .api_key("sk-abcdefgh12345678")
+                .header("x-extra", "extra-secret-value")
+                .header("x-short", "1"),
+        )
+        .unwrap();
+        assert_eq!(
+            provider.redact("a sk-abcdefgh12345678 b extra-secret-value c 1".into()),
+            "a <redacted> b <redacted> c 1"
+        );
+    }
+}

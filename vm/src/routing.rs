@@ -1,0 +1,596 @@
+//! Provider routing by model name (feature `driver`): §4's `with_providers`.
+//!
+//! A [`Router`] is a [`Provider`] that hands each call to the first route whose model
+//! pattern matches the request's model. Patterns are exact names or globs (`*` matches
+//! any run of characters, `?` one character). Routes come from Rust
+//! ([`Router::with_provider`]) or from a JSON configuration file
+//! ([`Router::from_config_json`]); `spec/providers.md` specifies the file.
+//!
+//! Not in here: HTTP (that is [`crate::openai`]) and reading files or the process
+//! environment: the caller passes the text and an environment lookup in, so tests never
+//! touch the real environment.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::{Map, Value as Json};
+
+use crate::driver::{BoxFuture, Provider, Scripted};
+use crate::provider::{ProviderError, ProviderRequest, ScriptedProvider};
+use crate::response::kind;
+
+/// Routes provider calls to providers by model name; first match wins.
+#[derive(Default, Clone)]
+pub struct Router {
+    routes: Vec<Route>,
+}
+
+/// One pattern and the provider it routes to.
+#[derive(Clone)]
+struct Route {
+    pattern: String,
+    provider: Arc<dyn Provider>,
+    /// What the provider is, for `Debug`: never a key or a header value.
+    description: String,
+}
+
+impl Router {
+    /// A router without routes: every call fails with "no provider for model …".
+    pub fn new() -> Router {
+        Router::default()
+    }
+
+    /// A router that sends every model to `provider` (pattern `*`).
+    pub fn single(provider: Arc<dyn Provider>) -> Router {
+        Router::new().with_provider("*", provider)
+    }
+
+    /// Adds a route after the existing ones: models matching `pattern` go to `provider`
+    /// unless an earlier route matched.
+    pub fn with_provider(mut self, pattern: impl Into<String>, provider: Arc<dyn Provider>) -> Router {
+        self.push(pattern, provider);
+        self
+    }
+
+    /// Adds a route after the existing ones (the `&mut` form of [`Router::with_provider`]).
+    pub fn push(&mut self, pattern: impl Into<String>, provider: Arc<dyn Provider>) {
+        self.routes.push(Route {
+            pattern: pattern.into(),
+            provider,
+            description: "custom".into(),
+        });
+    }
+
+    /// Reads a routing configuration (JSON; `spec/providers.md`).
+    ///
+    /// `env` looks up environment variables (`api_key_env`, `headers_env`); pass
+    /// `&|name| std::env::var(name).ok()` for the real environment. Errors name the
+    /// route, the key and, for a missing variable, the variable; never a value.
+    pub fn from_config_json(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Router, String> {
+        let json: Json = serde_json::from_str(text)
+            .map_err(|e| format!("providers config is not valid JSON: {e}"))?;
+        Router::from_config(&json, env)
+    }
+
+    /// Reads an already-parsed routing configuration (see [`Router::from_config_json`]).
+    pub fn from_config(
+        config: &Json,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Router, String> {
+        let fail = |message: String| format!("providers config: {message}");
+        let Json::Object(top) = config else {
+            return Err(fail(format!("expected an object, found {}", kind(config))));
+        };
+        check_keys(top, &["routes"], "").map_err(fail)?;
+        let routes = match top.get("routes") {
+            Some(Json::Array(routes)) => routes,
+            Some(other) => {
+                return Err(fail(format!(
+                    "expected `routes` to be an array, found {}",
+                    kind(other)
+                )));
+            }
+            None => return Err(fail("missing `routes`".into())),
+        };
+        let mut router = Router::new();
+        for (index, route) in routes.iter().enumerate() {
+            let at = format!("routes[{index}]");
+            let (patterns, provider, description) =
+                configured_route(route, env).map_err(|e| fail(format!("{at}: {e}")))?;
+            for pattern in patterns {
+                router.routes.push(Route {
+                    pattern,
+                    provider: provider.clone(),
+                    description: description.clone(),
+                });
+            }
+        }
+        Ok(router)
+    }
+
+    /// The provider for `model`: the first route whose pattern matches.
+    pub fn route(&self, model: &str) -> Option<&Arc<dyn Provider>> {
+        self.routes
+            .iter()
+            .find(|r| glob_match(&r.pattern, model))
+            .map(|r| &r.provider)
+    }
+
+    /// The patterns, in the order they are tried.
+    pub fn patterns(&self) -> impl Iterator<Item = &str> {
+        self.routes.iter().map(|r| r.pattern.as_str())
+    }
+
+    /// Number of routes.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// True without routes.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+}
+
+impl Provider for Router {
+    fn call<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+    ) -> BoxFuture<'a, Result<Json, ProviderError>> {
+        match self.route(&request.model) {
+            Some(provider) => provider.call(request),
+            None => {
+                let message = if self.routes.is_empty() {
+                    format!("no provider for model `{}` (no routes are configured)", request.model)
+                } else {
+                    let patterns: Vec<String> =
+                        self.patterns().map(|p| format!("`{p}`")).collect();
+                    format!(
+                        "no provider for model `{}` (routes: {})",
+                        request.model,
+                        patterns.join(", ")
+                    )
+                };
+                Box::pin(std::future::ready(Err(ProviderError { message })))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Router {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.routes.iter().map(|r| (&r.pattern, &r.description)))
+            .finish()
+    }
+}
+
+/// Whether `model` matches `pattern`: `*` matches any run of characters (also none),
+/// `?` exactly one; everything else matches itself, case-sensitively.
+pub fn glob_match(pattern: &str, model: &str) -> bool {
+    let pattern: Vec<char> = pattern.chars().collect();
+    let model: Vec<char> = model.chars().collect();
+    let (mut p, mut m) = (0, 0);
+    // Where the last `*` was, and where in the model its current match ends.
+    let mut star: Option<(usize, usize)> = None;
+    while m < model.len() {
+        match pattern.get(p) {
+            Some('*') => {
+                star = Some((p, m));
+                p += 1;
+            }
+            Some(&c) if c == '?' || c == model[m] => {
+                p += 1;
+                m += 1;
+            }
+            _ => match star {
+                // Let the last `*` swallow one more character and try again from there.
+                Some((star_p, star_m)) => {
+                    star = Some((star_p, star_m + 1));
+                    p = star_p + 1;
+                    m = star_m + 1;
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == '*')
+}
+
+// ---------------------------------------------------------------------------------------
+// The configuration file.
+
+/// The keys every route has.
+const COMMON_KEYS: [&str; 2] = ["model", "kind"];
+/// The keys of an `openai` route besides the common ones.
+const OPENAI_KEYS: [&str; 7] = [
+    "base_url",
+    "api_key_env",
+    "headers",
+    "headers_env",
+    "timeout_ms",
+    "max_retries",
+    "retry_base_delay_ms",
+];
+/// The keys of a `mock` route besides the common ones.
+const MOCK_KEYS: [&str; 2] = ["responses", "latency_ms"];
+
+/// The longest `timeout_ms`, `latency_ms` or `retry_base_delay_ms` accepted: one day.
+const MAX_MILLIS: u64 = 86_400_000;
+/// The most retries a route may ask for.
+const MAX_RETRIES: u64 = 10;
+
+/// A configured route: its patterns, its provider, and a description for `Debug`.
+type Configured = (Vec<String>, Arc<dyn Provider>, String);
+
+/// Reads one entry of `routes`.
+fn configured_route(route: &Json, env: &dyn Fn(&str) -> Option<String>) -> Result<Configured, String> {
+    let Json::Object(route) = route else {
+        return Err(format!("expected an object, found {}", kind(route)));
+    };
+    let patterns = match route.get("model") {
+        Some(Json::String(pattern)) => vec![pattern.clone()],
+        Some(Json::Array(patterns)) if !patterns.is_empty() => patterns
+            .iter()
+            .map(|p| match p {
+                Json::String(p) => Ok(p.clone()),
+                other => Err(format!(
+                    "expected every `model` pattern to be a string, found {}",
+                    kind(other)
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(Json::Array(_)) => return Err("`model` is an empty list".into()),
+        Some(other) => {
+            return Err(format!(
+                "expected `model` to be a string or a list of strings, found {}",
+                kind(other)
+            ));
+        }
+        None => return Err("missing `model` (a model name or pattern such as `gpt-*`)".into()),
+    };
+    match route.get("kind") {
+        Some(Json::String(k)) if k == "openai" => {
+            check_keys(route, &[&COMMON_KEYS[..], &OPENAI_KEYS[..]].concat(), "openai")?;
+            let (provider, description) = openai_route(route, env)?;
+            Ok((patterns, provider, description))
+        }
+        Some(Json::String(k)) if k == "mock" => {
+            check_keys(route, &[&COMMON_KEYS[..], &MOCK_KEYS[..]].concat(), "mock")?;
+            let (provider, description) = mock_route(route)?;
+            Ok((patterns, provider, description))
+        }
+        Some(Json::String(other)) => Err(format!(
+            "unknown `kind` `{other}` (expected `openai` or `mock`)"
+        )),
+        Some(other) => Err(format!("expected `kind` to be a string, found {}", kind(other))),
+        None => Err("missing `kind` (`openai` or `mock`)".into()),
+    }
+}
+
+/// Rejects keys not in `allowed`, with a hint for the likely mistakes.
+fn check_keys(object: &Map<String, Json>, allowed: &[&str], what: &str) -> Result<(), String> {
+    let Some(unknown) = object.keys().find(|k| !allowed.contains(&k.as_str())) else {
+        return Ok(());
+    };
+    if unknown == "api_key" {
+        return Err("unknown key `api_key`: keys are not written in the config file; name the \
+                    environment variable that holds it with `api_key_env`"
+            .into());
+    }
+    let expected: Vec<String> = allowed.iter().map(|k| format!("`{k}`")).collect();
+    let route = if what.is_empty() {
+        String::new()
+    } else {
+        format!(" for kind `{what}`")
+    };
+    Err(format!(
+        "unknown key `{unknown}`{route} (expected {})",
+        expected.join(", ")
+    ))
+}
+
+/// An optional non-negative integer no greater than `max`.
+fn integer(route: &Map<String, Json>, key: &str, max: u64) -> Result<Option<u64>, String> {
+    match route.get(key) {
+        None => Ok(None),
+        Some(Json::Number(n)) => match n.as_u64() {
+            Some(v) if v <= max => Ok(Some(v)),
+            _ => Err(format!("expected `{key}` to be an integer from 0 to {max}, found {n}")),
+        },
+        Some(other) => Err(format!("expected `{key}` to be an integer, found {}", kind(other))),
+    }
+}
+
+/// An optional string.
+fn string<'a>(route: &'a Map<String, Json>, key: &str) -> Result<Option<&'a str>, String> {
+    match route.get(key) {
+        None => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s)),
+        Some(other) => Err(format!("expected `{key}` to be a string, found {}", kind(other))),
+    }
+}
+
+/// An optional object of strings, in file order.
+fn string_map<'a>(
+    route: &'a Map<String, Json>,
+    key: &str,
+) -> Result<Vec<(&'a str, &'a str)>, String> {
+    match route.get(key) {
+        None => Ok(Vec::new()),
+        Some(Json::Object(map)) => map
+            .iter()
+            .map(|(name, value)| match value {
+                Json::String(v) => Ok((name.as_str(), v.as_str())),
+                other => Err(format!(
+                    "expected `{key}.{name}` to be a string, found {}",
+                    kind(other)
+                )),
+            })
+            .collect(),
+        Some(other) => Err(format!("expected `{key}` to be an object, found {}", kind(other))),
+    }
+}
+
+/// Looks up `variable`; a missing or empty one is an error naming it (never a value).
+fn env_value(
+    env: &dyn Fn(&str) -> Option<String>,
+    variable: &str,
+    key: &str,
+) -> Result<String, String> {
+    if variable.is_empty() {
+        return Err(format!("`{key}` names no environment variable"));
+    }
+    match env(variable) {
+        Some(value) if !value.trim().is_empty() => Ok(value),
+        Some(_) => Err(format!("environment variable `{variable}` (from `{key}`) is empty")),
+        None => Err(format!("environment variable `{variable}` (from `{key}`) is not set")),
+    }
+}
+
+#[cfg(feature = "http")]
+fn openai_route(
+    route: &Map<String, Json>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Arc<dyn Provider>, String), String> {
+    use std::time::Duration;
+
+    use crate::openai::{DEFAULT_RETRY_MAX_DELAY, OpenAiConfig, OpenAiProvider};
+
+    let mut config = OpenAiConfig::new();
+    if let Some(url) = string(route, "base_url")? {
+        config = config.base_url(url);
+    }
+    if let Some(variable) = string(route, "api_key_env")? {
+        config = config.api_key(env_value(env, variable, "api_key_env")?);
+    }
+    for (name, value) in string_map(route, "headers")? {
+        config = config.header(name, value);
+    }
+    for (name, variable) in string_map(route, "headers_env")? {
+        config = config.header(name, env_value(env, variable, &format!("headers_env.{name}"))?);
+    }
+    if let Some(ms) = integer(route, "timeout_ms", MAX_MILLIS)? {
+        config = config.request_timeout(Duration::from_millis(ms));
+    }
+    if let Some(retries) = integer(route, "max_retries", MAX_RETRIES)? {
+        config = config.max_retries(retries as u32);
+    }
+    if let Some(ms) = integer(route, "retry_base_delay_ms", MAX_MILLIS)? {
+        let base = Duration::from_millis(ms);
+        config = config.retry_delays(base, DEFAULT_RETRY_MAX_DELAY.max(base));
+    }
+    let provider = OpenAiProvider::new(config)?;
+    let description = format!("openai {}", provider.endpoint());
+    Ok((Arc::new(provider), description))
+}
+
+#[cfg(not(feature = "http"))]
+fn openai_route(
+    _route: &Map<String, Json>,
+    _env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Arc<dyn Provider>, String), String> {
+    Err("kind `openai` needs aplc-vm's `http` feature, which this build does not have".into())
+}
+
+fn mock_route(route: &Map<String, Json>) -> Result<(Arc<dyn Provider>, String), String> {
+    let responses = match route.get("responses") {
+        Some(Json::Array(responses)) => responses.clone(),
+        Some(other) => {
+            return Err(format!(
+                "expected `responses` to be an array, found {}",
+                kind(other)
+            ));
+        }
+        None => return Err("missing `responses` (the mock's scripted answers)".into()),
+    };
+    let script = ScriptedProvider::from_entries(responses)?;
+    let description = format!("mock ({} responses)", script.len());
+    let mut provider = Scripted::new(script);
+    if let Some(ms) = integer(route, "latency_ms", MAX_MILLIS)? {
+        provider = provider.with_latency(std::time::Duration::from_millis(ms));
+    }
+    Ok((Arc::new(provider), description))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        let yes = [
+            ("gpt-4o", "gpt-4o"),
+            ("gpt-*", "gpt-4o"),
+            ("gpt-*", "gpt-"),
+            ("*", ""),
+            ("*", "anything"),
+            ("?pt-4?", "gpt-4o"),
+            ("*-mini", "gpt-4o-mini"),
+            ("a*b*c", "aXXbYYc"),
+            ("a*b*c", "abbbc"),
+            ("*a*", "banana"),
+            ("llama-??b", "llama-70b"),
+            ("ünï*", "ünïcode"),
+            ("**", "x"),
+        ];
+        for (pattern, model) in yes {
+            assert!(glob_match(pattern, model), "{pattern} should match {model}");
+        }
+        let no = [
+            ("gpt-4o", "gpt-4o-mini"),
+            ("gpt-*", "GPT-4o"),
+            ("gpt-*", "chatgpt-4o"),
+            ("?", ""),
+            ("?", "ab"),
+            ("a*b*c", "aXXbYY"),
+            ("llama-??b", "llama-7b"),
+            ("", "x"),
+        ];
+        for (pattern, model) in no {
+            assert!(!glob_match(pattern, model), "{pattern} should not match {model}");
+        }
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn error(config: &str) -> String {
+        Router::from_config_json(config, &no_env).unwrap_err()
+    }
+
+    #[test]
+    fn config_errors_are_precise() {
+        let cases = [
+            ("[]", "providers config: expected an object, found an array"),
+            ("{}", "providers config: missing `routes`"),
+            (
+                r#"{"routes": [], "extra": 1}"#,
+                "providers config: unknown key `extra` (expected `routes`)",
+            ),
+            (
+                r#"{"routes": {}}"#,
+                "providers config: expected `routes` to be an array, found an object",
+            ),
+            (
+                r#"{"routes": [3]}"#,
+                "providers config: routes[0]: expected an object, found a number",
+            ),
+            (
+                r#"{"routes": [{"kind": "mock", "responses": []}]}"#,
+                "providers config: routes[0]: missing `model` (a model name or pattern such as `gpt-*`)",
+            ),
+            (
+                r#"{"routes": [{"model": [], "kind": "mock", "responses": []}]}"#,
+                "providers config: routes[0]: `model` is an empty list",
+            ),
+            (
+                r#"{"routes": [{"model": "*"}]}"#,
+                "providers config: routes[0]: missing `kind` (`openai` or `mock`)",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "anthropic"}]}"#,
+                "providers config: routes[0]: unknown `kind` `anthropic` (expected `openai` or `mock`)",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "mock"}]}"#,
+                "providers config: routes[0]: missing `responses` (the mock's scripted answers)",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "mock", "responses": [], "base_url": "x"}]}"#,
+                "providers config: routes[0]: unknown key `base_url` for kind `mock` \
+                 (expected `model`, `kind`, `responses`, `latency_ms`)",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "mock", "responses": [3]}]}"#,
+                "providers config: routes[0]: mock entry 0: expected a string, an assistant \
+                 message, a full response or {\"error\": …}, found a number",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "mock", "responses": [], "latency_ms": -1}]}"#,
+                "providers config: routes[0]: expected `latency_ms` to be an integer from 0 to \
+                 86400000, found -1",
+            ),
+        ];
+        for (config, expected) in cases {
+            assert_eq!(error(config), expected, "{config}");
+        }
+        assert!(error("{").starts_with("providers config is not valid JSON: "));
+    }
+
+    #[cfg(feature = "http")]
+    #[test]
+    fn openai_config_errors_name_variables_not_values() {
+        let env = |name: &str| match name {
+            "EMPTY" => Some(" ".to_string()),
+            "KEY" => Some("sk-secret-from-env-123456".to_string()),
+            _ => None,
+        };
+        let cases = [
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "api_key": "sk-1"}]}"#,
+                "providers config: routes[0]: unknown key `api_key`: keys are not written in the \
+                 config file; name the environment variable that holds it with `api_key_env`",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "api_key_env": "MISSING"}]}"#,
+                "providers config: routes[0]: environment variable `MISSING` (from \
+                 `api_key_env`) is not set",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "api_key_env": "EMPTY"}]}"#,
+                "providers config: routes[0]: environment variable `EMPTY` (from \
+                 `api_key_env`) is empty",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "headers_env": {"api-key": "NOPE"}}]}"#,
+                "providers config: routes[0]: environment variable `NOPE` (from \
+                 `headers_env.api-key`) is not set",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "headers": {"x": 1}}]}"#,
+                "providers config: routes[0]: expected `headers.x` to be a string, found a number",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "timeout_ms": "5"}]}"#,
+                "providers config: routes[0]: expected `timeout_ms` to be an integer, found a string",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "max_retries": 11}]}"#,
+                "providers config: routes[0]: expected `max_retries` to be an integer from 0 to \
+                 10, found 11",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "base_url": "localhost"}]}"#,
+                "providers config: routes[0]: invalid base URL `localhost`: relative URL without a base",
+            ),
+            (
+                r#"{"routes": [{"model": "*", "kind": "openai", "timeout_ms": 0}]}"#,
+                "providers config: routes[0]: the request timeout must be greater than zero",
+            ),
+        ];
+        for (config, expected) in cases {
+            assert_eq!(Router::from_config_json(config, &env).unwrap_err(), expected);
+        }
+        let router = Router::from_config_json(
+            r#"{"routes": [
+                {"model": ["gpt-*", "o?"], "kind": "openai", "api_key_env": "KEY",
+                 "headers_env": {"api-key": "KEY"}, "headers": {"OpenAI-Organization": "org-1"},
+                 "base_url": "http://127.0.0.1:1/v1", "timeout_ms": 100, "max_retries": 0},
+                {"model": "*", "kind": "mock", "responses": ["hi"]}
+            ]}"#,
+            &env,
+        )
+        .unwrap();
+        assert_eq!(router.patterns().collect::<Vec<_>>(), ["gpt-*", "o?", "*"]);
+        let debug = format!("{router:?}");
+        assert_eq!(
+            debug,
+            r#"{"gpt-*": "openai http://127.0.0.1:1/v1/chat/completions", "o?": "openai http://127.0.0.1:1/v1/chat/completions", "*": "mock (1 responses)"}"#
+        );
+    }
+}
