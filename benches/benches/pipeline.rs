@@ -1,56 +1,137 @@
-//! Compile, load and run benchmarks for the fixture agents.
+//! The executor measured against the render floor, in one bench run.
 //!
-//! Each benchmark works in-process, so it measures the compiler and the executor, not
-//! process start-up. Runs use the scripted provider, rewound before every iteration.
+//! * `compile/*`: source to bundle, for a small agent and a generated 1,000-step agent.
+//! * `load/*`: bundle decode plus program load (every template compiled).
+//! * `run/<agent>/executor`: one whole run with the scripted provider (rewound each time).
+//! * `run/<agent>/render_floor`: the same templates, rendered directly with minijinja in
+//!   the order the run renders them, against a store holding the run's variables. This
+//!   is the physical floor: the executor can only add overhead on top of it.
+//!
+//! Criterion prints each agent's executor and floor side by side; `benches/README.md`
+//! records the numbers and the budgets.
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
+use aplc_benches::{agent, generated_agent};
 use aplc_compiler::{Options, compile};
-use aplc_vm::bundle::{decode, encode};
-use aplc_vm::{Limits, Program, RunOptions, ScriptedProvider, run_scripted};
+use aplc_vm::bundle::{Bundle, TemplateKind, decode, encode};
+use aplc_vm::{Limits, Program, RunOptions, ScriptedProvider, Store, run_scripted, template_env};
 use criterion::{Criterion, criterion_group, criterion_main};
 
-const AGENTS: &[&str] = &["simple_one_step", "loop_by_runs", "spec_7_4_3_process_loop"];
-
-fn source(name: &str) -> String {
-    let path = aplc_benches::fixtures_dir().join(format!("run/{name}.apl"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+fn bundle(source: &str) -> Bundle {
+    compile(source, "bench.apl", &Options::default())
+        .bundle
+        .expect("the agent compiles")
 }
 
-fn bench(c: &mut Criterion) {
-    for name in AGENTS {
-        let src = source(name);
-        let bundle = compile(&src, name, &Options::default())
-            .bundle
-            .expect("fixture compiles");
-        let bytes = encode(&bundle);
-        let mock_path = aplc_benches::fixtures_dir().join(format!("run/{name}.mock.json"));
-        let mock = std::fs::read_to_string(mock_path).expect("mock file");
-        let script = ScriptedProvider::from_json(&mock).expect("valid mock");
-        let program = Arc::new(Program::load(&bytes).expect("bundle loads"));
+fn bench_compile(c: &mut Criterion) {
+    let small = agent("loop4").0;
+    let large = generated_agent(1000);
+    let mut group = c.benchmark_group("compile");
+    group.bench_function("loop4", |b| {
+        b.iter(|| compile(black_box(&small), "a.apl", &Options::default()))
+    });
+    group.sample_size(10);
+    group.bench_function("generated_1000_steps", |b| {
+        b.iter(|| compile(black_box(&large), "a.apl", &Options::default()))
+    });
+    group.finish();
+}
 
-        c.bench_function(&format!("compile/{name}"), |b| {
-            b.iter(|| compile(black_box(&src), name, &Options::default()))
-        });
-        c.bench_function(&format!("load/{name}"), |b| {
+fn bench_load(c: &mut Criterion) {
+    let mut group = c.benchmark_group("load");
+    for name in ["loop4", "agent8", "self_loop"] {
+        let bytes = encode(&bundle(&agent(name).0));
+        group.bench_function(name, |b| {
             b.iter(|| Program::from_bundle(decode(black_box(&bytes)).unwrap(), Limits::default()))
         });
-        c.bench_function(&format!("run/{name}"), |b| {
+    }
+    group.finish();
+}
+
+/// The templates a run renders, in order: for each step it entered, pre, the role
+/// sections and post.
+fn render_sequence(bundle: &Bundle, trace: &[String]) -> Vec<usize> {
+    let mut order = Vec::new();
+    for step in trace {
+        let Some(id) = bundle.steps.iter().position(|s| &s.name == step) else {
+            continue;
+        };
+        let of_kind = |want: fn(TemplateKind) -> bool| {
+            bundle
+                .templates
+                .iter()
+                .enumerate()
+                .filter(move |(_, t)| t.step.index() == id && want(t.kind))
+                .map(|(i, _)| i)
+        };
+        order.extend(of_kind(|k| k == TemplateKind::Pre));
+        order.extend(of_kind(|k| matches!(k, TemplateKind::Prompt(_))));
+        order.extend(of_kind(|k| k == TemplateKind::Post));
+    }
+    order
+}
+
+fn bench_run(c: &mut Criterion) {
+    for name in ["loop4", "agent8", "self_loop"] {
+        let (source, mock) = agent(name);
+        let bundle = bundle(&source);
+        let program = Arc::new(Program::from_bundle(bundle.clone(), Limits::default()).unwrap());
+        let script = ScriptedProvider::from_json(&mock).unwrap();
+        let run_once = || {
+            let mut script = script.clone();
+            script.rewind();
+            run_scripted(
+                program.clone(),
+                RunOptions::default(),
+                &mut script,
+                Instant::now,
+            )
+        };
+
+        // One reference run gives the trace of steps and the variables to render with.
+        let outcome = run_once();
+        assert!(outcome.error.is_none(), "{name}: {:?}", outcome.error);
+        let mut trace = vec![bundle.steps[0].name.clone()];
+        for snap in outcome
+            .history
+            .iter()
+            .take(outcome.history.len().saturating_sub(1))
+        {
+            let next = snap
+                .get_attr("next_step")
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string));
+            trace.push(next.unwrap_or_default());
+        }
+        let sequence = render_sequence(&bundle, &trace);
+        let mut env = template_env(&Limits::default());
+        for (i, t) in bundle.templates.iter().enumerate() {
+            env.add_template_owned(i.to_string(), t.source.clone())
+                .unwrap();
+        }
+        let names: Vec<String> = (0..bundle.templates.len()).map(|i| i.to_string()).collect();
+
+        let mut group = c.benchmark_group(format!("run/{name}"));
+        if name == "self_loop" {
+            group.sample_size(20);
+        }
+        group.bench_function("executor", |b| b.iter(|| black_box(run_once())));
+        group.bench_function("render_floor", |b| {
             b.iter(|| {
-                let mut script = script.clone();
-                script.rewind();
-                run_scripted(
-                    program.clone(),
-                    RunOptions::default(),
-                    &mut script,
-                    Instant::now,
-                )
+                let store = Store::new(outcome.vars.clone());
+                let root = aplc_vm::minijinja::Value::from_dyn_object(store);
+                for &t in &sequence {
+                    let template = env.get_template(&names[t]).unwrap();
+                    black_box(template.render(root.clone()).ok());
+                }
             })
         });
+        group.finish();
     }
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench_compile, bench_load, bench_run);
 criterion_main!(benches);

@@ -1,17 +1,56 @@
-//! `aplc check` and `aplc build`.
+//! `aplc check` and `aplc build`, the compile options of every command, and the JSON
+//! printer for diagnostics.
+//!
+//! Diagnostics go to stderr as ariadne reports by default. With `--format json` they go
+//! to **stdout** as JSON Lines, one object per diagnostic, so tools can read them
+//! without separating them from other messages; stderr then only carries failures that
+//! are not about the source (an unreadable file, an unwritable bundle).
 
+use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
-use aplc_compiler::Options;
+use aplc_compiler::{Diagnostic, LineIndex, Options};
+use clap::{Args, ValueEnum};
+use serde_json::{Value as Json, json};
 
 use crate::input::{display_name, print_diagnostics, read_source};
 use crate::{CompileArgs, Failure};
 
-pub(crate) fn check(file: &Path, args: &CompileArgs) -> Result<ExitCode, Failure> {
+/// How `check` and `build` report diagnostics.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ReportArgs {
+    /// How to print diagnostics: `human` (ariadne reports on stderr, coloured on a
+    /// terminal unless NO_COLOR is set) or `json` (JSON Lines on stdout: one object per
+    /// diagnostic with code, severity, message, file, line, column, labels, notes, help).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = DiagnosticFormat::Human)]
+    pub format: DiagnosticFormat,
+    /// Report every warning as an error: the file does not check or build (exit 2).
+    #[arg(long)]
+    pub deny_warnings: bool,
+}
+
+/// The formats of `--format` for diagnostics.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DiagnosticFormat {
+    /// ariadne reports on stderr.
+    Human,
+    /// JSON Lines on stdout.
+    Json,
+}
+
+pub(crate) fn check(
+    file: &Path,
+    args: &CompileArgs,
+    report: &ReportArgs,
+) -> Result<ExitCode, Failure> {
     let source = read_source(file)?;
-    let compilation = aplc_compiler::compile(&source, &display_name(file), &compile_options(args));
-    print_diagnostics(&compilation.diagnostics, file, &source);
+    let compilation = aplc_compiler::compile(
+        &source,
+        &display_name(file),
+        &check_options(args, report.deny_warnings),
+    );
+    report_diagnostics(&compilation.diagnostics, file, &source, report.format);
     Ok(if compilation.has_errors() {
         ExitCode::from(2)
     } else {
@@ -19,11 +58,19 @@ pub(crate) fn check(file: &Path, args: &CompileArgs) -> Result<ExitCode, Failure
     })
 }
 
-pub(crate) fn build(file: &Path, output: &Path, args: &CompileArgs) -> Result<ExitCode, Failure> {
+pub(crate) fn build(
+    file: &Path,
+    output: &Path,
+    args: &CompileArgs,
+    report: &ReportArgs,
+) -> Result<ExitCode, Failure> {
     let source = read_source(file)?;
-    let (bytes, diagnostics) =
-        aplc_compiler::build(&source, &display_name(file), &compile_options(args));
-    print_diagnostics(&diagnostics, file, &source);
+    let (bytes, diagnostics) = aplc_compiler::build(
+        &source,
+        &display_name(file),
+        &check_options(args, report.deny_warnings),
+    );
+    report_diagnostics(&diagnostics, file, &source, report.format);
     let Some(bytes) = bytes else {
         return Ok(ExitCode::from(2));
     };
@@ -32,8 +79,91 @@ pub(crate) fn build(file: &Path, output: &Path, args: &CompileArgs) -> Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
+/// The options for compiling source that is about to **run** (`aplc run`): an unknown
+/// `next_step` target is a warning, so the run fails at the jump with exit 1, as the
+/// spec says (§2.1).
 pub(crate) fn compile_options(args: &CompileArgs) -> Options {
+    Options::for_run(args.relaxed)
+}
+
+/// The options of `aplc check`, `aplc build` and `aplc graph`: an unknown `next_step`
+/// target is an error.
+pub(crate) fn check_options(args: &CompileArgs, deny_warnings: bool) -> Options {
     Options {
         relaxed: args.relaxed,
+        deny_warnings,
+        ..Options::default()
     }
+}
+
+fn report_diagnostics(
+    diagnostics: &[Diagnostic],
+    file: &Path,
+    source: &str,
+    format: DiagnosticFormat,
+) {
+    match format {
+        DiagnosticFormat::Human => print_diagnostics(diagnostics, file, source),
+        DiagnosticFormat::Json => {
+            let mut stdout = std::io::stdout().lock();
+            for line in json_lines(diagnostics, &display_name(file), source) {
+                // A closed stdout (`aplc check --format json … | head`) is not a failure
+                // of the check.
+                if writeln!(stdout, "{line}").is_err() {
+                    return;
+                }
+            }
+            let _ = stdout.flush();
+        }
+    }
+}
+
+/// One JSON object per diagnostic, each on one line.
+///
+/// Lines and columns are 1-based; columns count characters (Unicode scalar values);
+/// `end_line`/`end_column` are where the span ends (exclusive); `start`/`end` are byte
+/// offsets. The top-level position is the primary label's.
+pub(crate) fn json_lines(diagnostics: &[Diagnostic], file: &str, source: &str) -> Vec<String> {
+    let lines = LineIndex::new(source);
+    let position = |offset: usize| lines.line_col(source, offset);
+    diagnostics
+        .iter()
+        .map(|d| {
+            let primary = d.span();
+            let (line, column) = position(primary.start);
+            let (end_line, end_column) = position(primary.end);
+            let labels: Vec<Json> = d
+                .labels
+                .iter()
+                .map(|l| {
+                    let (line, column) = position(l.span.start);
+                    let (end_line, end_column) = position(l.span.end);
+                    json!({
+                        "primary": l.primary,
+                        "message": l.message,
+                        "line": line,
+                        "column": column,
+                        "end_line": end_line,
+                        "end_column": end_column,
+                        "start": l.span.start,
+                        "end": l.span.end,
+                    })
+                })
+                .collect();
+            json!({
+                "code": d.code.as_str(),
+                "severity": d.severity.to_string(),
+                "message": d.message,
+                "file": file,
+                "line": line,
+                "column": column,
+                "end_line": end_line,
+                "end_column": end_column,
+                "labels": labels,
+                "notes": d.notes,
+                "help": d.help,
+            })
+            .to_string()
+        })
+        .collect()
 }

@@ -1,14 +1,17 @@
-//! `aplc`: check, build and run APL agents.
+//! `aplc`: check, build, run, graph and inspect APL agents.
 //!
 //! Exit codes: 0 the command succeeded (a run completed); 3 a run completed but its last
 //! step ended with errors; 1 a run failed (unknown step, budget, timeout, unreadable
 //! bundle) or a file could not be written; 2 usage or compile errors.
 //!
-//! One module per command: `compile.rs` (check, build), `run.rs`; `input.rs` reads files
-//! and prints diagnostics for all of them.
+//! One module per command: `compile.rs` (check, build), `run.rs`, `graph.rs`,
+//! `inspect.rs`; `input.rs` reads files and prints diagnostics for all of them.
 
+mod bench;
 mod compile;
+mod graph;
 mod input;
+mod inspect;
 mod run;
 
 use std::path::PathBuf;
@@ -35,6 +38,8 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         compile: CompileArgs,
+        #[command(flatten)]
+        report: compile::ReportArgs,
     },
     /// Compile an .apl file to a bundle.
     Build {
@@ -45,9 +50,17 @@ enum Command {
         output: PathBuf,
         #[command(flatten)]
         compile: CompileArgs,
+        #[command(flatten)]
+        report: compile::ReportArgs,
     },
     /// Run an agent: an .apl file (compiled in memory) or a bundle.
     Run(run::RunArgs),
+    /// Print the step graph of an .apl file or a bundle (DOT or Mermaid) on stdout.
+    Graph(graph::GraphArgs),
+    /// Print a readable listing of a bundle: header, steps, instructions, templates, graph.
+    Inspect(inspect::InspectArgs),
+    /// Measure the executor: run an agent N times in-process with scripted responses.
+    Bench(bench::BenchArgs),
 }
 
 /// Options shared by every command that compiles.
@@ -61,13 +74,21 @@ pub(crate) struct CompileArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Check { file, compile } => compile::check(&file, &compile),
+        Command::Check {
+            file,
+            compile,
+            report,
+        } => compile::check(&file, &compile, &report),
         Command::Build {
             file,
             output,
             compile,
-        } => compile::build(&file, &output, &compile),
+            report,
+        } => compile::build(&file, &output, &compile, &report),
         Command::Run(args) => run::run(args),
+        Command::Graph(args) => graph::graph(&args),
+        Command::Inspect(args) => inspect::inspect(&args),
+        Command::Bench(args) => bench::bench(args),
     };
     match result {
         Ok(code) => code,

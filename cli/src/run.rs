@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aplc_vm::driver::{self, Scripted};
+use aplc_vm::driver::{self, Provider, Scripted};
+use aplc_vm::openai::{OpenAiConfig, OpenAiProvider};
+use aplc_vm::routing::Router;
 use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
 
@@ -39,10 +41,15 @@ pub(crate) struct RunArgs {
     timeout: u64,
     #[command(flatten)]
     compile: CompileArgs,
-    /// API key for the HTTP provider (not yet available: use --mock).
+    /// Route models to providers with this JSON file (see spec/providers.md).
+    #[arg(long, value_name = "PROVIDERS.json")]
+    providers: Option<PathBuf>,
+    /// API key for the OpenAI-compatible provider; defaults to $OPENAI_API_KEY. Prefer
+    /// the variable: command lines are visible to other users of the machine.
     #[arg(long, value_name = "KEY")]
     api_key: Option<String>,
-    /// Base URL for the HTTP provider (not yet available: use --mock).
+    /// Base URL of an OpenAI-compatible server (default https://api.openai.com; a
+    /// trailing /v1 is fine).
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
 }
@@ -50,18 +57,7 @@ pub(crate) struct RunArgs {
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let program = Arc::new(load_program(&args.file, &args.compile)?);
 
-    let Some(mock) = &args.mock else {
-        return Err(Failure::usage(
-            "no provider: the HTTP provider is not available in this version of aplc; \
-             pass --mock RESPONSES.json to run with the scripted provider",
-        ));
-    };
-    let script = read_text(mock)?;
-    let script = ScriptedProvider::from_json(&script)
-        .map_err(|e| Failure::usage(format!("{}: {e}", mock.display())))?;
-    if args.api_key.is_some() || args.base_url.is_some() {
-        eprintln!("warning: --api-key and --base-url are not used with --mock");
-    }
+    let provider = select_provider(&args)?;
     let toolbox = match &args.tools {
         Some(path) => {
             let text = read_text(path)?;
@@ -72,33 +68,21 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         None => driver::Toolbox::new(),
     };
 
-    let mut options = RunOptions {
+    let options = RunOptions {
         timeout: Duration::from_millis(args.timeout),
         max_runs: args.max_runs,
         ..RunOptions::default()
     };
-    if let Some(path) = &args.context {
-        let text = read_text(path)?;
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Failure::usage(format!("{}: invalid JSON: {e}", path.display())))?;
-        let serde_json::Value::Object(object) = value else {
-            return Err(Failure::usage(format!(
-                "{}: expected a JSON object of variables",
-                path.display()
-            )));
-        };
-        options = options.with_context_json(&object);
-    }
+    let options = context_options(options, args.context.as_deref())?;
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
-    let provider = Scripted::new(script);
     let outcome = runtime.block_on(driver::run_with_tools(
         program.clone(),
         options,
-        &provider,
+        provider.as_ref(),
         &toolbox,
     ));
     report(&program, &outcome, args.json)
@@ -148,8 +132,84 @@ fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
+/// The provider a run uses: `--mock`, `--providers`, or the OpenAI-compatible HTTP
+/// provider configured by `--base-url` and `--api-key` / `OPENAI_API_KEY`.
+fn select_provider(args: &RunArgs) -> Result<Box<dyn Provider>, Failure> {
+    let http_flags = args.api_key.is_some() || args.base_url.is_some();
+    match (&args.mock, &args.providers) {
+        (Some(_), Some(_)) => Err(Failure::usage(
+            "--mock and --providers both choose the provider; pass one of them",
+        )),
+        (Some(mock), None) => {
+            let script = ScriptedProvider::from_json(&read_text(mock)?)
+                .map_err(|e| Failure::usage(format!("{}: {e}", mock.display())))?;
+            if http_flags {
+                eprintln!("warning: --api-key and --base-url are not used with --mock");
+            }
+            Ok(Box::new(Scripted::new(script)))
+        }
+        (None, Some(path)) => {
+            if http_flags {
+                eprintln!(
+                    "warning: --api-key and --base-url are not used with --providers; \
+                     each route names its own base_url and api_key_env"
+                );
+            }
+            let router =
+                Router::from_config_json(&read_text(path)?, &|name| std::env::var(name).ok())
+                    .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+            Ok(Box::new(router))
+        }
+        (None, None) => {
+            let mut config = OpenAiConfig::new();
+            if let Some(url) = &args.base_url {
+                config = config.base_url(url.clone());
+            }
+            let key = args
+                .api_key
+                .clone()
+                .or_else(|| match std::env::var("OPENAI_API_KEY") {
+                    Ok(key) => Some(key),
+                    Err(std::env::VarError::NotUnicode(_)) => {
+                        eprintln!("warning: OPENAI_API_KEY is not valid UTF-8; ignoring it");
+                        None
+                    }
+                    Err(std::env::VarError::NotPresent) => None,
+                });
+            match key.filter(|k| !k.trim().is_empty()) {
+                Some(key) => config = config.api_key(key),
+                None if args.base_url.is_none() => eprintln!(
+                    "warning: no API key: set OPENAI_API_KEY or pass --api-key \
+                     (or --mock RESPONSES.json to run without a model)"
+                ),
+                None => {}
+            }
+            let provider = OpenAiProvider::new(config).map_err(Failure::usage)?;
+            Ok(Box::new(provider))
+        }
+    }
+}
+
+/// Adds the variables of a `--context` file to `options`.
+pub(crate) fn context_options(
+    options: RunOptions,
+    path: Option<&Path>,
+) -> Result<RunOptions, Failure> {
+    let Some(path) = path else { return Ok(options) };
+    let text = read_text(path)?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Failure::usage(format!("{}: invalid JSON: {e}", path.display())))?;
+    let serde_json::Value::Object(object) = value else {
+        return Err(Failure::usage(format!(
+            "{}: expected a JSON object of variables",
+            path.display()
+        )));
+    };
+    Ok(options.with_context_json(&object))
+}
+
 /// Loads a bundle, or compiles source in memory.
-fn load_program(file: &Path, args: &CompileArgs) -> Result<Program, Failure> {
+pub(crate) fn load_program(file: &Path, args: &CompileArgs) -> Result<Program, Failure> {
     let bytes = read_bytes(file)?;
     if aplc_vm::bundle::is_bundle(&bytes) {
         if args.relaxed {

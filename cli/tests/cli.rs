@@ -145,10 +145,10 @@ fn bad_inputs_get_clear_errors() {
     let apl = fixture("run/simple_one_step.apl");
     let mock = fixture("run/simple_one_step.mock.json");
 
-    // No provider.
-    let o = aplc(&["run", &apl]);
+    // Both --mock and --providers.
+    let o = aplc(&["run", &apl, "--mock", &mock, "--providers", &mock]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--mock"));
+    assert!(stderr(&o).contains("one of them"), "{}", stderr(&o));
 
     // Corrupt bundles: one flipped byte, a truncated file, a future version.
     let out = dir.join("a.aplb").to_string_lossy().into_owned();
@@ -208,30 +208,142 @@ fn bad_inputs_get_clear_errors() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// A base URL on 127.0.0.1 where nothing listens. Tests never reach outside the machine.
+fn closed_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
 #[test]
 fn api_keys_are_never_echoed() {
     let apl = fixture("run/simple_one_step.apl");
     let mock = fixture("run/simple_one_step.mock.json");
     let secret = "sk-test-DO-NOT-PRINT-1234";
-    for args in [
-        vec!["run", apl.as_str(), "--api-key", secret],
-        vec![
-            "run",
-            apl.as_str(),
-            "--mock",
-            mock.as_str(),
-            "--api-key",
-            secret,
-            "--json",
-        ],
-    ] {
-        let o = aplc(&args);
+    let url = closed_port();
+    let http = [
+        "run",
+        &apl,
+        "--api-key",
+        secret,
+        "--base-url",
+        &url,
+        "--json",
+    ];
+    let mocked = ["run", &apl, "--mock", &mock, "--api-key", secret, "--json"];
+    for args in [&http[..], &mocked[..]] {
+        let o = aplc(args);
         assert!(!stdout(&o).contains(secret) && !stderr(&o).contains(secret));
     }
+}
+
+#[test]
+fn an_unreachable_server_is_a_provider_error_in_errors() {
+    let apl = fixture("run/simple_one_step.apl");
+    let url = closed_port();
+    let o = aplc(&["run", &apl, "--base-url", &url, "--api-key", "k", "--json"]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let ctx: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let errors = &ctx["context_history"][0]["errors"];
+    assert!(
+        errors[0].as_str().unwrap().starts_with("provider error: "),
+        "{errors}"
+    );
+    assert_eq!(ctx["global_runs"], 0);
 }
 
 #[test]
 fn relaxed_flag_changes_compilation() {
     let apl = fixture("check/spec_6_1_1_3_relaxed.apl");
     assert_eq!(aplc(&["check", &apl, "--relaxed"]).status.code(), Some(0));
+}
+
+#[test]
+fn bench_reports_per_run_and_per_step_times() {
+    let apl = fixture("run/loop_by_runs.apl");
+    let mock = fixture("run/loop_by_runs.mock.json");
+    let o = aplc(&[
+        "bench", &apl, "--mock", &mock, "-n", "5", "--warmup", "1", "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(report["runs"], 5);
+    assert_eq!(report["steps_per_run"], 3);
+    assert_eq!(report["failed_runs"], 0);
+    for key in [
+        "median_run_us",
+        "min_run_us",
+        "median_step_us",
+        "min_step_us",
+        "runs_per_sec",
+    ] {
+        assert!(
+            report[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key}: {report}"
+        );
+    }
+    assert!(report["min_run_us"].as_f64() <= report["median_run_us"].as_f64());
+
+    let o = aplc(&[
+        "bench",
+        &apl,
+        "--mock",
+        &mock,
+        "-n",
+        "4",
+        "--concurrency",
+        "2",
+        "--latency-ms",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["provider_calls_per_run"], 3.0);
+    let fraction = report["fraction_of_bound"].as_f64().unwrap();
+    assert!(fraction > 0.0 && fraction <= 1.05, "{report}");
+
+    let o = aplc(&["bench", &apl, "--mock", &mock, "-n", "0"]);
+    assert_eq!(o.status.code(), Some(2), "zero runs is a usage error");
+}
+
+#[test]
+fn providers_route_models() {
+    let dir = scratch("providers");
+    let config = write(
+        &dir,
+        "providers.json",
+        r#"{"routes": [
+            {"model": "gpt-4o", "kind": "mock", "responses": ["routed by exact name"]},
+            {"model": "*", "kind": "mock", "responses": ["fallback"]}
+        ]}"#,
+    );
+    let apl = fixture("run/simple_one_step.apl");
+    let o = aplc(&["run", &apl, "--providers", &config]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "routed by exact name\n");
+
+    let bad = write(
+        &dir,
+        "bad.json",
+        r#"{"routes": [{"model": "*", "kind": "openai", "api_key": "sk-x"}]}"#,
+    );
+    let o = aplc(&["run", &apl, "--providers", &bad]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("api_key_env"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("sk-x"));
+
+    let missing_env = write(
+        &dir,
+        "env.json",
+        r#"{"routes": [{"model": "*", "kind": "openai", "api_key_env": "APLC_TEST_UNSET_VARIABLE"}]}"#,
+    );
+    let o = aplc(&["run", &apl, "--providers", &missing_env]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("APLC_TEST_UNSET_VARIABLE"),
+        "{}",
+        stderr(&o)
+    );
 }

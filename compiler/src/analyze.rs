@@ -4,8 +4,18 @@
 //! here see exactly the structure the VM will run: a reserved variable is found where the
 //! template *reads* it, never by scanning text (the word "memory" in prose is fine), and
 //! `next_step` targets come from literal `set_context('next_step', '<name>')` calls.
+//!
+//! The walk keeps Jinja's scopes (`{% set %}`, loop variables, `with`, macro arguments)
+//! so that [`Facts::reads`] lists only the variables a template takes from the run's
+//! context. Like minijinja's `Template::undeclared_variables`, it is a static
+//! approximation; where it must guess, it guesses towards *not* reporting a read:
+//! a variable that is only tested (`x is defined`, `{% if x %}`, `x | default(…)`) is not
+//! a read, and neither is any use of it inside the branches that test guards.
+//! What the file as a whole defines is decided in `variables.rs`, not here.
 
-use aplc_vm::minijinja::machinery::ast::{self, CallArg, Expr, Stmt};
+use std::collections::HashSet;
+
+use aplc_vm::minijinja::machinery::ast::{self, BinOpKind, CallArg, Expr, Stmt, UnaryOpKind};
 use aplc_vm::minijinja::machinery::{self, Span as JSpan};
 use aplc_vm::minijinja::syntax::SyntaxConfig;
 
@@ -13,6 +23,9 @@ pub use aplc_vm::RESERVED_VARIABLES;
 
 /// Helpers whose first argument names a context variable.
 const NAMING_HELPERS: &[&str] = &["set_context", "get_context", "add_context", "inc_context"];
+
+/// Helpers that write the variable their first argument names.
+const WRITING_HELPERS: &[&str] = &["set_context", "add_context", "inc_context"];
 
 /// A byte range within a template's text.
 pub(crate) type TSpan = (usize, usize);
@@ -22,17 +35,43 @@ pub(crate) type TSpan = (usize, usize);
 pub(crate) struct Facts {
     /// Reads of reserved variables: the name and where.
     pub reserved: Vec<(String, TSpan)>,
-    /// `set_context('next_step', …)` calls.
-    pub next_steps: Vec<(Target, TSpan)>,
+    /// Every call that writes `next_step`, in source order.
+    pub next_steps: Vec<NextStep>,
+    /// Every render that does not fail writes `next_step`: some write is a statement of
+    /// its own on every path (both branches of an `{% if %}` with an `{% else %}`
+    /// count; a loop's body does not, it may run zero times).
+    pub always_sets_next_step: bool,
     /// Statements APL templates cannot use (`include`, `extends`, …): what and where.
     pub unsupported: Vec<(&'static str, TSpan)>,
+    /// Context variables written by a helper under a literal name.
+    pub writes: Vec<String>,
+    /// A helper writes a variable whose name is computed, so any name may be defined.
+    pub dynamic_writes: bool,
+    /// Variables read from the run's context (not bound by the template itself and not
+    /// only tested for definedness), in source order.
+    pub reads: Vec<(String, TSpan)>,
+}
+
+/// A call that writes `next_step`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NextStep {
+    /// The value written.
+    pub target: Target,
+    /// The call.
+    pub span: TSpan,
+    /// True when every render of the template that does not fail makes this call: it
+    /// is a statement of its own (`{{ set_context(…) }}`, `{% do … %}`), outside any
+    /// `if`, loop or macro.
+    pub always: bool,
 }
 
 /// The value a `set_context('next_step', …)` call gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Target {
-    /// A string literal.
+    /// A string literal naming a step (or `return`).
     Literal(String),
+    /// `''` or `none`: like `return`, the run ends.
+    End,
     /// Anything computed.
     Dynamic,
 }
@@ -57,197 +96,509 @@ pub(crate) fn analyze(source: &str) -> Result<Facts, SyntaxError> {
             line: e.line(),
         }
     })?;
-    let mut facts = Facts::default();
-    stmt_facts(&stmt, &mut facts);
-    Ok(facts)
+    let mut locals = HashSet::new();
+    collect_locals(std::slice::from_ref(&stmt), &mut locals);
+    let mut walker = Walker {
+        facts: Facts::default(),
+        scopes: vec![Scope::default()],
+        locals,
+        depth: 0,
+        tested: Vec::new(),
+    };
+    walker.stmt(&stmt);
+    walker.facts.always_sets_next_step = always_sets_next_step(std::slice::from_ref(&stmt));
+    Ok(walker.facts)
+}
+
+/// How an expression's value is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// The value itself: printed, iterated, computed with.
+    Value,
+    /// Only its truth or a test: `{% if x %}`, `not x`, `x is defined`,
+    /// `x | default(…)`. Undefined variables are fine here (semi-strict undefined).
+    Test,
+}
+
+/// Names visible in one block.
+#[derive(Debug, Default)]
+struct Scope<'a> {
+    names: HashSet<&'a str>,
+    /// A guard scope holds the names tested by an `if`; assignments go past it to the
+    /// enclosing block, because `{% set %}` inside an `if` is visible after it.
+    guard: bool,
+}
+
+struct Walker<'a> {
+    facts: Facts,
+    scopes: Vec<Scope<'a>>,
+    /// Every name the template binds anywhere; a macro body sees all of them, since it
+    /// runs when it is called, not where it is defined.
+    locals: HashSet<&'a str>,
+    /// How many `if`s, loops and macro bodies enclose the current statement.
+    depth: usize,
+    /// Variables used in [`Use::Test`] position, collected while walking a condition.
+    tested: Vec<&'a str>,
+}
+
+impl<'a> Walker<'a> {
+    fn is_bound(&self, name: &str) -> bool {
+        self.scopes.iter().any(|s| s.names.contains(name))
+    }
+
+    fn bind(&mut self, name: &'a str) {
+        if let Some(scope) = self.scopes.iter_mut().rev().find(|s| !s.guard) {
+            scope.names.insert(name);
+        }
+    }
+
+    fn bind_target(&mut self, target: &Expr<'a>) {
+        match target {
+            Expr::Var(v) => self.bind(v.id),
+            Expr::List(l) => l.items.iter().for_each(|e| self.bind_target(e)),
+            Expr::Tuple(t) => t.items.iter().for_each(|e| self.bind_target(e)),
+            // `{% set ns.attr = … %}` reads `ns`.
+            other => self.expr(other, Use::Value),
+        }
+    }
+
+    fn push(&mut self, names: impl IntoIterator<Item = &'a str>, guard: bool) {
+        self.scopes.push(Scope {
+            names: names.into_iter().collect(),
+            guard,
+        });
+    }
+
+    fn pop(&mut self) {
+        self.scopes.pop();
+    }
+
+    fn stmts(&mut self, stmts: &[Stmt<'a>]) {
+        for s in stmts {
+            self.stmt(s);
+        }
+    }
+
+    /// Walks `body` one level deeper: its statements may not run.
+    fn nested(&mut self, body: &[Stmt<'a>]) {
+        self.depth += 1;
+        self.stmts(body);
+        self.depth -= 1;
+    }
+
+    /// Walks a condition and returns the names it tests.
+    fn condition(&mut self, expr: &Expr<'a>) -> Vec<&'a str> {
+        let start = self.tested.len();
+        self.expr(expr, Use::Test);
+        self.tested.split_off(start)
+    }
+
+    fn stmt(&mut self, stmt: &Stmt<'a>) {
+        match stmt {
+            Stmt::Template(t) => self.stmts(&t.children),
+            Stmt::EmitExpr(e) => self.statement_expr(&e.expr),
+            Stmt::EmitRaw(_) | Stmt::Continue(_) | Stmt::Break(_) => {}
+            Stmt::ForLoop(f) => {
+                self.expr(&f.iter, Use::Value);
+                self.push(["loop"], false);
+                self.bind_target(&f.target);
+                if let Some(e) = &f.filter_expr {
+                    self.condition(e);
+                }
+                self.nested(&f.body);
+                self.pop();
+                self.push([], false);
+                self.nested(&f.else_body);
+                self.pop();
+            }
+            Stmt::IfCond(i) => {
+                let guards = self.condition(&i.expr);
+                self.push(guards, true);
+                self.nested(&i.true_body);
+                self.nested(&i.false_body);
+                self.pop();
+            }
+            Stmt::WithBlock(w) => {
+                self.push([], false);
+                for (target, value) in &w.assignments {
+                    self.expr(value, Use::Value);
+                    self.bind_target(target);
+                }
+                self.stmts(&w.body);
+                self.pop();
+            }
+            Stmt::Set(s) => {
+                self.statement_expr(&s.expr);
+                self.bind_target(&s.target);
+            }
+            Stmt::SetBlock(s) => {
+                self.bind_target(&s.target);
+                if let Some(f) = &s.filter {
+                    self.expr(f, Use::Value);
+                }
+                self.stmts(&s.body);
+            }
+            Stmt::AutoEscape(a) => {
+                self.expr(&a.enabled, Use::Value);
+                self.stmts(&a.body);
+            }
+            Stmt::FilterBlock(f) => {
+                self.expr(&f.filter, Use::Value);
+                self.stmts(&f.body);
+            }
+            Stmt::Block(b) => {
+                self.facts
+                    .unsupported
+                    .push(("{% block %}", tspan(b.span())));
+                self.stmts(&b.body);
+            }
+            Stmt::Import(i) => {
+                self.facts
+                    .unsupported
+                    .push(("{% import %}", tspan(i.span())));
+                self.bind_target(&i.name);
+            }
+            Stmt::FromImport(i) => {
+                self.facts
+                    .unsupported
+                    .push(("{% from … import %}", tspan(i.span())));
+                for (name, alias) in &i.names {
+                    self.bind_target(alias.as_ref().unwrap_or(name));
+                }
+            }
+            Stmt::Extends(e) => self
+                .facts
+                .unsupported
+                .push(("{% extends %}", tspan(e.span()))),
+            Stmt::Include(i) => self
+                .facts
+                .unsupported
+                .push(("{% include %}", tspan(i.span()))),
+            Stmt::Macro(m) => {
+                self.bind(m.name);
+                self.macro_body(m);
+            }
+            Stmt::CallBlock(c) => {
+                self.call(&c.call, c.call.span(), false);
+                self.macro_body(&c.macro_decl);
+            }
+            Stmt::Do(d) => self.call(&d.call, d.call.span(), true),
+        }
+    }
+
+    /// An expression that is a statement of its own: a call here always runs when the
+    /// statement does.
+    fn statement_expr(&mut self, expr: &Expr<'a>) {
+        match expr {
+            Expr::Call(c) => self.call(c, c.span(), true),
+            other => self.expr(other, Use::Value),
+        }
+    }
+
+    fn macro_body(&mut self, m: &ast::Macro<'a>) {
+        for e in &m.defaults {
+            self.expr(e, Use::Value);
+        }
+        let mut names: Vec<&'a str> = self.locals.iter().copied().collect();
+        names.extend(["caller", "varargs", "kwargs"]);
+        self.push(names, false);
+        for arg in &m.args {
+            self.bind_target(arg);
+        }
+        self.nested(&m.body);
+        self.pop();
+    }
+
+    fn args(&mut self, args: &[CallArg<'a>]) {
+        for arg in args {
+            match arg {
+                CallArg::Pos(e)
+                | CallArg::Kwarg(_, e)
+                | CallArg::PosSplat(e)
+                | CallArg::KwargSplat(e) => self.expr(e, Use::Value),
+            }
+        }
+    }
+
+    fn var(&mut self, v: &ast::Spanned<ast::Var<'a>>, use_: Use) {
+        if RESERVED_VARIABLES.contains(&v.id) {
+            self.facts
+                .reserved
+                .push((v.id.to_string(), tspan(v.span())));
+            return;
+        }
+        match use_ {
+            Use::Test => self.tested.push(v.id),
+            Use::Value if !self.is_bound(v.id) => {
+                self.facts.reads.push((v.id.to_string(), tspan(v.span())));
+            }
+            Use::Value => {}
+        }
+    }
+
+    fn expr(&mut self, expr: &Expr<'a>, use_: Use) {
+        match expr {
+            Expr::Var(v) => self.var(v, use_),
+            Expr::Const(_) => {}
+            Expr::Slice(s) => {
+                self.expr(&s.expr, Use::Value);
+                for e in [&s.start, &s.stop, &s.step].into_iter().flatten() {
+                    self.expr(e, Use::Value);
+                }
+            }
+            Expr::UnaryOp(u) => {
+                let inner = if matches!(u.op, UnaryOpKind::Not) {
+                    Use::Test
+                } else {
+                    Use::Value
+                };
+                self.expr(&u.expr, inner);
+            }
+            Expr::BinOp(b) if matches!(b.op, BinOpKind::ScAnd | BinOpKind::ScOr) => {
+                // `x is defined and x.y`: the right side only runs when the left allows.
+                let guards = self.condition(&b.left);
+                self.push(guards.iter().copied(), true);
+                let start = self.tested.len();
+                self.expr(&b.right, use_);
+                let right = self.tested.split_off(start);
+                self.pop();
+                if use_ == Use::Test {
+                    self.tested.extend(guards);
+                    self.tested.extend(right);
+                }
+            }
+            Expr::BinOp(b) => {
+                self.expr(&b.left, Use::Value);
+                self.expr(&b.right, Use::Value);
+            }
+            Expr::Compare(c) => {
+                self.expr(&c.expr, Use::Value);
+                for op in &c.ops {
+                    self.expr(&op.expr, Use::Value);
+                }
+            }
+            Expr::IfExpr(i) => {
+                let guards = self.condition(&i.test_expr);
+                self.push(guards, true);
+                self.expr(&i.true_expr, use_);
+                if let Some(e) = &i.false_expr {
+                    self.expr(e, use_);
+                }
+                self.pop();
+            }
+            Expr::Filter(f) => {
+                if let Some(e) = &f.expr {
+                    let inner = if matches!(f.name, "default" | "d") {
+                        Use::Test
+                    } else {
+                        Use::Value
+                    };
+                    self.expr(e, inner);
+                }
+                self.args(&f.args);
+            }
+            Expr::Test(t) => {
+                self.expr(&t.expr, Use::Test);
+                self.args(&t.args);
+            }
+            Expr::GetAttr(g) => {
+                // `context.memory` reads the reserved variable through the union view.
+                if is_var(&g.expr, "context") && RESERVED_VARIABLES.contains(&g.name) {
+                    self.facts
+                        .reserved
+                        .push((g.name.to_string(), tspan(g.span())));
+                }
+                self.expr(&g.expr, use_);
+            }
+            Expr::GetItem(g) => {
+                if is_var(&g.expr, "context")
+                    && let Some(name) = const_str(&g.subscript_expr)
+                    && RESERVED_VARIABLES.contains(&name.as_str())
+                {
+                    self.facts.reserved.push((name, tspan(g.span())));
+                }
+                self.expr(&g.expr, use_);
+                self.expr(&g.subscript_expr, Use::Value);
+            }
+            Expr::Call(c) => self.call(c, c.span(), false),
+            Expr::List(l) => l.items.iter().for_each(|e| self.expr(e, Use::Value)),
+            Expr::Tuple(t) => t.items.iter().for_each(|e| self.expr(e, Use::Value)),
+            Expr::Map(m) => {
+                for e in m.keys.iter().chain(&m.values) {
+                    self.expr(e, Use::Value);
+                }
+            }
+        }
+    }
+
+    /// A call; `statement` is true when it is a statement of its own.
+    fn call(&mut self, call: &ast::Call<'a>, span: JSpan, statement: bool) {
+        if let Expr::Var(f) = &call.expr
+            && NAMING_HELPERS.contains(&f.id)
+            && !self.is_bound(f.id)
+        {
+            self.helper_call(f.id, call, span, statement);
+        }
+        self.expr(&call.expr, Use::Value);
+        self.args(&call.args);
+    }
+
+    fn helper_call(&mut self, helper: &str, call: &ast::Call<'a>, span: JSpan, statement: bool) {
+        let writes = WRITING_HELPERS.contains(&helper);
+        let Some(name_arg) = arg(&call.args, 0, "name") else {
+            // `set_context(*args)`, `set_context(**kwargs)`: the name is computed.
+            self.facts.dynamic_writes |= writes;
+            return;
+        };
+        let Some(name) = const_str(name_arg) else {
+            self.facts.dynamic_writes |= writes;
+            return;
+        };
+        if RESERVED_VARIABLES.contains(&name.as_str()) {
+            self.facts
+                .reserved
+                .push((name.clone(), tspan(name_arg.span())));
+        }
+        if !writes {
+            return;
+        }
+        if name == "next_step" {
+            let target = if helper == "set_context" {
+                match arg(&call.args, 1, "value") {
+                    Some(Expr::Const(c)) if c.value.is_none() => Target::End,
+                    Some(value) => match const_str(value) {
+                        Some(s) if s.is_empty() => Target::End,
+                        Some(s) => Target::Literal(s),
+                        None => Target::Dynamic,
+                    },
+                    None => Target::Dynamic,
+                }
+            } else {
+                Target::Dynamic
+            };
+            self.facts.next_steps.push(NextStep {
+                target,
+                span: tspan(span),
+                always: statement && self.depth == 0,
+            });
+        }
+        self.facts.writes.push(name);
+    }
+}
+
+/// True when every path through `stmts` writes `next_step` with a helper call that is a
+/// statement of its own.
+fn always_sets_next_step(stmts: &[Stmt<'_>]) -> bool {
+    let writes_next_step = |call: &ast::Call<'_>| {
+        matches!(&call.expr, Expr::Var(f) if WRITING_HELPERS.contains(&f.id))
+            && arg(&call.args, 0, "name")
+                .and_then(const_str)
+                .is_some_and(|name| name == "next_step")
+    };
+    let statement = |expr: &Expr<'_>| matches!(expr, Expr::Call(c) if writes_next_step(c));
+    stmts.iter().any(|stmt| match stmt {
+        Stmt::Template(t) => always_sets_next_step(&t.children),
+        Stmt::EmitExpr(e) => statement(&e.expr),
+        Stmt::Set(s) => statement(&s.expr),
+        Stmt::Do(d) => writes_next_step(&d.call),
+        Stmt::IfCond(i) => {
+            always_sets_next_step(&i.true_body) && always_sets_next_step(&i.false_body)
+        }
+        Stmt::WithBlock(w) => always_sets_next_step(&w.body),
+        Stmt::SetBlock(s) => always_sets_next_step(&s.body),
+        Stmt::AutoEscape(a) => always_sets_next_step(&a.body),
+        Stmt::FilterBlock(f) => always_sets_next_step(&f.body),
+        _ => false,
+    })
+}
+
+/// Argument `index` by position, or by keyword `keyword`, when it is passed plainly.
+fn arg<'x, 'a>(args: &'x [CallArg<'a>], index: usize, keyword: &str) -> Option<&'x Expr<'a>> {
+    if args
+        .iter()
+        .any(|a| matches!(a, CallArg::PosSplat(_) | CallArg::KwargSplat(_)))
+    {
+        return None;
+    }
+    let positional: Vec<&Expr<'a>> = args
+        .iter()
+        .filter_map(|a| match a {
+            CallArg::Pos(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    positional.get(index).copied().or_else(|| {
+        args.iter().find_map(|a| match a {
+            CallArg::Kwarg(k, e) if *k == keyword => Some(e),
+            _ => None,
+        })
+    })
+}
+
+/// Every name the template binds anywhere, for macro bodies.
+fn collect_locals<'a>(stmts: &[Stmt<'a>], out: &mut HashSet<&'a str>) {
+    fn targets<'a>(e: &Expr<'a>, out: &mut HashSet<&'a str>) {
+        match e {
+            Expr::Var(v) => {
+                out.insert(v.id);
+            }
+            Expr::List(l) => l.items.iter().for_each(|e| targets(e, out)),
+            Expr::Tuple(t) => t.items.iter().for_each(|e| targets(e, out)),
+            _ => {}
+        }
+    }
+    for stmt in stmts {
+        match stmt {
+            Stmt::Template(t) => collect_locals(&t.children, out),
+            Stmt::ForLoop(f) => {
+                targets(&f.target, out);
+                collect_locals(&f.body, out);
+                collect_locals(&f.else_body, out);
+            }
+            Stmt::IfCond(i) => {
+                collect_locals(&i.true_body, out);
+                collect_locals(&i.false_body, out);
+            }
+            Stmt::WithBlock(w) => {
+                w.assignments.iter().for_each(|(t, _)| targets(t, out));
+                collect_locals(&w.body, out);
+            }
+            Stmt::Set(s) => targets(&s.target, out),
+            Stmt::SetBlock(s) => {
+                targets(&s.target, out);
+                collect_locals(&s.body, out);
+            }
+            Stmt::AutoEscape(a) => collect_locals(&a.body, out),
+            Stmt::FilterBlock(f) => collect_locals(&f.body, out),
+            Stmt::Block(b) => collect_locals(&b.body, out),
+            Stmt::Import(i) => targets(&i.name, out),
+            Stmt::FromImport(i) => {
+                for (name, alias) in &i.names {
+                    targets(alias.as_ref().unwrap_or(name), out);
+                }
+            }
+            Stmt::Macro(m) => {
+                out.insert(m.name);
+                m.args.iter().for_each(|a| targets(a, out));
+                collect_locals(&m.body, out);
+            }
+            Stmt::CallBlock(c) => {
+                c.macro_decl.args.iter().for_each(|a| targets(a, out));
+                collect_locals(&c.macro_decl.body, out);
+            }
+            Stmt::EmitExpr(_)
+            | Stmt::EmitRaw(_)
+            | Stmt::Extends(_)
+            | Stmt::Include(_)
+            | Stmt::Continue(_)
+            | Stmt::Break(_)
+            | Stmt::Do(_) => {}
+        }
+    }
 }
 
 fn tspan(span: JSpan) -> TSpan {
     (span.start_offset as usize, span.end_offset as usize)
-}
-
-fn stmts_facts(stmts: &[Stmt<'_>], facts: &mut Facts) {
-    for s in stmts {
-        stmt_facts(s, facts);
-    }
-}
-
-fn stmt_facts(stmt: &Stmt<'_>, facts: &mut Facts) {
-    match stmt {
-        Stmt::Template(t) => stmts_facts(&t.children, facts),
-        Stmt::EmitExpr(e) => expr_facts(&e.expr, facts),
-        Stmt::EmitRaw(_) | Stmt::Continue(_) | Stmt::Break(_) => {}
-        Stmt::ForLoop(f) => {
-            expr_facts(&f.target, facts);
-            expr_facts(&f.iter, facts);
-            if let Some(e) = &f.filter_expr {
-                expr_facts(e, facts);
-            }
-            stmts_facts(&f.body, facts);
-            stmts_facts(&f.else_body, facts);
-        }
-        Stmt::IfCond(i) => {
-            expr_facts(&i.expr, facts);
-            stmts_facts(&i.true_body, facts);
-            stmts_facts(&i.false_body, facts);
-        }
-        Stmt::WithBlock(w) => {
-            for (target, value) in &w.assignments {
-                expr_facts(target, facts);
-                expr_facts(value, facts);
-            }
-            stmts_facts(&w.body, facts);
-        }
-        Stmt::Set(s) => {
-            expr_facts(&s.target, facts);
-            expr_facts(&s.expr, facts);
-        }
-        Stmt::SetBlock(s) => {
-            expr_facts(&s.target, facts);
-            if let Some(f) = &s.filter {
-                expr_facts(f, facts);
-            }
-            stmts_facts(&s.body, facts);
-        }
-        Stmt::AutoEscape(a) => {
-            expr_facts(&a.enabled, facts);
-            stmts_facts(&a.body, facts);
-        }
-        Stmt::FilterBlock(f) => {
-            expr_facts(&f.filter, facts);
-            stmts_facts(&f.body, facts);
-        }
-        Stmt::Block(b) => {
-            facts.unsupported.push(("{% block %}", tspan(b.span())));
-            stmts_facts(&b.body, facts);
-        }
-        Stmt::Import(i) => facts.unsupported.push(("{% import %}", tspan(i.span()))),
-        Stmt::FromImport(i) => facts
-            .unsupported
-            .push(("{% from … import %}", tspan(i.span()))),
-        Stmt::Extends(e) => facts.unsupported.push(("{% extends %}", tspan(e.span()))),
-        Stmt::Include(i) => facts.unsupported.push(("{% include %}", tspan(i.span()))),
-        Stmt::Macro(m) => macro_facts(m, facts),
-        Stmt::CallBlock(c) => {
-            call_facts(&c.call, c.call.span(), facts);
-            macro_facts(&c.macro_decl, facts);
-        }
-        Stmt::Do(d) => call_facts(&d.call, d.call.span(), facts),
-    }
-}
-
-fn macro_facts(m: &ast::Macro<'_>, facts: &mut Facts) {
-    for e in m.args.iter().chain(&m.defaults) {
-        expr_facts(e, facts);
-    }
-    stmts_facts(&m.body, facts);
-}
-
-fn args_facts(args: &[CallArg<'_>], facts: &mut Facts) {
-    for arg in args {
-        match arg {
-            CallArg::Pos(e)
-            | CallArg::Kwarg(_, e)
-            | CallArg::PosSplat(e)
-            | CallArg::KwargSplat(e) => expr_facts(e, facts),
-        }
-    }
-}
-
-fn expr_facts(expr: &Expr<'_>, facts: &mut Facts) {
-    match expr {
-        Expr::Var(v) => {
-            if RESERVED_VARIABLES.contains(&v.id) {
-                facts.reserved.push((v.id.to_string(), tspan(v.span())));
-            }
-        }
-        Expr::Const(_) => {}
-        Expr::Slice(s) => {
-            expr_facts(&s.expr, facts);
-            for e in [&s.start, &s.stop, &s.step].into_iter().flatten() {
-                expr_facts(e, facts);
-            }
-        }
-        Expr::UnaryOp(u) => expr_facts(&u.expr, facts),
-        Expr::BinOp(b) => {
-            expr_facts(&b.left, facts);
-            expr_facts(&b.right, facts);
-        }
-        Expr::Compare(c) => {
-            expr_facts(&c.expr, facts);
-            for op in &c.ops {
-                expr_facts(&op.expr, facts);
-            }
-        }
-        Expr::IfExpr(i) => {
-            expr_facts(&i.test_expr, facts);
-            expr_facts(&i.true_expr, facts);
-            if let Some(e) = &i.false_expr {
-                expr_facts(e, facts);
-            }
-        }
-        Expr::Filter(f) => {
-            if let Some(e) = &f.expr {
-                expr_facts(e, facts);
-            }
-            args_facts(&f.args, facts);
-        }
-        Expr::Test(t) => {
-            expr_facts(&t.expr, facts);
-            args_facts(&t.args, facts);
-        }
-        Expr::GetAttr(g) => {
-            // `context.memory` reads the reserved variable through the union view.
-            if is_var(&g.expr, "context") && RESERVED_VARIABLES.contains(&g.name) {
-                facts.reserved.push((g.name.to_string(), tspan(g.span())));
-            }
-            expr_facts(&g.expr, facts);
-        }
-        Expr::GetItem(g) => {
-            if is_var(&g.expr, "context")
-                && let Some(name) = const_str(&g.subscript_expr)
-                && RESERVED_VARIABLES.contains(&name.as_str())
-            {
-                facts.reserved.push((name, tspan(g.span())));
-            }
-            expr_facts(&g.expr, facts);
-            expr_facts(&g.subscript_expr, facts);
-        }
-        Expr::Call(c) => call_facts(c, c.span(), facts),
-        Expr::List(l) => l.items.iter().for_each(|e| expr_facts(e, facts)),
-        Expr::Tuple(t) => t.items.iter().for_each(|e| expr_facts(e, facts)),
-        Expr::Map(m) => {
-            for e in m.keys.iter().chain(&m.values) {
-                expr_facts(e, facts);
-            }
-        }
-    }
-}
-
-fn call_facts(call: &ast::Call<'_>, span: JSpan, facts: &mut Facts) {
-    if let Expr::Var(f) = &call.expr
-        && NAMING_HELPERS.contains(&f.id)
-        && let Some(CallArg::Pos(first)) = call.args.first()
-        && let Some(name) = const_str(first)
-    {
-        if RESERVED_VARIABLES.contains(&name.as_str()) {
-            facts.reserved.push((name.clone(), tspan(first.span())));
-        }
-        if f.id == "set_context" && name == "next_step" {
-            let target = match call.args.get(1) {
-                Some(CallArg::Pos(value)) => match const_str(value) {
-                    Some(s) => Target::Literal(s),
-                    None => Target::Dynamic,
-                },
-                _ => Target::Dynamic,
-            };
-            facts.next_steps.push((target, tspan(span)));
-        } else if f.id != "get_context" && name == "next_step" {
-            facts.next_steps.push((Target::Dynamic, tspan(span)));
-        }
-    }
-    expr_facts(&call.expr, facts);
-    args_facts(&call.args, facts);
 }
 
 fn is_var(expr: &Expr<'_>, name: &str) -> bool {
@@ -297,8 +648,136 @@ mod tests {
             "{% if a %}{{ set_context('next_step', 'b') }}{% else %}{{ set_context('next_step', x) }}{% endif %}",
         )
         .unwrap();
-        let targets: Vec<_> = f.next_steps.into_iter().map(|(t, _)| t).collect();
+        let targets: Vec<_> = f.next_steps.into_iter().map(|n| n.target).collect();
         assert_eq!(targets, [Target::Literal("b".into()), Target::Dynamic]);
+    }
+
+    fn always(src: &str) -> Vec<(Target, bool)> {
+        analyze(src)
+            .unwrap()
+            .next_steps
+            .into_iter()
+            .map(|n| (n.target, n.always))
+            .collect()
+    }
+
+    #[test]
+    fn next_step_writes_know_whether_they_always_run() {
+        let lit = |s: &str| Target::Literal(s.into());
+        assert_eq!(
+            always("{{ set_context('next_step', 'a') }}"),
+            [(lit("a"), true)]
+        );
+        assert_eq!(
+            always("{% do set_context('next_step', 'a') %}"),
+            [(lit("a"), true)]
+        );
+        assert_eq!(
+            always("{% with x = 1 %}{{ set_context(name='next_step', value='a') }}{% endwith %}"),
+            [(lit("a"), true)]
+        );
+        assert_eq!(
+            always("{% if x %}{{ set_context('next_step', 'a') }}{% endif %}"),
+            [(lit("a"), false)]
+        );
+        assert_eq!(
+            always("{% for i in [1] %}{{ set_context('next_step', 'a') }}{% endfor %}"),
+            [(lit("a"), false)]
+        );
+        assert_eq!(
+            always("{{ x and set_context('next_step', 'a') }}"),
+            [(lit("a"), false)]
+        );
+        assert_eq!(
+            always("{{ set_context('next_step', none) }}{{ set_context('next_step', '') }}"),
+            [(Target::End, true), (Target::End, true)]
+        );
+        assert_eq!(
+            always("{{ inc_context('next_step') }}"),
+            [(Target::Dynamic, true)]
+        );
+    }
+
+    #[test]
+    fn always_sets_next_step_follows_every_branch() {
+        let always = |src: &str| analyze(src).unwrap().always_sets_next_step;
+        assert!(always("{{ set_context('next_step', 'a') }}"));
+        assert!(always(
+            "{% if x %}{{ set_context('next_step', 'a') }}{% else %}{{ set_context('next_step', x) }}{% endif %}"
+        ));
+        assert!(always(
+            "{% if x %}{{ set_context('next_step', 'a') }}{% elif y %}{% do set_context('next_step', 'b') %}{% else %}{{ inc_context('next_step') }}{% endif %}"
+        ));
+        assert!(!always(
+            "{% if x %}{{ set_context('next_step', 'a') }}{% elif y %}{{ set_context('next_step', 'b') }}{% endif %}"
+        ));
+        assert!(!always(
+            "{% if x %}{{ set_context('next_step', 'a') }}{% endif %}"
+        ));
+        assert!(!always(
+            "{% for i in x %}{{ set_context('next_step', 'a') }}{% endfor %}"
+        ));
+        assert!(!always("{{ set_context('other', 'a') }}"));
+        assert!(!always("{{ x and set_context('next_step', 'a') }}"));
+    }
+
+    fn reads(src: &str) -> Vec<String> {
+        analyze(src)
+            .unwrap()
+            .reads
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect()
+    }
+
+    #[test]
+    fn reads_respect_scopes() {
+        assert_eq!(reads("{{ a }}{{ b.c }}{{ d[e] }}"), ["a", "b", "d", "e"]);
+        assert!(reads("{% set x = 1 %}{{ x }}").is_empty());
+        assert_eq!(reads("{{ x }}{% set x = 1 %}"), ["x"]);
+        assert!(reads("{% for i in [1] %}{{ i }}{{ loop.index }}{% endfor %}").is_empty());
+        assert_eq!(reads("{% for i in [1] %}{% endfor %}{{ i }}"), ["i"]);
+        assert!(reads("{% with y = 2 %}{{ y }}{% endwith %}").is_empty());
+        assert!(reads("{% if c %}{% set z = 1 %}{% endif %}{{ z }}").is_empty());
+        assert!(reads("{% macro m(a, b=1) %}{{ a }}{{ b }}{{ caller }}{{ later }}{% endmacro %}{% set later = 1 %}").is_empty());
+        assert!(reads("{% set t %}text{% endset %}{{ t }}").is_empty());
+        assert!(reads("{% for k, v in {}|items %}{{ k }}{{ v }}{% endfor %}").is_empty());
+        assert_eq!(reads("{% set ns.x = 1 %}"), ["ns"]);
+    }
+
+    #[test]
+    fn tests_and_guards_are_not_reads() {
+        assert!(reads("{% if maybe %}x{% endif %}").is_empty());
+        assert!(reads("{% if not maybe %}x{% endif %}").is_empty());
+        assert!(reads("{{ maybe is defined }}{{ maybe is none }}").is_empty());
+        assert!(reads("{{ maybe | default('x') }}{{ maybe | d(1) }}").is_empty());
+        assert!(
+            reads("{% if maybe is defined %}{{ maybe.x }}{% else %}{{ maybe }}{% endif %}")
+                .is_empty()
+        );
+        assert!(reads("{{ maybe.x if maybe else 'none' }}").is_empty());
+        assert!(reads("{% if maybe is defined and maybe > 1 %}x{% endif %}").is_empty());
+        assert!(reads("{{ maybe or 'fallback' }}").is_empty());
+        assert!(
+            reads("{{ get_context('maybe', 1) }}")
+                .iter()
+                .all(|n| n == "get_context")
+        );
+        assert_eq!(reads("{% if other %}{{ maybe }}{% endif %}"), ["maybe"]);
+        assert_eq!(reads("{{ maybe | length }}"), ["maybe"]);
+        assert_eq!(reads("{% if maybe > 1 %}x{% endif %}"), ["maybe"]);
+    }
+
+    #[test]
+    fn writes_by_name() {
+        let f = analyze(
+            "{{ set_context('a', 1) }}{{ add_context('b', 1) }}{{ inc_context(name='c') }}{{ get_context('d') }}",
+        )
+        .unwrap();
+        assert_eq!(f.writes, ["a", "b", "c"]);
+        assert!(!f.dynamic_writes);
+        assert!(analyze("{{ set_context(k, 1) }}").unwrap().dynamic_writes);
+        assert!(!analyze("{{ get_context(k) }}").unwrap().dynamic_writes);
     }
 
     #[test]

@@ -86,6 +86,17 @@ pub enum Code {
     SourceTooLarge,
     /// APL0014: a literal `next_step` target that names no step.
     UnknownStep,
+    /// APL0015: `next_step` set in a `pre` or `prompt` phase, where it has no effect.
+    NextStepOutsidePost,
+    /// APL0016: a step no jump from the entry step can reach.
+    UnreachableStep,
+    /// APL0017: a cycle of steps that every run entering it can only leave through
+    /// `max_runs` or the timeout.
+    CycleWithoutExit,
+    /// APL0018: a template reads a variable that nothing defines.
+    UndefinedVariable,
+    /// APL0019: a malformed `{# inputs: … #}` declaration.
+    InvalidInputs,
 }
 
 impl Code {
@@ -106,8 +117,36 @@ impl Code {
             Code::UnclosedFence => "APL0012",
             Code::SourceTooLarge => "APL0013",
             Code::UnknownStep => "APL0014",
+            Code::NextStepOutsidePost => "APL0015",
+            Code::UnreachableStep => "APL0016",
+            Code::CycleWithoutExit => "APL0017",
+            Code::UndefinedVariable => "APL0018",
+            Code::InvalidInputs => "APL0019",
         }
     }
+
+    /// Every code, in numeric order.
+    pub const ALL: [Code; 19] = [
+        Code::InvalidStepHeading,
+        Code::DuplicateStep,
+        Code::ReservedStep,
+        Code::MissingPrompt,
+        Code::PhaseOrder,
+        Code::InvalidRoleHeading,
+        Code::TextBeforeFirstStep,
+        Code::NoSteps,
+        Code::TemplateSyntax,
+        Code::ReservedVariable,
+        Code::RoleHeadingOutsidePrompt,
+        Code::UnclosedFence,
+        Code::SourceTooLarge,
+        Code::UnknownStep,
+        Code::NextStepOutsidePost,
+        Code::UnreachableStep,
+        Code::CycleWithoutExit,
+        Code::UndefinedVariable,
+        Code::InvalidInputs,
+    ];
 }
 
 impl fmt::Display for Code {

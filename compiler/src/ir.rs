@@ -4,7 +4,7 @@
 
 use aplc_vm::bundle::{Role, TemplateKind};
 
-use crate::analyze::{Facts, Target};
+use crate::analyze::Facts;
 use crate::diagnostic::Span;
 use crate::relaxed::TemplateMap;
 
@@ -62,13 +62,4 @@ pub(crate) enum EdgeTo {
     Step(usize),
     Return,
     Dynamic,
-}
-
-impl From<&Target> for Option<String> {
-    fn from(t: &Target) -> Self {
-        match t {
-            Target::Literal(s) => Some(s.clone()),
-            Target::Dynamic => None,
-        }
-    }
 }

@@ -7,6 +7,8 @@
 //! | classify lines, resolve code fences | `lexer.rs` | `lex` |
 //! | build the syntax tree | `parser.rs` | `parse` |
 //! | check §1 rules and templates, build the IR | `lower.rs` | `lower` |
+//! | check the step graph | `graph.rs` | `check` |
+//! | check variables are defined | `variables.rs` | `check` |
 //! | lay out instructions, build the bundle | `codegen.rs` | `encode` |
 //!
 //! The compiler does no I/O: callers read files and write bundles. Every stage keeps
@@ -17,25 +19,64 @@ mod analyze;
 mod ast;
 mod codegen;
 pub mod diagnostic;
+pub mod graph;
 mod ir;
 mod lexer;
 mod lower;
 mod parser;
 mod relaxed;
+mod variables;
 
 pub use analyze::RESERVED_VARIABLES;
 pub use aplc_vm::bundle::Bundle;
 pub use diagnostic::{Code, Diagnostic, Label, LineIndex, Severity, Span, render};
+pub use graph::StepGraph;
 
 /// The largest source the compiler accepts. Bundle spans are 32-bit, and the encoded
 /// bundle must stay under the VM's payload limit even after relaxed-syntax rewriting.
 pub const MAX_SOURCE_LEN: usize = 8 * 1024 * 1024;
 
 /// How to compile.
-#[derive(Debug, Clone, Default)]
+///
+/// `Options::default()` is what `aplc check` and `aplc build` use; [`Options::for_run`]
+/// is what `aplc run` uses on source.
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Enable relaxed syntax in `pre` and `post` phases (§6.1.1).
     pub relaxed: bool,
+    /// Report a literal `next_step` target that names no step (APL0014) as an error
+    /// (the default) rather than a warning. The spec makes it a run-time failure
+    /// (§2.1), so `aplc run` compiles with `false` and the run fails when it reaches
+    /// the jump.
+    pub unknown_step_is_error: bool,
+    /// Report every warning as an error (`--deny-warnings`): the file does not build.
+    pub deny_warnings: bool,
+    /// Variables the caller will inject with `with_context`, in addition to those the
+    /// file declares with `{# inputs: … #}`; they are defined for APL0018.
+    pub inputs: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            relaxed: false,
+            unknown_step_is_error: true,
+            deny_warnings: false,
+            inputs: Vec::new(),
+        }
+    }
+}
+
+impl Options {
+    /// The options for compiling source that is about to run: an unknown `next_step`
+    /// target is a warning, and the run fails if it reaches the jump.
+    pub fn for_run(relaxed: bool) -> Options {
+        Options {
+            relaxed,
+            unknown_step_is_error: false,
+            ..Options::default()
+        }
+    }
 }
 
 /// The result of compiling one file.
@@ -72,7 +113,10 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     let (lines, mut diagnostics) = lexer::lex(source);
     let (file, parse_diags) = parser::parse(source, lines);
     diagnostics.extend(parse_diags);
-    let ir = lower::lower(source, &file, options.relaxed, &mut diagnostics);
+    let ir = lower::lower(source, &file, options, &mut diagnostics);
+    if options.deny_warnings {
+        deny_warnings(&mut diagnostics);
+    }
     diagnostics.sort_by_key(|d| (d.span().start, d.severity == Severity::Warning));
     let bundle = if diagnostics.iter().any(Diagnostic::is_error) {
         None
@@ -82,6 +126,18 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     Compilation {
         bundle,
         diagnostics,
+    }
+}
+
+/// Turns every warning into an error, saying why.
+fn deny_warnings(diagnostics: &mut [Diagnostic]) {
+    for d in diagnostics
+        .iter_mut()
+        .filter(|d| d.severity == Severity::Warning)
+    {
+        d.severity = Severity::Error;
+        d.notes
+            .push("warnings are errors here because they are denied (`--deny-warnings`)".into());
     }
 }
 

@@ -4,32 +4,44 @@
 //! differs), every rule about steps, phases and roles is checked, and every template is
 //! parsed with the VM's own minijinja environment so that a Jinja error is a build error
 //! pointing at the `.apl` line. All problems are collected; nothing stops at the first.
+//!
+//! Once every step is lowered, the file-level checks run: `next_step` writes outside
+//! post phases, unknown jump targets, and, when the file has no errors so far (a file
+//! with errors has an incomplete step table, so these would only add noise), the
+//! step-graph checks of `graph.rs` and the undefined-variable check of `variables.rs`.
 
 use std::collections::HashMap;
 
 use aplc_vm::bundle::{Role, TemplateKind};
-use aplc_vm::{Limits, minijinja, template_env};
+use aplc_vm::{Limits, RESERVED_VARIABLES, minijinja, template_env};
 
-use crate::analyze::{self, Facts, Target};
+use crate::Options;
+use crate::analyze::{self, Facts};
 use crate::ast::{File, Phase, PhaseKind};
-use crate::diagnostic::{Code, Diagnostic, Span};
+use crate::diagnostic::{Code, Diagnostic, Severity, Span};
+use crate::graph::{self, CheckedStep, Flow, To};
 use crate::ir::{Edge, EdgeTo, Ir, Step, Template};
 use crate::parser::{find_jinja, suggest};
 use crate::relaxed::{self, TemplateMap};
+use crate::variables;
 
 /// Lowers a parsed file, appending diagnostics.
 pub(crate) fn lower(
     source: &str,
     file: &File<'_>,
-    relaxed: bool,
+    options: &Options,
     diags: &mut Vec<Diagnostic>,
 ) -> Ir {
-    check_preamble(source, file.preamble, diags);
+    let env = template_env(&Limits::default());
+    let globals: Vec<String> = env.globals().map(|(n, _)| n.to_string()).collect();
+    let comments = check_preamble(source, file.preamble, diags);
+    let mut inputs = declared_inputs(source, &comments, &globals, diags);
+    inputs.extend(options.inputs.iter().cloned());
 
     let mut lowerer = Lowerer {
         source,
-        relaxed,
-        env: template_env(&Limits::default()),
+        relaxed: options.relaxed,
+        env,
         diags,
         steps: Vec::new(),
         templates: Vec::new(),
@@ -49,7 +61,25 @@ pub(crate) fn lower(
             ),
         );
     }
-    let edges = lowerer.edges();
+    let had_errors = lowerer.diags.iter().any(Diagnostic::is_error);
+    lowerer.next_step_outside_post();
+    let flows = lowerer.flows();
+    lowerer.unknown_steps(&flows, options.unknown_step_is_error);
+    if !had_errors {
+        let checked: Vec<CheckedStep<'_>> = lowerer
+            .steps
+            .iter()
+            .zip(&flows)
+            .map(|(step, flow)| CheckedStep {
+                name: &step.name,
+                span: step.span,
+                flow,
+            })
+            .collect();
+        graph::check(&checked, lowerer.diags);
+        variables::check(&lowerer.templates, &inputs, &globals, lowerer.diags);
+    }
+    let edges = edges(&flows);
     Ir {
         steps: lowerer.steps,
         templates: lowerer.templates,
@@ -57,12 +87,42 @@ pub(crate) fn lower(
     }
 }
 
+/// The bundle's edges: every known target of every post phase.
+fn edges(flows: &[Flow]) -> Vec<Edge> {
+    let mut edges = Vec::new();
+    for (from, flow) in flows.iter().enumerate() {
+        for jump in &flow.jumps {
+            let to = match jump.to {
+                To::Step(s) => EdgeTo::Step(s),
+                To::End => EdgeTo::Return,
+                To::Dynamic => EdgeTo::Dynamic,
+                // The run fails there; there is no edge to record.
+                To::Unknown(_) => continue,
+            };
+            edges.push(Edge {
+                from,
+                to,
+                span: jump.span,
+            });
+        }
+    }
+    edges
+}
+
+/// A `{# … #}` comment before the first heading: its text between the delimiters.
+struct Comment {
+    /// Where the text between `{#` and `#}` starts in the source.
+    start: usize,
+    text: String,
+}
+
 /// Text before the first heading may only be blank lines and comments: anything else
-/// would belong to no step and be lost.
-fn check_preamble(source: &str, preamble: Span, diags: &mut Vec<Diagnostic>) {
+/// would belong to no step and be lost. Returns the Jinja comments found.
+fn check_preamble(source: &str, preamble: Span, diags: &mut Vec<Diagnostic>) -> Vec<Comment> {
     let text = &source[preamble.range()];
     let mut rest = text;
     let mut offset = preamble.start;
+    let mut comments = Vec::new();
     loop {
         let trimmed = rest.trim_start();
         offset += rest.len() - trimmed.len();
@@ -76,6 +136,12 @@ fn check_preamble(source: &str, preamble: Span, diags: &mut Vec<Diagnostic>) {
         };
         match rest.find(close) {
             Some(i) => {
+                if close == "#}" {
+                    comments.push(Comment {
+                        start: offset + 2,
+                        text: rest[2..i].to_string(),
+                    });
+                }
                 offset += i + close.len();
                 rest = &rest[i + close.len()..];
             }
@@ -94,6 +160,75 @@ fn check_preamble(source: &str, preamble: Span, diags: &mut Vec<Diagnostic>) {
             .with_help("start the file with a phase heading such as `# prompt:`, or turn the text into a `{# … #}` comment"),
         );
     }
+    comments
+}
+
+/// The `with_context` variables declared in `{# inputs: a, b #}` comments before the
+/// first heading. Names are separated by commas or whitespace.
+fn declared_inputs(
+    source: &str,
+    comments: &[Comment],
+    globals: &[String],
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<String> {
+    const KEYWORD: &str = "inputs:";
+    let mut inputs = Vec::new();
+    for comment in comments {
+        let lead = comment.text.len() - comment.text.trim_start().len();
+        let body = &comment.text[lead..];
+        if !body
+            .get(..KEYWORD.len())
+            .is_some_and(|k| k.eq_ignore_ascii_case(KEYWORD))
+        {
+            continue;
+        }
+        let list_start = comment.start + lead + KEYWORD.len();
+        let list = &body[KEYWORD.len()..];
+        let mut at = 0;
+        for token in list.split(|c: char| c == ',' || c.is_whitespace()) {
+            let start = list_start + at;
+            at += token.len() + 1;
+            if token.is_empty() {
+                continue;
+            }
+            let span = Span::new(start, start + token.len());
+            debug_assert_eq!(&source[span.range()], token);
+            let problem = if !is_identifier(token) {
+                Some(
+                    "an input must be a variable name: letters, digits and `_`, not starting with a digit",
+                )
+            } else if RESERVED_VARIABLES.contains(&token) {
+                Some("reserved for a future version of APL (§8); `with_context` refuses it")
+            } else if matches!(token, "context" | "context_history") {
+                Some("maintained by the executor; `with_context` refuses it")
+            } else if globals.iter().any(|g| g == token) {
+                Some("a helper or Jinja function has this name")
+            } else {
+                None
+            };
+            match problem {
+                Some(problem) => diags.push(
+                    Diagnostic::warning(
+                        Code::InvalidInputs,
+                        format!("Invalid input declaration: {token}"),
+                        span,
+                    )
+                    .with_label_message(problem)
+                    .with_note("`{# inputs: name, other #}` before the first step declares the variables the agent expects from `with_context`"),
+                ),
+                None => inputs.push(token.to_string()),
+            }
+        }
+    }
+    inputs
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// The phases of one step, in file order.
@@ -433,49 +568,82 @@ impl Lowerer<'_, '_> {
         );
     }
 
-    /// The step graph's edges, from literal and computed `set_context('next_step', …)`
-    /// calls in post phases; an unknown literal target gets a warning.
-    fn edges(&mut self) -> Vec<Edge> {
-        let index: HashMap<&str, usize> = self
-            .steps
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.name.as_str(), i))
-            .collect();
-        let mut edges = Vec::new();
-        for (step_id, step) in self.steps.iter().enumerate() {
-            let Some(post) = step.post else { continue };
-            let template = &self.templates[post];
-            for (target, (start, end)) in &template.facts.next_steps {
-                let span = template.map.span(*start, *end);
-                let to = match target {
-                    Target::Dynamic => EdgeTo::Dynamic,
-                    Target::Literal(name) if name == "return" => EdgeTo::Return,
-                    Target::Literal(name) => match index.get(name.as_str()) {
-                        Some(&i) => EdgeTo::Step(i),
-                        None => {
-                            // A warning for now: the spec makes this a run-time failure
-                            // (§2.1), which a run still reports if the call is reached.
-                            let mut diag = Diagnostic::warning(Code::UnknownStep, format!("Unknown step: {name}"), span)
-                                .with_label_message(format!("no step is named `{name}`"))
-                                .with_note("if `next_step` still holds this value when the post phase ends, the run fails with this error");
-                            if let Some(s) =
-                                suggest(name, self.steps.iter().map(|s| s.name.as_str()))
-                            {
-                                diag = diag.with_help(format!("did you mean `{s}`?"));
-                            }
-                            self.diags.push(diag);
-                            continue;
-                        }
-                    },
-                };
-                edges.push(Edge {
-                    from: step_id,
-                    to,
-                    span,
-                });
+    /// Warns at every `next_step` write in a pre or prompt phase: `next_step` is
+    /// cleared before post, so the value is lost (APL0015).
+    fn next_step_outside_post(&mut self) {
+        for t in &self.templates {
+            let phase = match t.kind {
+                TemplateKind::Pre => "pre",
+                TemplateKind::Prompt(_) => "prompt",
+                TemplateKind::Post => continue,
+            };
+            let step = self.step_name(t.step);
+            for n in &t.facts.next_steps {
+                self.diags.push(
+                    Diagnostic::warning(
+                        Code::NextStepOutsidePost,
+                        format!("`next_step` set in a {phase} phase has no effect"),
+                        t.map.span(n.span.0, n.span.1),
+                    )
+                    .with_label_message("this value is discarded")
+                    .with_note("`next_step` is cleared before the post phase runs: only a value set in post decides where the run goes")
+                    .with_help(format!("move this call to the `# post: {step}` phase")),
+                );
             }
         }
-        edges
+    }
+
+    /// The name of step `id`. (In a file with errors, a template of a rejected step may
+    /// name the index of the next step.)
+    fn step_name(&self, id: usize) -> String {
+        self.steps
+            .get(id)
+            .map_or_else(|| "…".to_string(), |s| s.name.clone())
+    }
+
+    /// What each step's post phase does with `next_step`, in step order.
+    fn flows(&self) -> Vec<Flow> {
+        let index = graph::name_index(self.steps.iter().map(|s| s.name.as_str()));
+        self.steps
+            .iter()
+            .map(|step| match step.post {
+                None => Flow::default(),
+                Some(post) => {
+                    let t = &self.templates[post];
+                    Flow::of_post(&t.facts, &index, |(start, end)| t.map.span(start, end))
+                }
+            })
+            .collect()
+    }
+
+    /// A literal target that names no step (APL0014): an error for `check` and `build`,
+    /// a warning for `run`, where the spec makes it a run-time failure (§2.1).
+    fn unknown_steps(&mut self, flows: &[Flow], is_error: bool) {
+        let severity = if is_error {
+            Severity::Error
+        } else {
+            Severity::Warning
+        };
+        for jump in flows.iter().flat_map(|f| &f.jumps) {
+            let To::Unknown(name) = &jump.to else {
+                continue;
+            };
+            let mut diag = Diagnostic::warning(
+                Code::UnknownStep,
+                format!("Unknown step: {name}"),
+                jump.span,
+            )
+            .with_label_message(format!("no step is named `{name}`"));
+            diag.severity = severity;
+            diag = diag.with_note(if is_error {
+                "step names are case-sensitive; a run that reached this jump would fail with this error"
+            } else {
+                "if `next_step` still holds this value when the post phase ends, the run fails with this error"
+            });
+            if let Some(s) = suggest(name, self.steps.iter().map(|s| s.name.as_str())) {
+                diag = diag.with_help(format!("did you mean `{s}`?"));
+            }
+            self.diags.push(diag);
+        }
     }
 }

@@ -288,10 +288,12 @@ pub(crate) fn suggest<'a>(
     word: &str,
     candidates: impl Iterator<Item = &'a str>,
 ) -> Option<&'a str> {
+    // Case-insensitive, so that `finish` suggests `Finish` (distance 0).
     let lower = word.to_lowercase();
     candidates
+        .filter(|&c| c != word)
         .map(|c| (strsim::damerau_levenshtein(&lower, &c.to_lowercase()), c))
-        .filter(|&(d, c)| d > 0 && d <= 2.min(c.len() / 2).max(1))
+        .filter(|&(d, c)| d <= 2.min(c.len() / 2).max(1))
         .min_by_key(|&(d, _)| d)
         .map(|(_, c)| c)
 }

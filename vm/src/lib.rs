@@ -38,7 +38,7 @@ pub use machine::{
 pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, Program};
 pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
-pub use store::{Snapshot, Vars};
+pub use store::{Snapshot, Store, Vars, value_from_json};
 
 /// Re-exported so embedders and the compiler use the exact same template engine.
 pub use minijinja;

@@ -160,7 +160,10 @@ impl OpenAiProvider {
             return Err("the request timeout must be greater than zero".into());
         }
         let mut headers = HeaderMap::new();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
         let mut secrets = Vec::new();
         for (name, value) in &config.headers {
@@ -172,9 +175,11 @@ impl OpenAiProvider {
                 ));
             }
             if header_name == header::AUTHORIZATION && config.api_key.is_some() {
-                return Err("both an API key and an `Authorization` header are configured: \
+                return Err(
+                    "both an API key and an `Authorization` header are configured: \
                             use one of them"
-                    .into());
+                        .into(),
+                );
             }
             let mut header_value = HeaderValue::from_str(value.trim()).map_err(|_| {
                 format!("the value of header `{header_name}` is not a valid HTTP header value")
@@ -244,12 +249,18 @@ impl OpenAiProvider {
                 Ok(Err(failure)) => failure,
                 Err(_) if limit < self.request_timeout => Failure {
                     // Nothing is left to retry with.
-                    message: format!("no response before the run's deadline ({} ms)", millis(limit)),
+                    message: format!(
+                        "no response before the run's deadline ({} ms)",
+                        millis(limit)
+                    ),
                     retry: false,
                     retry_after: None,
                 },
                 Err(_) => Failure {
-                    message: format!("no response within the request timeout of {} ms", millis(limit)),
+                    message: format!(
+                        "no response within the request timeout of {} ms",
+                        millis(limit)
+                    ),
                     retry: true,
                     retry_after: None,
                 },
@@ -377,7 +388,10 @@ impl fmt::Debug for OpenAiProvider {
             .field("endpoint", &self.endpoint.as_str())
             .field(
                 "api_key",
-                &self.headers.contains_key(header::AUTHORIZATION).then_some(Redacted),
+                &self
+                    .headers
+                    .contains_key(header::AUTHORIZATION)
+                    .then_some(Redacted),
             )
             .field("headers", &custom)
             .field("request_timeout", &self.request_timeout)
@@ -508,7 +522,7 @@ fn messages(prompts: Option<&Value>) -> Result<Vec<Message>, String> {
                 value_kind(&message)
             ));
         }
-        let field = |name: &str| message.get_attr(name).ok().filter(|v| is_set(v));
+        let field = |name: &str| message.get_attr(name).ok().filter(is_set);
         let role = field("role")
             .and_then(|r| r.as_str().map(str::to_owned))
             .ok_or_else(|| format!("prompt message {index} has no string `role`"))?;
@@ -524,10 +538,8 @@ fn messages(prompts: Option<&Value>) -> Result<Vec<Message>, String> {
         }
         let role = match role.as_str() {
             "tool_result" | "tool" => {
-                let id = field("tool_call_id").filter(|id| {
-                    id.as_str()
-                        .is_some_and(|id| called.iter().any(|c| c == id))
-                });
+                let id = field("tool_call_id")
+                    .filter(|id| id.as_str().is_some_and(|id| called.iter().any(|c| c == id)));
                 match id {
                     Some(id) => {
                         extra.push(("tool_call_id", id));
@@ -785,18 +797,40 @@ impl Failure {
         };
         Failure {
             message: format!("{what}: {}", root_cause(&error)),
-            retry: !error.is_builder(),
+            // A certificate the platform does not trust stays untrusted on the next try.
+            retry: !error.is_builder() && !is_tls_error(&error),
             retry_after: None,
         }
     }
 }
 
+/// Whether a TLS error (an untrusted certificate, a failed handshake) caused `error`.
+fn is_tls_error(error: &reqwest::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = cause {
+        if current.is::<rustls::Error>() {
+            return true;
+        }
+        // tokio-rustls wraps rustls errors in `io::Error`s (hyper wraps those once more),
+        // and an `io::Error`'s `source` skips the error it wraps.
+        cause = match current
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => current.source(),
+        };
+    }
+    false
+}
+
 /// Reads the body, up to [`MAX_RESPONSE_BYTES`].
 async fn read_body(response: &mut reqwest::Response) -> Result<Vec<u8>, Failure> {
+    let status = response.status();
     let too_big = || {
         Failure::fatal(format!(
             "{}: the response body is larger than {} MiB",
-            status_text(response.status()),
+            status_text(status),
             MAX_RESPONSE_BYTES >> 20
         ))
     };
@@ -906,7 +940,12 @@ fn root_cause(error: &reqwest::Error) -> String {
 /// The delay a 429 or 503 response asks for: `retry-after-ms` (OpenAI), else
 /// `Retry-After` in seconds or as an HTTP date.
 fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
     if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
         && ms.is_finite()
         && ms >= 0.0
@@ -930,7 +969,8 @@ fn parse_http_date(text: &str) -> Option<SystemTime> {
     let (_weekday, rest) = text.split_once(", ")?;
     let mut fields = rest.split(' ');
     let day: u32 = fields.next()?.parse().ok()?;
-    let month = MONTHS.iter().position(|m| Some(*m) == fields.next())? as u32 + 1;
+    let month = fields.next()?;
+    let month = MONTHS.iter().position(|m| *m == month)? as u32 + 1;
     let year: i64 = fields.next()?.parse().ok()?;
     let mut time = fields.next()?.split(':');
     let mut part = |max: u64| time.next()?.parse::<u64>().ok().filter(|v| *v <= max);
@@ -949,7 +989,8 @@ fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
     let era = year.div_euclid(400);
     let year_of_era = year - era * 400;
     let month = i64::from(month);
-    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let day_of_year =
+        (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     era * 146_097 + day_of_era - 719_468
 }
@@ -968,9 +1009,11 @@ fn endpoint(base_url: &str) -> Result<Url, String> {
         ));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err("invalid base URL: credentials in the URL are not supported; use an API \
+        return Err(
+            "invalid base URL: credentials in the URL are not supported; use an API \
                     key or a header"
-            .into());
+                .into(),
+        );
     }
     if url.query().is_some() || url.fragment().is_some() {
         return Err(format!(
@@ -1072,11 +1115,26 @@ mod tests {
     #[test]
     fn endpoints() {
         let cases = [
-            ("https://api.openai.com", "https://api.openai.com/v1/chat/completions"),
-            ("https://api.openai.com/", "https://api.openai.com/v1/chat/completions"),
-            ("http://localhost:8080/v1", "http://localhost:8080/v1/chat/completions"),
-            ("http://localhost:8080/v1/", "http://localhost:8080/v1/chat/completions"),
-            ("http://h/proxy/openai", "http://h/proxy/openai/v1/chat/completions"),
+            (
+                "https://api.openai.com",
+                "https://api.openai.com/v1/chat/completions",
+            ),
+            (
+                "https://api.openai.com/",
+                "https://api.openai.com/v1/chat/completions",
+            ),
+            (
+                "http://localhost:8080/v1",
+                "http://localhost:8080/v1/chat/completions",
+            ),
+            (
+                "http://localhost:8080/v1/",
+                "http://localhost:8080/v1/chat/completions",
+            ),
+            (
+                "http://h/proxy/openai",
+                "http://h/proxy/openai/v1/chat/completions",
+            ),
             (" http://h:1/api/v1 ", "http://h:1/api/v1/chat/completions"),
         ];
         for (base, expected) in cases {
@@ -1097,7 +1155,10 @@ mod tests {
 
     #[test]
     fn printable_urls_hide_credentials() {
-        assert_eq!(printable_url("https://u:p@h/x@y"), "https://<redacted>@h/x@y");
+        assert_eq!(
+            printable_url("https://u:p@h/x@y"),
+            "https://<redacted>@h/x@y"
+        );
         assert_eq!(printable_url("https://h/a@b"), "https://h/a@b");
         assert_eq!(printable_url("u:p@h"), "<redacted>");
     }
@@ -1137,7 +1198,10 @@ mod tests {
             &context(json!({"output_mode": "structured_output", "output_structure": "{"})),
         )
         .unwrap_err();
-        assert!(e.starts_with("`output_structure` is not valid JSON:"), "{e}");
+        assert!(
+            e.starts_with("`output_structure` is not valid JSON:"),
+            "{e}"
+        );
         let e = encode_request(
             "m",
             &context(json!({"output_mode": "structured_output", "output_structure": 3})),
@@ -1161,15 +1225,24 @@ mod tests {
             Some(Duration::from_secs(3))
         );
         assert_eq!(
-            retry_after(&headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:47 GMT")]), now),
+            retry_after(
+                &headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:47 GMT")]),
+                now
+            ),
             Some(Duration::from_secs(10))
         );
         assert_eq!(
-            retry_after(&headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:00 GMT")]), now),
+            retry_after(
+                &headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:00 GMT")]),
+                now
+            ),
             Some(Duration::ZERO)
         );
         assert_eq!(
-            retry_after(&headers(&[("retry-after-ms", "250"), ("retry-after", "9")]), now),
+            retry_after(
+                &headers(&[("retry-after-ms", "250"), ("retry-after", "9")]),
+                now
+            ),
             Some(Duration::from_millis(250))
         );
         assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
@@ -1191,9 +1264,18 @@ mod tests {
     #[test]
     fn error_bodies() {
         let message = |body: &str| api_message(body.as_bytes());
-        assert_eq!(message(r#"{"error": {"message": "bad key", "type": "x"}}"#), "bad key");
-        assert_eq!(message(r#"{"error": "model not found"}"#), "model not found");
-        assert_eq!(message(r#"{"object": "error", "message": "vllm says"}"#), "vllm says");
+        assert_eq!(
+            message(r#"{"error": {"message": "bad key", "type": "x"}}"#),
+            "bad key"
+        );
+        assert_eq!(
+            message(r#"{"error": "model not found"}"#),
+            "model not found"
+        );
+        assert_eq!(
+            message(r#"{"object": "error", "message": "vllm says"}"#),
+            "vllm says"
+        );
         assert_eq!(message("upstream\nconnect error"), "upstream connect error");
         assert_eq!(message(""), "(empty body)");
         let long = "x".repeat(500);
@@ -1221,8 +1303,8 @@ mod tests {
     #[test]
     fn bad_configuration_is_rejected_without_secrets() {
         let key = "sk-very-secret-key-0123456789";
-        let e = OpenAiProvider::new(OpenAiConfig::new().api_key(format!("{key}\nX: y")))
-            .unwrap_err();
+        let e =
+            OpenAiProvider::new(OpenAiConfig::new().api_key(format!("{key}\nX: y"))).unwrap_err();
         assert!(!e.contains(key), "{e}");
         let e = OpenAiProvider::new(OpenAiConfig::new().header("api-key", format!("{key}\r\n")))
             .map(|_| ())
@@ -1230,19 +1312,28 @@ mod tests {
         assert!(e.is_ok(), "surrounding whitespace is trimmed: {e:?}");
         let e = OpenAiProvider::new(OpenAiConfig::new().header("x-key", format!("a\n{key}")))
             .unwrap_err();
-        assert_eq!(e, "the value of header `x-key` is not a valid HTTP header value");
+        assert_eq!(
+            e,
+            "the value of header `x-key` is not a valid HTTP header value"
+        );
         let e = OpenAiProvider::new(OpenAiConfig::new().header("bad header", "v")).unwrap_err();
         assert_eq!(e, "`bad header` is not a valid HTTP header name");
         let e = OpenAiProvider::new(OpenAiConfig::new().header("Content-Type", "text/plain"))
             .unwrap_err();
-        assert_eq!(e, "header `content-type` is set by the provider and cannot be configured");
+        assert_eq!(
+            e,
+            "header `content-type` is set by the provider and cannot be configured"
+        );
         let e = OpenAiProvider::new(
             OpenAiConfig::new()
                 .api_key(key)
                 .header("Authorization", "Bearer other-secret"),
         )
         .unwrap_err();
-        assert!(e.starts_with("both an API key and an `Authorization` header"), "{e}");
+        assert!(
+            e.starts_with("both an API key and an `Authorization` header"),
+            "{e}"
+        );
         assert_eq!(
             OpenAiProvider::new(OpenAiConfig::new().api_key("  ")).unwrap_err(),
             "the API key is empty"

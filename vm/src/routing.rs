@@ -47,7 +47,11 @@ impl Router {
 
     /// Adds a route after the existing ones: models matching `pattern` go to `provider`
     /// unless an earlier route matched.
-    pub fn with_provider(mut self, pattern: impl Into<String>, provider: Arc<dyn Provider>) -> Router {
+    pub fn with_provider(
+        mut self,
+        pattern: impl Into<String>,
+        provider: Arc<dyn Provider>,
+    ) -> Router {
         self.push(pattern, provider);
         self
     }
@@ -144,10 +148,12 @@ impl Provider for Router {
             Some(provider) => provider.call(request),
             None => {
                 let message = if self.routes.is_empty() {
-                    format!("no provider for model `{}` (no routes are configured)", request.model)
+                    format!(
+                        "no provider for model `{}` (no routes are configured)",
+                        request.model
+                    )
                 } else {
-                    let patterns: Vec<String> =
-                        self.patterns().map(|p| format!("`{p}`")).collect();
+                    let patterns: Vec<String> = self.patterns().map(|p| format!("`{p}`")).collect();
                     format!(
                         "no provider for model `{}` (routes: {})",
                         request.model,
@@ -221,13 +227,17 @@ const MOCK_KEYS: [&str; 2] = ["responses", "latency_ms"];
 /// The longest `timeout_ms`, `latency_ms` or `retry_base_delay_ms` accepted: one day.
 const MAX_MILLIS: u64 = 86_400_000;
 /// The most retries a route may ask for.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 const MAX_RETRIES: u64 = 10;
 
 /// A configured route: its patterns, its provider, and a description for `Debug`.
 type Configured = (Vec<String>, Arc<dyn Provider>, String);
 
 /// Reads one entry of `routes`.
-fn configured_route(route: &Json, env: &dyn Fn(&str) -> Option<String>) -> Result<Configured, String> {
+fn configured_route(
+    route: &Json,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Configured, String> {
     let Json::Object(route) = route else {
         return Err(format!("expected an object, found {}", kind(route)));
     };
@@ -254,7 +264,11 @@ fn configured_route(route: &Json, env: &dyn Fn(&str) -> Option<String>) -> Resul
     };
     match route.get("kind") {
         Some(Json::String(k)) if k == "openai" => {
-            check_keys(route, &[&COMMON_KEYS[..], &OPENAI_KEYS[..]].concat(), "openai")?;
+            check_keys(
+                route,
+                &[&COMMON_KEYS[..], &OPENAI_KEYS[..]].concat(),
+                "openai",
+            )?;
             let (provider, description) = openai_route(route, env)?;
             Ok((patterns, provider, description))
         }
@@ -266,7 +280,10 @@ fn configured_route(route: &Json, env: &dyn Fn(&str) -> Option<String>) -> Resul
         Some(Json::String(other)) => Err(format!(
             "unknown `kind` `{other}` (expected `openai` or `mock`)"
         )),
-        Some(other) => Err(format!("expected `kind` to be a string, found {}", kind(other))),
+        Some(other) => Err(format!(
+            "expected `kind` to be a string, found {}",
+            kind(other)
+        )),
         None => Err("missing `kind` (`openai` or `mock`)".into()),
     }
 }
@@ -277,9 +294,11 @@ fn check_keys(object: &Map<String, Json>, allowed: &[&str], what: &str) -> Resul
         return Ok(());
     };
     if unknown == "api_key" {
-        return Err("unknown key `api_key`: keys are not written in the config file; name the \
+        return Err(
+            "unknown key `api_key`: keys are not written in the config file; name the \
                     environment variable that holds it with `api_key_env`"
-            .into());
+                .into(),
+        );
     }
     let expected: Vec<String> = allowed.iter().map(|k| format!("`{k}`")).collect();
     let route = if what.is_empty() {
@@ -299,22 +318,32 @@ fn integer(route: &Map<String, Json>, key: &str, max: u64) -> Result<Option<u64>
         None => Ok(None),
         Some(Json::Number(n)) => match n.as_u64() {
             Some(v) if v <= max => Ok(Some(v)),
-            _ => Err(format!("expected `{key}` to be an integer from 0 to {max}, found {n}")),
+            _ => Err(format!(
+                "expected `{key}` to be an integer from 0 to {max}, found {n}"
+            )),
         },
-        Some(other) => Err(format!("expected `{key}` to be an integer, found {}", kind(other))),
+        Some(other) => Err(format!(
+            "expected `{key}` to be an integer, found {}",
+            kind(other)
+        )),
     }
 }
 
 /// An optional string.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 fn string<'a>(route: &'a Map<String, Json>, key: &str) -> Result<Option<&'a str>, String> {
     match route.get(key) {
         None => Ok(None),
         Some(Json::String(s)) => Ok(Some(s)),
-        Some(other) => Err(format!("expected `{key}` to be a string, found {}", kind(other))),
+        Some(other) => Err(format!(
+            "expected `{key}` to be a string, found {}",
+            kind(other)
+        )),
     }
 }
 
 /// An optional object of strings, in file order.
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 fn string_map<'a>(
     route: &'a Map<String, Json>,
     key: &str,
@@ -331,11 +360,15 @@ fn string_map<'a>(
                 )),
             })
             .collect(),
-        Some(other) => Err(format!("expected `{key}` to be an object, found {}", kind(other))),
+        Some(other) => Err(format!(
+            "expected `{key}` to be an object, found {}",
+            kind(other)
+        )),
     }
 }
 
 /// Looks up `variable`; a missing or empty one is an error naming it (never a value).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 fn env_value(
     env: &dyn Fn(&str) -> Option<String>,
     variable: &str,
@@ -346,8 +379,12 @@ fn env_value(
     }
     match env(variable) {
         Some(value) if !value.trim().is_empty() => Ok(value),
-        Some(_) => Err(format!("environment variable `{variable}` (from `{key}`) is empty")),
-        None => Err(format!("environment variable `{variable}` (from `{key}`) is not set")),
+        Some(_) => Err(format!(
+            "environment variable `{variable}` (from `{key}`) is empty"
+        )),
+        None => Err(format!(
+            "environment variable `{variable}` (from `{key}`) is not set"
+        )),
     }
 }
 
@@ -371,7 +408,10 @@ fn openai_route(
         config = config.header(name, value);
     }
     for (name, variable) in string_map(route, "headers_env")? {
-        config = config.header(name, env_value(env, variable, &format!("headers_env.{name}"))?);
+        config = config.header(
+            name,
+            env_value(env, variable, &format!("headers_env.{name}"))?,
+        );
     }
     if let Some(ms) = integer(route, "timeout_ms", MAX_MILLIS)? {
         config = config.request_timeout(Duration::from_millis(ms));
@@ -451,7 +491,10 @@ mod tests {
             ("", "x"),
         ];
         for (pattern, model) in no {
-            assert!(!glob_match(pattern, model), "{pattern} should not match {model}");
+            assert!(
+                !glob_match(pattern, model),
+                "{pattern} should not match {model}"
+            );
         }
     }
 
@@ -574,7 +617,10 @@ mod tests {
             ),
         ];
         for (config, expected) in cases {
-            assert_eq!(Router::from_config_json(config, &env).unwrap_err(), expected);
+            assert_eq!(
+                Router::from_config_json(config, &env).unwrap_err(),
+                expected
+            );
         }
         let router = Router::from_config_json(
             r#"{"routes": [

@@ -65,7 +65,15 @@ impl Store {
 
     /// Writes a variable.
     pub fn set(&self, name: &str, value: Value) {
-        self.lock().vars.insert(Arc::from(name), value);
+        let mut inner = self.lock();
+        // Overwriting in place needs no new key (most writes are to existing variables),
+        // and imbl copies a node only while a snapshot still shares it.
+        match inner.vars.get_mut(name) {
+            Some(slot) => *slot = value,
+            None => {
+                inner.vars.insert(Arc::from(name), value);
+            }
+        }
     }
 
     /// Appends `message` to the `errors` list.

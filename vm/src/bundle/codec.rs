@@ -202,6 +202,54 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
     Ok(bundle)
 }
 
+/// The fields of a bundle's 24-byte header, as [`Bundle::read_header`] returns them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderFields {
+    /// The bundle format version.
+    pub version: u16,
+    /// Format flags (none are defined in version 1).
+    pub flags: u16,
+    /// The length of the postcard payload that follows the header, in bytes.
+    pub payload_len: u32,
+    /// The xxh3-64 hash of the payload.
+    pub checksum: u64,
+}
+
+impl Bundle {
+    /// Reads the header of untrusted bytes: the magic, the format version and the
+    /// flags are checked as [`decode`] checks them, in the same order and with the same
+    /// errors. The payload is not looked at, so its length and checksum are returned as
+    /// declared, not verified: call [`decode`] for that.
+    pub fn read_header(bytes: &[u8]) -> Result<HeaderFields, BundleError> {
+        if !is_bundle(bytes) {
+            return Err(BundleError::BadMagic);
+        }
+        let truncated = || BundleError::HeaderTruncated { found: bytes.len() };
+        let (prefix, _) = bytes
+            .split_first_chunk::<VERSION_END>()
+            .ok_or_else(truncated)?;
+        let version = u16::from_le_bytes([prefix[8], prefix[9]]);
+        if version != FORMAT_VERSION {
+            return Err(BundleError::UnsupportedVersion { found: version });
+        }
+        let (header, _) = bytes
+            .split_first_chunk::<HEADER_LEN>()
+            .ok_or_else(truncated)?;
+        let header = Header::from_bytes(header);
+        if header.flags != 0 {
+            return Err(BundleError::UnknownFlags {
+                found: header.flags,
+            });
+        }
+        Ok(HeaderFields {
+            version: header.version,
+            flags: header.flags,
+            payload_len: header.payload_len,
+            checksum: header.checksum,
+        })
+    }
+}
+
 /// Length of the fixed header.
 const HEADER_LEN: usize = 24;
 /// End of the format version field: the magic plus the version.
@@ -404,6 +452,33 @@ mod tests {
         let checksum = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
         assert_eq!(checksum, xxh3_64(&bytes[HEADER_LEN..]));
         assert_eq!(decode(&bytes), Ok(bundle));
+    }
+
+    #[test]
+    fn read_header_returns_the_fields_and_checks_like_decode() {
+        let bytes = encode(&sample());
+        let header = Bundle::read_header(&bytes).unwrap();
+        assert_eq!(header.version, FORMAT_VERSION);
+        assert_eq!(header.flags, 0);
+        assert_eq!(header.payload_len as usize, bytes.len() - HEADER_LEN);
+        assert_eq!(header.checksum, xxh3_64(&bytes[HEADER_LEN..]));
+        assert_eq!(Bundle::read_header(b"# prompt"), Err(BundleError::BadMagic));
+        assert_eq!(
+            Bundle::read_header(&bytes[..12]),
+            Err(BundleError::HeaderTruncated { found: 12 })
+        );
+        let mut v2 = bytes.clone();
+        v2[8] = 2;
+        assert_eq!(
+            Bundle::read_header(&v2),
+            Err(BundleError::UnsupportedVersion { found: 2 })
+        );
+        let mut flagged = bytes;
+        flagged[10] = 1;
+        assert_eq!(
+            Bundle::read_header(&flagged),
+            Err(BundleError::UnknownFlags { found: 1 })
+        );
     }
 
     #[test]

@@ -1,17 +1,47 @@
 //! A readable listing of a bundle: what it will do, without its source.
+//!
+//! [`listing`] describes the bundle value (the compiler's fixture snapshots use it);
+//! [`Bundle::listing_with_header`] adds the fields of the encoded header and the byte
+//! ranges of template spans, for `aplc inspect`.
 
 use std::fmt::Write;
 
+use super::codec::HeaderFields;
 use super::{Bundle, EdgeTarget, Instr, SourceSpan, TemplateKind};
 
-/// Renders `bundle` as text: header, step table, code, messages, templates and graph.
+/// Renders `bundle` as text: source, step table, code, messages, templates and graph.
 pub fn listing(bundle: &Bundle) -> String {
+    render(bundle, None)
+}
+
+impl Bundle {
+    /// Renders the bundle like [`listing`], preceded by the fields of its encoded
+    /// header (read with [`Bundle::read_header`]), and with the byte range of every
+    /// template's source span.
+    pub fn listing_with_header(&self, header: &HeaderFields) -> String {
+        render(self, Some(header))
+    }
+}
+
+fn render(bundle: &Bundle, header: Option<&HeaderFields>) -> String {
     let mut out = String::new();
     let hash: String = bundle
         .source_hash
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
+    if let Some(h) = header {
+        let _ = writeln!(
+            out,
+            "format    version {} (flags {:#06x})",
+            h.version, h.flags
+        );
+        let _ = writeln!(
+            out,
+            "payload   {} bytes, xxh3-64 checksum {:#018x}",
+            h.payload_len, h.checksum
+        );
+    }
     let _ = writeln!(out, "source    {}", bundle.source_name);
     let _ = writeln!(out, "sha256    {hash}");
     let _ = writeln!(out, "compiler  {}", bundle.compiler_version);
@@ -67,9 +97,13 @@ pub fn listing(bundle: &Bundle) -> String {
             TemplateKind::Post => "post".to_string(),
             TemplateKind::Prompt(role) => format!("prompt/{}", role.as_str()),
         };
+        let range = match header {
+            Some(_) => format!(" [bytes {}..{}]", t.span.start, t.span.end),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "  t{i:<3} s{} {kind} {} ({} bytes)",
+            "  t{i:<3} s{} {kind} {}{range} ({} bytes)",
             t.step.0,
             at(t.span),
             t.source.len()

@@ -1,0 +1,288 @@
+//! `aplc bench`: measure the executor on an agent with the scripted provider.
+//!
+//! The program is loaded once and run N times in-process; every run starts again from the
+//! first scripted response. Process start-up, file reading and compiling are outside the
+//! measured region. With `--concurrency`, runs go through the tokio driver against a
+//! scripted provider that sleeps `--latency-ms` per call, to show how close the executor
+//! comes to the bound set by model latency alone.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use aplc_vm::driver::{self, BoxFuture, Provider, Scripted};
+use aplc_vm::{
+    Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider, run_scripted,
+};
+use clap::Args;
+
+use crate::input::read_text;
+use crate::run::load_program;
+use crate::{CompileArgs, Failure};
+
+#[derive(Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// The agent: .apl source or a bundle.
+    file: PathBuf,
+    /// Scripted responses (a JSON array, one entry per provider call of one run).
+    #[arg(long, value_name = "RESPONSES.json")]
+    mock: PathBuf,
+    /// A JSON object of variables injected before the first step.
+    #[arg(long, value_name = "CONTEXT.json")]
+    context: Option<PathBuf>,
+    /// Measured runs.
+    #[arg(short = 'n', long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    runs: u64,
+    /// Unmeasured runs first, to warm caches.
+    #[arg(long, default_value_t = 10)]
+    warmup: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Runs in flight at once on the tokio driver (enables the latency mode).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    concurrency: Option<u64>,
+    /// Simulated model latency per provider call, in milliseconds (with --concurrency).
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
+    #[command(flatten)]
+    compile: CompileArgs,
+}
+
+pub(crate) fn bench(args: BenchArgs) -> Result<ExitCode, Failure> {
+    let program = Arc::new(load_program(&args.file, &args.compile)?);
+    let script = ScriptedProvider::from_json(&read_text(&args.mock)?)
+        .map_err(|e| Failure::usage(format!("{}: {e}", args.mock.display())))?;
+    let options = crate::run::context_options(RunOptions::default(), args.context.as_deref())?;
+    match args.concurrency {
+        None => sequential(&args, program, script, options),
+        Some(c) => concurrent(&args, c, program, script, options),
+    }
+}
+
+fn sequential(
+    args: &BenchArgs,
+    program: Arc<Program>,
+    script: ScriptedProvider,
+    options: RunOptions,
+) -> Result<ExitCode, Failure> {
+    let mut times = Vec::with_capacity(args.runs as usize);
+    let mut steps = 0;
+    let mut failures = 0u64;
+    let total = Instant::now();
+    for i in 0..args.warmup + args.runs {
+        let mut script = script.clone();
+        script.rewind();
+        let options = options.clone();
+        let start = Instant::now();
+        let outcome = run_scripted(program.clone(), options, &mut script, Instant::now);
+        let elapsed = start.elapsed();
+        if i == args.warmup {
+            // Measure the wall time of the measured runs only.
+            times.clear();
+        }
+        if i >= args.warmup {
+            times.push(elapsed);
+            steps = outcome.steps;
+            failures += u64::from(outcome.error.is_some());
+        }
+    }
+    let wall = total.elapsed();
+    times.sort();
+    let per_step = |d: Duration| d.as_secs_f64() * 1e6 / steps.max(1) as f64;
+    let median = times[times.len() / 2];
+    let min = times[0];
+    let measured: Duration = times.iter().sum();
+    let runs_per_sec = times.len() as f64 / measured.as_secs_f64().max(f64::MIN_POSITIVE);
+    let report = serde_json::json!({
+        "mode": "sequential",
+        "file": display(&args.file),
+        "runs": times.len(),
+        "warmup": args.warmup,
+        "steps_per_run": steps,
+        "failed_runs": failures,
+        "median_run_us": micros(median),
+        "min_run_us": micros(min),
+        "median_step_us": per_step(median),
+        "min_step_us": per_step(min),
+        "runs_per_sec": runs_per_sec,
+        "wall_ms": wall.as_secs_f64() * 1e3,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{} ({} measured runs after {} warm-up)",
+            display(&args.file),
+            times.len(),
+            args.warmup
+        );
+        println!("  steps per run   {steps}");
+        println!(
+            "  per run         median {:>10.1} µs   min {:>10.1} µs",
+            micros(median),
+            micros(min)
+        );
+        println!(
+            "  per step        median {:>10.2} µs   min {:>10.2} µs",
+            per_step(median),
+            per_step(min)
+        );
+        println!("  throughput      {runs_per_sec:.0} runs/s");
+        if failures > 0 {
+            println!("  note: {failures} measured runs ended with a run error");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Counts provider calls, to compute the latency bound.
+struct Counting<'a> {
+    inner: &'a Scripted,
+    calls: &'a AtomicU64,
+}
+
+impl Provider for Counting<'_> {
+    fn call<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+    ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.call(request)
+    }
+}
+
+fn concurrent(
+    args: &BenchArgs,
+    concurrency: u64,
+    program: Arc<Program>,
+    script: ScriptedProvider,
+    options: RunOptions,
+) -> Result<ExitCode, Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
+    let latency = Duration::from_millis(args.latency_ms);
+    let calls = Arc::new(AtomicU64::new(0));
+    let steps = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(AtomicU64::new(0));
+    let memory_before = memory::reset_peak();
+    let total_runs = args.runs;
+    let start = Instant::now();
+    runtime.block_on(async {
+        let next = Arc::new(AtomicU64::new(0));
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..concurrency.min(total_runs) {
+            let (program, script, options) = (program.clone(), script.clone(), options.clone());
+            let (next, calls, steps, failures) =
+                (next.clone(), calls.clone(), steps.clone(), failures.clone());
+            workers.spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < total_runs {
+                    let mut script = script.clone();
+                    script.rewind();
+                    let provider = Scripted::new(script).with_latency(latency);
+                    let counting = Counting {
+                        inner: &provider,
+                        calls: &calls,
+                    };
+                    let outcome = driver::run(program.clone(), options.clone(), &counting).await;
+                    steps.fetch_add(outcome.steps, Ordering::Relaxed);
+                    failures.fetch_add(u64::from(outcome.error.is_some()), Ordering::Relaxed);
+                }
+            });
+        }
+        while workers.join_next().await.is_some() {}
+    });
+    let wall = start.elapsed();
+    let peak = memory::peak()
+        .zip(memory_before)
+        .map(|(peak, before)| peak.saturating_sub(before));
+
+    let calls = calls.load(Ordering::Relaxed);
+    let calls_per_run = calls as f64 / total_runs as f64;
+    let throughput = total_runs as f64 / wall.as_secs_f64();
+    // With zero executor overhead, C runs in flight each need calls × latency.
+    let bound = (latency.as_secs_f64() * calls_per_run > 0.0)
+        .then(|| concurrency.min(total_runs) as f64 / (latency.as_secs_f64() * calls_per_run));
+    let report = serde_json::json!({
+        "mode": "concurrent",
+        "file": display(&args.file),
+        "runs": total_runs,
+        "concurrency": concurrency,
+        "latency_ms": args.latency_ms,
+        "steps_per_run": steps.load(Ordering::Relaxed) as f64 / total_runs as f64,
+        "provider_calls_per_run": calls_per_run,
+        "failed_runs": failures.load(Ordering::Relaxed),
+        "wall_ms": wall.as_secs_f64() * 1e3,
+        "runs_per_sec": throughput,
+        "latency_bound_runs_per_sec": bound,
+        "fraction_of_bound": bound.map(|b| throughput / b),
+        "peak_memory_bytes": peak,
+        "peak_memory_per_run_bytes": peak.map(|p| p / concurrency.min(total_runs)),
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{} ({total_runs} runs, {concurrency} at once, {} ms per provider call)",
+            display(&args.file),
+            args.latency_ms
+        );
+        println!("  wall time       {:.1} ms", wall.as_secs_f64() * 1e3);
+        println!("  throughput      {throughput:.1} runs/s");
+        match bound {
+            Some(b) => println!(
+                "  latency bound   {b:.1} runs/s  ({:.1}% of it)",
+                100.0 * throughput / b
+            ),
+            None => println!("  latency bound   none (zero latency)"),
+        }
+        match peak {
+            Some(p) => println!(
+                "  peak memory     {:.1} KiB above start, {:.1} KiB per run in flight",
+                p as f64 / 1024.0,
+                p as f64 / 1024.0 / concurrency.min(total_runs) as f64
+            ),
+            None => println!("  peak memory     unavailable on this platform"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Resident memory from `/proc` (Linux). Elsewhere the numbers are unavailable.
+mod memory {
+    /// Resets the peak-RSS counter and returns the current RSS in bytes.
+    pub fn reset_peak() -> Option<u64> {
+        // "5" resets VmHWM to the current RSS (Linux 4.0+). Failure only loses accuracy.
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        field("VmRSS:")
+    }
+
+    /// The peak RSS in bytes since the last reset.
+    pub fn peak() -> Option<u64> {
+        field("VmHWM:")
+    }
+
+    fn field(name: &str) -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+}

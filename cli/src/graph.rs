@@ -1,0 +1,231 @@
+//! `aplc graph`: the step graph of an agent as Graphviz DOT or a Mermaid flowchart.
+//!
+//! Steps are nodes, in source order. The entry step is marked (DOT: an arrow from a
+//! point node `start`; Mermaid: a `start` circle), and so is every step after which the
+//! run can end (DOT: a double border; Mermaid: the `ends` class, a thick border):
+//! a step without a post phase, a post phase that may leave `next_step` unset, or one
+//! that can set `return` or a computed target. Literal jumps are solid edges; a jump to
+//! `return` is a solid edge to the `return` node; a computed target is a dashed edge to
+//! the `*` node ("any step"); a literal naming no step is a dotted edge to a node
+//! `unknown: <name>` (only a bundle compiled with `Options::for_run` can have one:
+//! `build` and `graph` reject such source). `spec/graph.md` documents the output.
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use aplc_compiler::graph::{Jump, StepGraph};
+use aplc_vm::bundle::{self, Bundle};
+use clap::{Args, ValueEnum};
+
+use crate::compile::check_options;
+use crate::input::{display_name, into_text, print_diagnostics, read_bytes};
+use crate::{CompileArgs, Failure};
+
+#[derive(Args, Debug)]
+pub(crate) struct GraphArgs {
+    /// The agent: .apl source or a bundle (recognised by its magic bytes).
+    file: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = GraphFormat::Dot)]
+    format: GraphFormat,
+    #[command(flatten)]
+    compile: CompileArgs,
+}
+
+/// The formats of `aplc graph`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GraphFormat {
+    /// Graphviz DOT (`dot -Tsvg`).
+    Dot,
+    /// A Mermaid flowchart.
+    Mermaid,
+}
+
+pub(crate) fn graph(args: &GraphArgs) -> Result<ExitCode, Failure> {
+    let bundle = load(&args.file, &args.compile)?;
+    let Some(bundle) = bundle else {
+        return Ok(ExitCode::from(2));
+    };
+    let graph = StepGraph::from_bundle(&bundle);
+    let text = match args.format {
+        GraphFormat::Dot => dot(&graph, &bundle.source_name),
+        GraphFormat::Mermaid => mermaid(&graph),
+    };
+    let mut stdout = std::io::stdout().lock();
+    // A closed stdout (`aplc graph … | head`) is not a failure.
+    let _ = std::io::Write::write_all(&mut stdout, text.as_bytes())
+        .and_then(|_| std::io::Write::flush(&mut stdout));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A bundle from a file, or `None` when the source has errors (already printed).
+fn load(file: &Path, args: &CompileArgs) -> Result<Option<Bundle>, Failure> {
+    let bytes = read_bytes(file)?;
+    if bundle::is_bundle(&bytes) {
+        if args.relaxed {
+            eprintln!(
+                "warning: --relaxed has no effect on a bundle: it was fixed when the bundle was built"
+            );
+        }
+        return bundle::decode(&bytes)
+            .map(Some)
+            .map_err(|e| Failure::run(format!("{}: unreadable bundle: {e}", file.display())));
+    }
+    let source = into_text(file, bytes)?;
+    let compilation =
+        aplc_compiler::compile(&source, &display_name(file), &check_options(args, false));
+    print_diagnostics(&compilation.diagnostics, file, &source);
+    Ok(compilation.bundle)
+}
+
+/// Graphviz DOT. Node ids are `s0`, `s1`, … so that any step name is safe; names are
+/// labels.
+pub(crate) fn dot(graph: &StepGraph, title: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "digraph {} {{", dot_string(title));
+    let _ = writeln!(out, "  rankdir=LR;");
+    let _ = writeln!(out, "  node [shape=box];");
+    if let Some(entry) = graph.entry() {
+        let _ = writeln!(out, "  start [shape=point];");
+        let _ = writeln!(out, "  start -> s{entry};");
+    }
+    for (i, step) in graph.steps.iter().enumerate() {
+        let ends = if step.ends.is_empty() {
+            ""
+        } else {
+            ", peripheries=2"
+        };
+        let _ = writeln!(out, "  s{i} [label={}{ends}];", dot_string(&step.name));
+    }
+    let jumps = || graph.steps.iter().flat_map(|s| &s.jumps);
+    if jumps().any(|j| *j == Jump::Return) {
+        let _ = writeln!(out, "  return [label=\"return\", shape=doublecircle];");
+    }
+    if jumps().any(|j| *j == Jump::Dynamic) {
+        let _ = writeln!(
+            out,
+            "  any [label=\"*\", shape=circle, style=dashed, tooltip=\"a computed next_step: any step\"];"
+        );
+    }
+    let unknown: BTreeSet<&str> = jumps()
+        .filter_map(|j| match j {
+            Jump::Unknown(name) => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let unknown_id = |name: &str| unknown.iter().position(|u| *u == name).unwrap_or(0);
+    for (k, name) in unknown.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  u{k} [label={}, shape=octagon, color=red];",
+            dot_string(&format!("unknown: {name}"))
+        );
+    }
+    for (i, step) in graph.steps.iter().enumerate() {
+        for jump in &step.jumps {
+            let _ = match jump {
+                Jump::Step(t) => writeln!(out, "  s{i} -> s{t};"),
+                Jump::Return => writeln!(out, "  s{i} -> return;"),
+                Jump::Dynamic => writeln!(out, "  s{i} -> any [style=dashed];"),
+                Jump::Unknown(name) => writeln!(
+                    out,
+                    "  s{i} -> u{} [style=dotted, color=red];",
+                    unknown_id(name)
+                ),
+            };
+        }
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// A Mermaid flowchart, with the same nodes and edges as [`dot`].
+pub(crate) fn mermaid(graph: &StepGraph) -> String {
+    let mut out = String::from("flowchart LR\n");
+    if let Some(entry) = graph.entry() {
+        let _ = writeln!(out, "  start(( )) --> s{entry}");
+    }
+    for (i, step) in graph.steps.iter().enumerate() {
+        let _ = writeln!(out, "  s{i}[{}]", mermaid_string(&step.name));
+    }
+    let jumps = || graph.steps.iter().flat_map(|s| &s.jumps);
+    if jumps().any(|j| *j == Jump::Return) {
+        let _ = writeln!(out, "  ret((return))");
+    }
+    if jumps().any(|j| *j == Jump::Dynamic) {
+        let _ = writeln!(out, "  any((\"*\"))");
+    }
+    let unknown: BTreeSet<&str> = jumps()
+        .filter_map(|j| match j {
+            Jump::Unknown(name) => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let unknown_id = |name: &str| unknown.iter().position(|u| *u == name).unwrap_or(0);
+    for (k, name) in unknown.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  u{k}{{{{{}}}}}",
+            mermaid_string(&format!("unknown: {name}"))
+        );
+    }
+    for (i, step) in graph.steps.iter().enumerate() {
+        for jump in &step.jumps {
+            let _ = match jump {
+                Jump::Step(t) => writeln!(out, "  s{i} --> s{t}"),
+                Jump::Return => writeln!(out, "  s{i} --> ret"),
+                Jump::Dynamic => writeln!(out, "  s{i} -.-> any"),
+                Jump::Unknown(name) => {
+                    writeln!(out, "  s{i} -. unknown .-> u{}", unknown_id(name))
+                }
+            };
+        }
+    }
+    let ends: Vec<String> = graph
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.ends.is_empty())
+        .map(|(i, _)| format!("s{i}"))
+        .collect();
+    if !ends.is_empty() {
+        let _ = writeln!(out, "  classDef ends stroke-width:4px,stroke-dasharray:0");
+        let _ = writeln!(out, "  class {} ends", ends.join(","));
+    }
+    out
+}
+
+/// A DOT string literal.
+fn dot_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A quoted Mermaid label; quotes and markup characters become entity codes.
+fn mermaid_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("#quot;"),
+            '#' => out.push_str("#35;"),
+            '<' => out.push_str("#lt;"),
+            '>' => out.push_str("#gt;"),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
