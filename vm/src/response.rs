@@ -14,8 +14,11 @@ pub(crate) struct Completion {
     /// `message.role`; `"assistant"` when absent or null.
     pub role: String,
     /// A string `content` as-is; for a list of parts, the `text` of every `text` part
-    /// joined with nothing in between; `""` when `content` is null or absent.
+    /// joined with a newline (as the reference runtime does); `""` when `content` is null
+    /// or absent.
     pub text: String,
+    /// How many text parts `text` was joined from.
+    text_parts: usize,
     /// URLs of the `image_url` parts, in order.
     pub image_urls: Vec<String>,
     /// URLs of the `audio_input` parts, in order.
@@ -107,6 +110,7 @@ pub(crate) fn parse_completion(raw: &Value) -> Result<Completion, String> {
     let mut completion = Completion {
         role,
         text: String::new(),
+        text_parts: 0,
         image_urls: Vec::new(),
         audio_inputs: Vec::new(),
         files: Vec::new(),
@@ -232,11 +236,20 @@ pub(crate) fn kind(value: &Value) -> &'static str {
     }
 }
 
+/// Appends one text part, newline-separated from the previous one.
+fn push_text(completion: &mut Completion, text: &str) {
+    if completion.text_parts > 0 {
+        completion.text.push('\n');
+    }
+    completion.text.push_str(text);
+    completion.text_parts += 1;
+}
+
 /// Reads content part `index` into `completion`.
 fn read_part(index: usize, part: &Value, completion: &mut Completion) -> Result<(), String> {
     let part = match part {
         Value::String(text) => {
-            completion.text.push_str(text);
+            push_text(completion, text);
             return Ok(());
         }
         Value::Object(part) => part,
@@ -261,7 +274,7 @@ fn read_part(index: usize, part: &Value, completion: &mut Completion) -> Result<
         "text" => {
             return match part.get("text") {
                 Some(Value::String(text)) => {
-                    completion.text.push_str(text);
+                    push_text(completion, text);
                     Ok(())
                 }
                 _ => Err(invalid(format!(
@@ -434,6 +447,7 @@ mod tests {
             Completion {
                 role: "assistant".into(),
                 text: "Hello! I'm doing well, thank you for asking.".into(),
+                text_parts: 0,
                 image_urls: vec![],
                 audio_inputs: vec![],
                 files: vec![],
@@ -495,7 +509,7 @@ mod tests {
             {"type": "file", "file": "https://e.com/g.csv"},
             "!"
         ])));
-        assert_eq!(completion.text, "Good morning! Here you go.!");
+        assert_eq!(completion.text, "Good morning! \nHere you go.\n!");
         assert_eq!(
             completion.image_urls,
             ["https://e.com/1.png", "https://e.com/2.png"]
