@@ -24,6 +24,18 @@ pub fn agent(name: &str) -> (String, String) {
     (read("apl"), read("mock.json"))
 }
 
+/// The agent's `with_context` variables (`<name>.context.json`), if it has any.
+pub fn agent_context(name: &str) -> serde_json::Map<String, serde_json::Value> {
+    let path = agents_dir().join(format!("{name}.context.json"));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match serde_json::from_str(&text) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => panic!("{}: expected a JSON object", path.display()),
+        },
+        Err(_) => serde_json::Map::new(),
+    }
+}
+
 /// An agent of `n` steps, each with pre, two role sections and post, chained in order.
 pub fn generated_agent(n: usize) -> String {
     let mut out = String::new();

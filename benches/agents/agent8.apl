@@ -1,7 +1,8 @@
-{# 8 steps; system and user roles; loops and filters over a list in every phase. #}
+{# 8 steps; system and user roles; loops and filters over a list in every phase.
+   `items` comes from agent8.context.json. No template reads a value it set itself, so the
+   reference runtime (whose set_context is not live within a template) does the same work. #}
 # pre: s0
-{% if get_context('items') is none %}{{ set_context('items', ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']) }}{% endif %}
-{% for item in items if item | length > 4 %}{{ add_context('seen', 1) }}{% endfor %}
+{% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}
 
 # prompt: s0
@@ -13,14 +14,13 @@ You are step s0. Known items: {% for item in items | sort %}{{ loop.index }}. {{
 {% endfor %}
 
 # post: s0
-{% for call in result_tool_calls if not call.with_error %}{{ add_context('ok_calls', 1) }}{% endfor %}
+{% for call in result_tool_calls if not call.with_error %}{{ set_context('ok_calls', get_context('ok_calls', 0) + 1) }}{% endfor %}
 {{ set_context('lengths', items | map('length') | list) }}
-{{ set_context('total', lengths | sum) }}
+{{ set_context('total', items | map('length') | sum) }}
 {{ set_context('next_step', 's1') }}
 
 # pre: s1
-{% if get_context('items') is none %}{{ set_context('items', ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']) }}{% endif %}
-{% for item in items if item | length > 4 %}{{ add_context('seen', 1) }}{% endfor %}
+{% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}
 
 # prompt: s1
@@ -32,14 +32,13 @@ You are step s1. Known items: {% for item in items | sort %}{{ loop.index }}. {{
 {% endfor %}
 
 # post: s1
-{% for call in result_tool_calls if not call.with_error %}{{ add_context('ok_calls', 1) }}{% endfor %}
+{% for call in result_tool_calls if not call.with_error %}{{ set_context('ok_calls', get_context('ok_calls', 0) + 1) }}{% endfor %}
 {{ set_context('lengths', items | map('length') | list) }}
-{{ set_context('total', lengths | sum) }}
+{{ set_context('total', items | map('length') | sum) }}
 {{ set_context('next_step', 's2') }}
 
 # pre: s2
-{% if get_context('items') is none %}{{ set_context('items', ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']) }}{% endif %}
-{% for item in items if item | length > 4 %}{{ add_context('seen', 1) }}{% endfor %}
+{% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}
 
 # prompt: s2
@@ -51,14 +50,13 @@ You are step s2. Known items: {% for item in items | sort %}{{ loop.index }}. {{
 {% endfor %}
 
 # post: s2
-{% for call in result_tool_calls if not call.with_error %}{{ add_context('ok_calls', 1) }}{% endfor %}
+{% for call in result_tool_calls if not call.with_error %}{{ set_context('ok_calls', get_context('ok_calls', 0) + 1) }}{% endfor %}
 {{ set_context('lengths', items | map('length') | list) }}
-{{ set_context('total', lengths | sum) }}
+{{ set_context('total', items | map('length') | sum) }}
 {{ set_context('next_step', 's3') }}
 
 # pre: s3
-{% if get_context('items') is none %}{{ set_context('items', ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']) }}{% endif %}
-{% for item in items if item | length > 4 %}{{ add_context('seen', 1) }}{% endfor %}
+{% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}
 
 # prompt: s3
@@ -70,14 +68,13 @@ You are step s3. Known items: {% for item in items | sort %}{{ loop.index }}. {{
 {% endfor %}
 
 # post: s3
-{% for call in result_tool_calls if not call.with_error %}{{ add_context('ok_calls', 1) }}{% endfor %}
+{% for call in result_tool_calls if not call.with_error %}{{ set_context('ok_calls', get_context('ok_calls', 0) + 1) }}{% endfor %}
 {{ set_context('lengths', items | map('length') | list) }}
-{{ set_context('total', lengths | sum) }}
+{{ set_context('total', items | map('length') | sum) }}
 {{ set_context('next_step', 's4') }}
 
 # pre: s4
-{% if get_context('items') is none %}{{ set_context('items', ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']) }}{% endif %}
-{% for item in items if item | length > 4 %}{{ add_context('seen', 1) }}{% endfor %}
+{% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}
 
 # prompt: s4
@@ -89,14 +86,13 @@ You are step s4. Known items: {% for item in items | sort %}{{ loop.index }}. {{
 {% endfor %}
 
 # post: s4
-{% for call in result_tool_calls if not call.with_error %}{{ add_context('ok_calls', 1) }}{% endfor %}
+{% for call in result_tool_calls if not call.with_error %}{{ set_context('ok_calls', get_context('ok_calls', 0) + 1) }}{% endfor %}
 {{ set_context('lengths', items | map('length') | list) }}
-{{ set_context('total', lengths | sum) }}
+{{ set_context('total', items | map('length') | sum) }}
 {{ set_context('next_step', 's5') }}
 
 # pre: s5
-{% if get_context('items') is none %}{{ set_context('items', ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']) }}{% endif %}
-{% for item in items if item | length > 4 %}{{ add_context('seen', 1) }}{% endfor %}
+{% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}
 
 # prompt: s5
@@ -108,14 +104,13 @@ You are step s5. Known items: {% for item in items | sort %}{{ loop.index }}. {{
 {% endfor %}
 
 # post: s5
-{% for call in result_tool_calls if not call.with_error %}{{ add_context('ok_calls', 1) }}{% endfor %}
+{% for call in result_tool_calls if not call.with_error %}{{ set_context('ok_calls', get_context('ok_calls', 0) + 1) }}{% endfor %}
 {{ set_context('lengths', items | map('length') | list) }}
-{{ set_context('total', lengths | sum) }}
+{{ set_context('total', items | map('length') | sum) }}
 {{ set_context('next_step', 's6') }}
 
 # pre: s6
-{% if get_context('items') is none %}{{ set_context('items', ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']) }}{% endif %}
-{% for item in items if item | length > 4 %}{{ add_context('seen', 1) }}{% endfor %}
+{% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}
 
 # prompt: s6
@@ -127,14 +122,13 @@ You are step s6. Known items: {% for item in items | sort %}{{ loop.index }}. {{
 {% endfor %}
 
 # post: s6
-{% for call in result_tool_calls if not call.with_error %}{{ add_context('ok_calls', 1) }}{% endfor %}
+{% for call in result_tool_calls if not call.with_error %}{{ set_context('ok_calls', get_context('ok_calls', 0) + 1) }}{% endfor %}
 {{ set_context('lengths', items | map('length') | list) }}
-{{ set_context('total', lengths | sum) }}
+{{ set_context('total', items | map('length') | sum) }}
 {{ set_context('next_step', 's7') }}
 
 # pre: s7
-{% if get_context('items') is none %}{{ set_context('items', ['alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta']) }}{% endif %}
-{% for item in items if item | length > 4 %}{{ add_context('seen', 1) }}{% endfor %}
+{% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}
 
 # prompt: s7
@@ -146,7 +140,7 @@ You are step s7. Known items: {% for item in items | sort %}{{ loop.index }}. {{
 {% endfor %}
 
 # post: s7
-{% for call in result_tool_calls if not call.with_error %}{{ add_context('ok_calls', 1) }}{% endfor %}
+{% for call in result_tool_calls if not call.with_error %}{{ set_context('ok_calls', get_context('ok_calls', 0) + 1) }}{% endfor %}
 {{ set_context('lengths', items | map('length') | list) }}
-{{ set_context('total', lengths | sum) }}
+{{ set_context('total', items | map('length') | sum) }}
 {{ set_context('next_step', 'return') }}

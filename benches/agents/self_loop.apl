@@ -1,6 +1,6 @@
-{# One step that loops on itself `limit` times (default 500). #}
+{# One step that loops on itself `limit` times (default 500). Only 1.1 helpers, so the reference runtime can run it too. #}
 # pre: loop
-{{ inc_context('i') }}
+{{ set_context('i', get_context('i', 0) + 1) }}
 
 # prompt: loop
 Iteration {{ i }}: {{ result_text }}

@@ -14,7 +14,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Instant;
 
-use aplc_benches::{agent, generated_agent};
+use aplc_benches::{agent, agent_context, generated_agent};
 use aplc_compiler::{Options, compile};
 use aplc_vm::bundle::{Bundle, TemplateKind, decode, encode};
 use aplc_vm::{Limits, Program, RunOptions, ScriptedProvider, Store, run_scripted, template_env};
