@@ -80,15 +80,11 @@ fn bench_run(c: &mut Criterion) {
         let bundle = bundle(&source);
         let program = Arc::new(Program::from_bundle(bundle.clone(), Limits::default()).unwrap());
         let script = ScriptedProvider::from_json(&mock).unwrap();
+        let options = RunOptions::default().with_context_json(&agent_context(name));
         let run_once = || {
             let mut script = script.clone();
             script.rewind();
-            run_scripted(
-                program.clone(),
-                RunOptions::default(),
-                &mut script,
-                Instant::now,
-            )
+            run_scripted(program.clone(), options.clone(), &mut script, Instant::now)
         };
 
         // One reference run gives the trace of steps and the variables to render with.
