@@ -1,6 +1,7 @@
 {# 8 steps; system and user roles; loops and filters over a list in every phase.
    `items` comes from agent8.context.json. No template reads a value it set itself, so the
    reference runtime (whose set_context is not live within a template) does the same work. #}
+{# inputs: items #}
 # pre: s0
 {% for item in items if item | length > 4 %}{{ set_context('seen', get_context('seen', 0) + 1) }}{% endfor %}
 {{ set_context('title', items | map('upper') | join(', ') | truncate(30)) }}

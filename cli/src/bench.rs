@@ -52,10 +52,10 @@ pub(crate) struct BenchArgs {
 }
 
 pub(crate) fn bench(args: BenchArgs) -> Result<ExitCode, Failure> {
-    let program = Arc::new(load_program(&args.file, &args.compile)?);
+    let options = crate::run::context_options(RunOptions::default(), args.context.as_deref())?;
+    let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
     let script = ScriptedProvider::from_json(&read_text(&args.mock)?)
         .map_err(|e| Failure::usage(format!("{}: {e}", args.mock.display())))?;
-    let options = crate::run::context_options(RunOptions::default(), args.context.as_deref())?;
     match args.concurrency {
         None => sequential(&args, program, script, options),
         Some(c) => concurrent(&args, c, program, script, options),

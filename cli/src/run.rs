@@ -55,8 +55,6 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let program = Arc::new(load_program(&args.file, &args.compile)?);
-
     let provider = select_provider(&args)?;
     let toolbox = match &args.tools {
         Some(path) => {
@@ -74,6 +72,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         ..RunOptions::default()
     };
     let options = context_options(options, args.context.as_deref())?;
+    let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -209,7 +208,14 @@ pub(crate) fn context_options(
 }
 
 /// Loads a bundle, or compiles source in memory.
-pub(crate) fn load_program(file: &Path, args: &CompileArgs) -> Result<Program, Failure> {
+///
+/// `inputs` are the `with_context` variables the run will have: the compiler treats them
+/// as declared inputs, so reading them is not an undefined variable.
+pub(crate) fn load_program(
+    file: &Path,
+    args: &CompileArgs,
+    inputs: &RunOptions,
+) -> Result<Program, Failure> {
     let bytes = read_bytes(file)?;
     if aplc_vm::bundle::is_bundle(&bytes) {
         if args.relaxed {
@@ -221,7 +227,11 @@ pub(crate) fn load_program(file: &Path, args: &CompileArgs) -> Result<Program, F
             .map_err(|e| Failure::run(format!("{}: unreadable bundle: {e}", file.display())));
     }
     let source = into_text(file, bytes)?;
-    let compilation = aplc_compiler::compile(&source, &display_name(file), &compile_options(args));
+    let mut options = compile_options(args);
+    options
+        .inputs
+        .extend(inputs.with_context.iter().map(|(name, _)| name.clone()));
+    let compilation = aplc_compiler::compile(&source, &display_name(file), &options);
     print_diagnostics(&compilation.diagnostics, file, &source);
     let bundle = compilation.bundle.ok_or_else(|| Failure {
         code: 2,

@@ -7,9 +7,13 @@
 //! | classify lines, resolve code fences | `lexer.rs` | `lex` |
 //! | build the syntax tree | `parser.rs` | `parse` |
 //! | check §1 rules and templates, build the IR | `lower.rs` | `lower` |
-//! | check the step graph | `graph.rs` | `check` |
-//! | check variables are defined | `variables.rs` | `check` |
+//! | … then check the step graph | `graph.rs` | `check` |
+//! | … and that every variable read is defined | `variables.rs` | `check` |
 //! | lay out instructions, build the bundle | `codegen.rs` | `encode` |
+//!
+//! `lower` runs the two file-level checks at its end, on the IR it built. `graph.rs`
+//! also holds the public [`StepGraph`], built from a bundle for `aplc graph` and
+//! `aplc inspect`.
 //!
 //! The compiler does no I/O: callers read files and write bundles. Every stage keeps
 //! going after an error, so one run reports every problem in the file.

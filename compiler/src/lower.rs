@@ -636,13 +636,16 @@ impl Lowerer<'_, '_> {
             .with_label_message(format!("no step is named `{name}`"));
             diag.severity = severity;
             diag = diag.with_note(if is_error {
-                "step names are case-sensitive; a run that reached this jump would fail with this error"
+                "a run that reached this jump would fail with this error (§2.1); step names are case-sensitive"
             } else {
                 "if `next_step` still holds this value when the post phase ends, the run fails with this error"
             });
-            if let Some(s) = suggest(name, self.steps.iter().map(|s| s.name.as_str())) {
-                diag = diag.with_help(format!("did you mean `{s}`?"));
-            }
+            diag = match suggest(name, self.steps.iter().map(|s| s.name.as_str())) {
+                Some(s) => diag.with_help(format!("did you mean `{s}`?")),
+                None => diag.with_help(format!(
+                    "add a step `# prompt: {name}`, or set `next_step` to `return` to end the run"
+                )),
+            };
             self.diags.push(diag);
         }
     }

@@ -13,7 +13,9 @@ mod validate;
 
 use serde::{Deserialize, Serialize};
 
-pub use codec::{BundleError, FORMAT_VERSION, MAGIC, MAX_PAYLOAD_LEN, decode, encode, is_bundle};
+pub use codec::{
+    BundleError, FORMAT_VERSION, HeaderFields, MAGIC, MAX_PAYLOAD_LEN, decode, encode, is_bundle,
+};
 pub use instr::{Instr, StepId, TemplateId};
 pub use listing::listing;
 
