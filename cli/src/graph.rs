@@ -109,12 +109,7 @@ pub(crate) fn dot(graph: &StepGraph, title: &str) -> String {
             "  any [label=\"*\", shape=circle, style=dashed, tooltip=\"a computed next_step: any step\"];"
         );
     }
-    let unknown: BTreeSet<&str> = jumps()
-        .filter_map(|j| match j {
-            Jump::Unknown(name) => Some(name.as_str()),
-            _ => None,
-        })
-        .collect();
+    let unknown = unknown_targets(graph);
     let unknown_id = |name: &str| unknown.iter().position(|u| *u == name).unwrap_or(0);
     for (k, name) in unknown.iter().enumerate() {
         let _ = writeln!(
@@ -157,12 +152,7 @@ pub(crate) fn mermaid(graph: &StepGraph) -> String {
     if jumps().any(|j| *j == Jump::Dynamic) {
         let _ = writeln!(out, "  any((\"*\"))");
     }
-    let unknown: BTreeSet<&str> = jumps()
-        .filter_map(|j| match j {
-            Jump::Unknown(name) => Some(name.as_str()),
-            _ => None,
-        })
-        .collect();
+    let unknown = unknown_targets(graph);
     let unknown_id = |name: &str| unknown.iter().position(|u| *u == name).unwrap_or(0);
     for (k, name) in unknown.iter().enumerate() {
         let _ = writeln!(
@@ -228,4 +218,18 @@ fn mermaid_string(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// The names of unknown jump targets, sorted, each once: one node per name in both
+/// formats.
+fn unknown_targets(graph: &StepGraph) -> BTreeSet<&str> {
+    graph
+        .steps
+        .iter()
+        .flat_map(|s| &s.jumps)
+        .filter_map(|j| match j {
+            Jump::Unknown(name) => Some(name.as_str()),
+            _ => None,
+        })
+        .collect()
 }

@@ -151,26 +151,7 @@ pub fn encode(bundle: &Bundle) -> Vec<u8> {
 /// header, so a bundle of a later format version always gets
 /// [`BundleError::UnsupportedVersion`] even if that version's header is shorter.
 pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
-    if !is_bundle(bytes) {
-        return Err(BundleError::BadMagic);
-    }
-    let truncated = || BundleError::HeaderTruncated { found: bytes.len() };
-    let (prefix, _) = bytes
-        .split_first_chunk::<VERSION_END>()
-        .ok_or_else(truncated)?;
-    let version = u16::from_le_bytes([prefix[8], prefix[9]]);
-    if version != FORMAT_VERSION {
-        return Err(BundleError::UnsupportedVersion { found: version });
-    }
-    let (header, payload) = bytes
-        .split_first_chunk::<HEADER_LEN>()
-        .ok_or_else(truncated)?;
-    let header = Header::from_bytes(header);
-    if header.flags != 0 {
-        return Err(BundleError::UnknownFlags {
-            found: header.flags,
-        });
-    }
+    let (header, payload) = split_header(bytes)?;
     let declared = u64::from(header.payload_len);
     if declared > MAX_PAYLOAD_LEN {
         return Err(BundleError::AbsurdLength { declared });
@@ -221,26 +202,7 @@ impl Bundle {
     /// errors. The payload is not looked at, so its length and checksum are returned as
     /// declared, not verified: call [`decode`] for that.
     pub fn read_header(bytes: &[u8]) -> Result<HeaderFields, BundleError> {
-        if !is_bundle(bytes) {
-            return Err(BundleError::BadMagic);
-        }
-        let truncated = || BundleError::HeaderTruncated { found: bytes.len() };
-        let (prefix, _) = bytes
-            .split_first_chunk::<VERSION_END>()
-            .ok_or_else(truncated)?;
-        let version = u16::from_le_bytes([prefix[8], prefix[9]]);
-        if version != FORMAT_VERSION {
-            return Err(BundleError::UnsupportedVersion { found: version });
-        }
-        let (header, _) = bytes
-            .split_first_chunk::<HEADER_LEN>()
-            .ok_or_else(truncated)?;
-        let header = Header::from_bytes(header);
-        if header.flags != 0 {
-            return Err(BundleError::UnknownFlags {
-                found: header.flags,
-            });
-        }
+        let (header, _) = split_header(bytes)?;
         Ok(HeaderFields {
             version: header.version,
             flags: header.flags,
@@ -248,6 +210,35 @@ impl Bundle {
             checksum: header.checksum,
         })
     }
+}
+
+/// Checks the magic, the format version and the flags, in that order, and splits the
+/// header from the payload. Both [`decode`] and [`Bundle::read_header`] start here, so
+/// they reject the same bytes with the same errors.
+fn split_header(bytes: &[u8]) -> Result<(Header, &[u8]), BundleError> {
+    if !is_bundle(bytes) {
+        return Err(BundleError::BadMagic);
+    }
+    let truncated = || BundleError::HeaderTruncated { found: bytes.len() };
+    let (prefix, _) = bytes
+        .split_first_chunk::<VERSION_END>()
+        .ok_or_else(truncated)?;
+    // The version is checked as soon as its two bytes are present, so a later format
+    // with a shorter header still gets `UnsupportedVersion`.
+    let version = u16::from_le_bytes([prefix[8], prefix[9]]);
+    if version != FORMAT_VERSION {
+        return Err(BundleError::UnsupportedVersion { found: version });
+    }
+    let (header, payload) = bytes
+        .split_first_chunk::<HEADER_LEN>()
+        .ok_or_else(truncated)?;
+    let header = Header::from_bytes(header);
+    if header.flags != 0 {
+        return Err(BundleError::UnknownFlags {
+            found: header.flags,
+        });
+    }
+    Ok((header, payload))
 }
 
 /// Length of the fixed header.
