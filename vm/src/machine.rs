@@ -818,7 +818,7 @@ const RESULT_DEFAULTS: [(&str, Initial); 8] = [
 fn initial_vars() -> Vars {
     let mut vars = Vars::new();
     let mut set = |k: &str, v: Value| {
-        vars.insert(Arc::from(k), v);
+        vars.insert(k, v);
     };
     set("prev_step", Value::from(()));
     set("next_step", Value::from(()));

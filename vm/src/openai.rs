@@ -442,7 +442,7 @@ impl<'a> ChatRequest<'a> {
             .iter()
             .filter_map(|(variable, field)| {
                 context
-                    .get(*variable)
+                    .get(variable)
                     .filter(|value| is_set(value))
                     .map(|value| (*field, value))
             })
