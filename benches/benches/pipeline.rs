@@ -43,7 +43,7 @@ fn bench_compile(c: &mut Criterion) {
 fn bench_load(c: &mut Criterion) {
     let mut group = c.benchmark_group("load");
     for name in ["loop4", "agent8", "self_loop"] {
-        let bytes = encode(&bundle(&agent(name).0));
+        let bytes = encode(&bundle(&agent(name).0)).expect("encodes");
         group.bench_function(name, |b| {
             b.iter(|| Program::from_bundle(decode(black_box(&bytes)).unwrap(), Limits::default()))
         });

@@ -101,7 +101,7 @@ fn check_fixtures() {
         snap.push_str(&diagnostics);
         if let Some(b) = &c.bundle {
             // The encoded bundle decodes to the same value.
-            let decoded = bundle::decode(&bundle::encode(b)).expect("round trip");
+            let decoded = bundle::decode(&bundle::encode(b).expect("encodes")).expect("round trip");
             assert_eq!(&decoded, b);
             snap.push_str("---\n");
             snap.push_str(&listing(b));
@@ -159,7 +159,7 @@ fn run_fixtures() {
             &run_options,
             &script,
         );
-        let bytes = bundle::encode(&bundle);
+        let bytes = bundle::encode(&bundle).expect("encodes");
         let from_bundle = run(Program::load(&bytes).unwrap(), &run_options, &script);
         let snap = describe(&from_source);
         assert_eq!(

@@ -116,7 +116,7 @@ pub(crate) fn encode(ir: &Ir, source: &str, file_name: &str) -> Bundle {
     }
 }
 
-/// Encodes a bundle to bytes.
-pub(crate) fn to_bytes(bundle: &Bundle) -> Vec<u8> {
+/// Encodes a bundle to bytes; a bundle too large for the format is an error.
+pub(crate) fn to_bytes(bundle: &Bundle) -> Result<Vec<u8>, bundle::BundleError> {
     bundle::encode(bundle)
 }

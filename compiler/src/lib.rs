@@ -151,6 +151,18 @@ pub fn build(
     file_name: &str,
     options: &Options,
 ) -> (Option<Vec<u8>>, Vec<Diagnostic>) {
-    let c = compile(source, file_name, options);
-    (c.bundle.as_ref().map(codegen::to_bytes), c.diagnostics)
+    let mut c = compile(source, file_name, options);
+    let bytes = match c.bundle.as_ref().map(codegen::to_bytes) {
+        Some(Ok(bytes)) => Some(bytes),
+        Some(Err(err)) => {
+            c.diagnostics.push(Diagnostic::error(
+                Code::SourceTooLarge,
+                format!("the program does not fit in a bundle: {err}"),
+                Span::new(0, 0),
+            ));
+            None
+        }
+        None => None,
+    };
+    (bytes, c.diagnostics)
 }

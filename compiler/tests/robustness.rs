@@ -125,7 +125,7 @@ proptest! {
         let Some(bundle) = c.bundle else { return Ok(()) };
 
         // The compiler's output always survives encoding and validation.
-        let bytes = encode(&bundle);
+        let bytes = encode(&bundle).expect("compiler output encodes");
         let decoded = decode(&bytes).expect("compiler output decodes");
         prop_assert_eq!(&decoded, &bundle);
         let program = Program::from_bundle(decoded, Limits::default()).expect("compiler output loads");

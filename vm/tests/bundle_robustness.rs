@@ -40,7 +40,7 @@ proptest! {
     #[test]
     fn valid_bundles_round_trip(bundle in valid_bundle()) {
         prop_assert_eq!(bundle.validate(), Ok(()));
-        prop_assert_eq!(decode(&encode(&bundle)), Ok(bundle));
+        prop_assert_eq!(decode(&encode(&bundle).expect("encodes")), Ok(bundle));
     }
 
     #[test]
@@ -49,7 +49,7 @@ proptest! {
         index in any::<prop::sample::Index>(),
         byte in any::<u8>(),
     ) {
-        let mut bytes = encode(&bundle);
+        let mut bytes = encode(&bundle).expect("encodes");
         let at = index.index(bytes.len());
         bytes[at] = byte;
         if let Ok(decoded) = decode(&bytes) {
@@ -65,7 +65,7 @@ proptest! {
         index in any::<prop::sample::Index>(),
         byte in any::<u8>(),
     ) {
-        let mut payload = encode(&bundle).split_off(HEADER_LEN);
+        let mut payload = encode(&bundle).expect("encodes").split_off(HEADER_LEN);
         let at = index.index(payload.len());
         payload[at] = byte;
         if let Ok(decoded) = decode(&with_header(&payload)) {
@@ -78,7 +78,7 @@ proptest! {
         bundle in valid_bundle(),
         index in any::<prop::sample::Index>(),
     ) {
-        let bytes = encode(&bundle);
+        let bytes = encode(&bundle).expect("encodes");
         let len = index.index(bytes.len());
         prop_assert!(decode(&bytes[..len]).is_err());
     }

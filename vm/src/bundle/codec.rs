@@ -117,11 +117,10 @@ pub fn is_bundle(bytes: &[u8]) -> bool {
 /// The bundle is not validated here; [`decode`] rejects bytes whose bundle fails
 /// [`Bundle::validate`], so callers that build bundles by hand should validate first.
 ///
-/// # Panics
-///
-/// If the payload is longer than [`MAX_PAYLOAD_LEN`], because no reader would accept
-/// the result. That takes a program with tens of megabytes of templates.
-pub fn encode(bundle: &Bundle) -> Vec<u8> {
+/// A payload longer than [`MAX_PAYLOAD_LEN`] is [`BundleError::AbsurdLength`], because no
+/// reader would accept it: a source file near the compiler's size limit with hundreds of
+/// thousands of tiny steps gets there.
+pub fn encode(bundle: &Bundle) -> Result<Vec<u8>, BundleError> {
     // Serialize straight after a zeroed header, then fill the header in, so the payload
     // is never copied.
     let mut bytes = postcard::to_extend(bundle, vec![0u8; HEADER_LEN]).expect(
@@ -129,10 +128,13 @@ pub fn encode(bundle: &Bundle) -> Vec<u8> {
          fixed arrays and sequences of known length",
     );
     let (header, payload) = bytes.split_at_mut(HEADER_LEN);
-    let payload_len = u32::try_from(payload.len())
+    let declared = payload.len() as u64;
+    let Some(payload_len) = u32::try_from(payload.len())
         .ok()
         .filter(|&len| u64::from(len) <= MAX_PAYLOAD_LEN)
-        .unwrap_or_else(|| payload_too_long(payload.len()));
+    else {
+        return Err(BundleError::AbsurdLength { declared });
+    };
     let header_fields = Header {
         version: FORMAT_VERSION,
         flags: 0,
@@ -140,7 +142,7 @@ pub fn encode(bundle: &Bundle) -> Vec<u8> {
         checksum: xxh3_64(payload),
     };
     header.copy_from_slice(&header_fields.to_bytes());
-    bytes
+    Ok(bytes)
 }
 
 /// Decodes and validates untrusted bytes.
@@ -294,11 +296,6 @@ impl Header {
     }
 }
 
-#[cold]
-fn payload_too_long(len: usize) -> ! {
-    panic!("bundle payload of {len} bytes exceeds the format's limit of {MAX_PAYLOAD_LEN} bytes")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,7 +419,10 @@ mod tests {
     /// The validation message for `bundle`, encoded and decoded.
     fn invalid(bundle: &Bundle) -> String {
         let direct = bundle.validate().expect_err("bundle should be invalid");
-        assert_eq!(decode(&encode(bundle)), Err(direct.clone()));
+        assert_eq!(
+            decode(&encode(bundle).expect("encodes")),
+            Err(direct.clone())
+        );
         match direct {
             BundleError::Invalid(message) => message,
             other => panic!("expected BundleError::Invalid, got {other:?}"),
@@ -430,10 +430,20 @@ mod tests {
     }
 
     #[test]
+    fn an_oversized_payload_is_an_error_not_a_panic() {
+        let mut bundle = sample();
+        bundle.templates[0].source = "x".repeat(MAX_PAYLOAD_LEN as usize + 1);
+        assert!(matches!(
+            encode(&bundle),
+            Err(BundleError::AbsurdLength { .. })
+        ));
+    }
+
+    #[test]
     fn round_trip() {
         let bundle = sample();
         assert_eq!(bundle.validate(), Ok(()));
-        let bytes = encode(&bundle);
+        let bytes = encode(&bundle).expect("encodes");
         assert!(is_bundle(&bytes));
         assert_eq!(bytes[..8], MAGIC);
         assert_eq!(bytes[8..10], [1, 0]);
@@ -447,7 +457,7 @@ mod tests {
 
     #[test]
     fn read_header_returns_the_fields_and_checks_like_decode() {
-        let bytes = encode(&sample());
+        let bytes = encode(&sample()).expect("encodes");
         let header = Bundle::read_header(&bytes).unwrap();
         assert_eq!(header.version, FORMAT_VERSION);
         assert_eq!(header.flags, 0);
@@ -481,7 +491,7 @@ mod tests {
 
     #[test]
     fn bad_magic() {
-        let mut bytes = encode(&sample());
+        let mut bytes = encode(&sample()).expect("encodes");
         bytes[1] ^= 0x20;
         assert_eq!(decode(&bytes), Err(BundleError::BadMagic));
         assert_eq!(decode(&[]), Err(BundleError::BadMagic));
@@ -494,7 +504,7 @@ mod tests {
 
     #[test]
     fn header_truncated() {
-        let bytes = encode(&sample());
+        let bytes = encode(&sample()).expect("encodes");
         for len in [8, 9, 10, 23] {
             assert_eq!(
                 decode(&bytes[..len]),
@@ -509,7 +519,7 @@ mod tests {
 
     #[test]
     fn unsupported_version() {
-        let mut bytes = encode(&sample());
+        let mut bytes = encode(&sample()).expect("encodes");
         bytes[8..10].copy_from_slice(&2u16.to_le_bytes());
         assert_eq!(
             decode(&bytes),
@@ -528,7 +538,7 @@ mod tests {
 
     #[test]
     fn unknown_flags() {
-        let mut bytes = encode(&sample());
+        let mut bytes = encode(&sample()).expect("encodes");
         bytes[10] = 0x04;
         let err = decode(&bytes).unwrap_err();
         assert_eq!(err, BundleError::UnknownFlags { found: 4 });
@@ -540,7 +550,7 @@ mod tests {
 
     #[test]
     fn absurd_length() {
-        let mut bytes = encode(&sample());
+        let mut bytes = encode(&sample()).expect("encodes");
         bytes[12..16].copy_from_slice(&(1u32 << 31).to_le_bytes());
         let err = decode(&bytes).unwrap_err();
         assert_eq!(err, BundleError::AbsurdLength { declared: 1 << 31 });
@@ -553,7 +563,7 @@ mod tests {
 
     #[test]
     fn payload_truncated() {
-        let bytes = encode(&sample());
+        let bytes = encode(&sample()).expect("encodes");
         let declared = (bytes.len() - HEADER_LEN) as u64;
         assert_eq!(
             decode(&bytes[..bytes.len() - 1]),
@@ -570,7 +580,7 @@ mod tests {
 
     #[test]
     fn trailing_bytes() {
-        let mut bytes = encode(&sample());
+        let mut bytes = encode(&sample()).expect("encodes");
         let declared = (bytes.len() - HEADER_LEN) as u64;
         bytes.push(0);
         assert_eq!(
@@ -584,7 +594,7 @@ mod tests {
 
     #[test]
     fn checksum_mismatch() {
-        let mut bytes = encode(&sample());
+        let mut bytes = encode(&sample()).expect("encodes");
         let expected = xxh3_64(&bytes[HEADER_LEN..]);
         let last = bytes.len() - 1;
         bytes[last] ^= 1;
@@ -635,7 +645,9 @@ mod tests {
             "the step table is empty (a bundle needs at least one step)"
         );
         assert_eq!(
-            decode(&encode(&bundle)).unwrap_err().to_string(),
+            decode(&encode(&bundle).expect("encodes"))
+                .unwrap_err()
+                .to_string(),
             "invalid bundle: the step table is empty (a bundle needs at least one step)"
         );
     }
