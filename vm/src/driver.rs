@@ -55,7 +55,8 @@ where
 /// The tools of a run: descriptors (for the machine) and implementations (for the driver).
 #[derive(Default, Clone)]
 pub struct Toolbox {
-    registry: ToolRegistry,
+    /// Shared with every run's options: registering copies it only while a run holds it.
+    registry: Arc<ToolRegistry>,
     tools: HashMap<String, Arc<dyn Tool>>,
 }
 
@@ -76,7 +77,7 @@ impl Toolbox {
     /// Registers a tool implementation under its descriptor.
     pub fn register(&mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<(), String> {
         let name = spec.name().to_string();
-        self.registry.register(spec)?;
+        Arc::make_mut(&mut self.registry).register(spec)?;
         self.tools.insert(name, tool);
         Ok(())
     }
@@ -102,9 +103,9 @@ impl Toolbox {
         })
     }
 
-    /// The descriptors, for [`RunOptions::tools`].
+    /// The descriptors, for [`RunOptions::tools`] (an `Arc` clone, not a copy).
     pub fn registry(&self) -> Arc<ToolRegistry> {
-        Arc::new(self.registry.clone())
+        self.registry.clone()
     }
 
     /// Number of tools.

@@ -530,12 +530,7 @@ impl Machine {
         }
         // describe_tools (§2.2.1): the registered tools that `allowed_tools` permits.
         let allowed = Allowed::from_value(self.store.get("allowed_tools").as_ref());
-        let tools: Vec<Value> = self
-            .tools
-            .describe(&allowed)
-            .iter()
-            .map(value_from_json)
-            .collect();
+        let tools = self.tools.describe(&allowed);
         self.store.set("tools", Value::from(tools));
         let model = self
             .store

@@ -21,6 +21,9 @@ use serde_json::Value as Json;
 pub struct ToolSpec {
     name: String,
     descriptor: Json,
+    /// `{"type": "function", "function": descriptor}` as a template value, built once:
+    /// `describe_tools` runs before every provider call.
+    described: minijinja::Value,
     with_context: bool,
     idempotency: Option<Idempotency>,
     validator: Option<Arc<jsonschema::Validator>>,
@@ -83,9 +86,13 @@ impl ToolSpec {
                 ));
             }
         };
+        let described = crate::store::value_from_json(
+            &serde_json::json!({"type": "function", "function": descriptor}),
+        );
         Ok(ToolSpec {
             name,
             descriptor,
+            described,
             with_context: false,
             idempotency: None,
             validator,
@@ -160,11 +167,11 @@ impl ToolRegistry {
 
     /// `describe_tools` (§2.2.1): the descriptors of the allowed tools, in registration
     /// order, in the Chat Completions format `{"type": "function", "function": {...}}`.
-    pub fn describe(&self, allowed: &Allowed) -> Vec<Json> {
+    pub fn describe(&self, allowed: &Allowed) -> Vec<minijinja::Value> {
         self.tools
             .iter()
             .filter(|t| allowed.permits(&t.name))
-            .map(|t| serde_json::json!({"type": "function", "function": t.descriptor}))
+            .map(|t| t.described.clone())
             .collect()
     }
 }
@@ -401,6 +408,10 @@ mod tests {
         let r = registry();
         assert_eq!(r.describe(&Allowed::All).len(), 2);
         let only = r.describe(&Allowed::Only(vec!["echo".into()]));
+        let only: Vec<Json> = only
+            .iter()
+            .map(|v| serde_json::to_value(v).unwrap())
+            .collect();
         assert_eq!(
             only,
             vec![json!({"type": "function", "function": {"name": "echo"}})]
