@@ -6,7 +6,7 @@
 //! scripted provider that sleeps `--latency-ms` per call, to show how close the executor
 //! comes to the bound set by model latency alone.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,7 @@ use aplc_vm::{
 };
 use clap::Args;
 
-use crate::input::read_text;
+use crate::input::{display_name, read_text};
 use crate::run::load_program;
 use crate::{CompileArgs, Failure};
 
@@ -98,7 +98,7 @@ fn sequential(
     let runs_per_sec = times.len() as f64 / measured.as_secs_f64().max(f64::MIN_POSITIVE);
     let report = serde_json::json!({
         "mode": "sequential",
-        "file": display(&args.file),
+        "file": display_name(&args.file),
         "runs": times.len(),
         "warmup": args.warmup,
         "steps_per_run": steps,
@@ -115,7 +115,7 @@ fn sequential(
     } else {
         println!(
             "{} ({} measured runs after {} warm-up)",
-            display(&args.file),
+            display_name(&args.file),
             times.len(),
             args.warmup
         );
@@ -209,7 +209,7 @@ fn concurrent(
         .then(|| concurrency.min(total_runs) as f64 / (latency.as_secs_f64() * calls_per_run));
     let report = serde_json::json!({
         "mode": "concurrent",
-        "file": display(&args.file),
+        "file": display_name(&args.file),
         "runs": total_runs,
         "concurrency": concurrency,
         "latency_ms": args.latency_ms,
@@ -228,7 +228,7 @@ fn concurrent(
     } else {
         println!(
             "{} ({total_runs} runs, {concurrency} at once, {} ms per provider call)",
-            display(&args.file),
+            display_name(&args.file),
             args.latency_ms
         );
         println!("  wall time       {:.1} ms", wall.as_secs_f64() * 1e3);
@@ -254,10 +254,6 @@ fn concurrent(
 
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-fn display(p: &Path) -> String {
-    p.display().to_string()
 }
 
 /// Resident memory from `/proc` (Linux). Elsewhere the numbers are unavailable.

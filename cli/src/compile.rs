@@ -14,7 +14,7 @@ use aplc_compiler::{Diagnostic, LineIndex, Options};
 use clap::{Args, ValueEnum};
 use serde_json::{Value as Json, json};
 
-use crate::input::{display_name, print_diagnostics, read_source};
+use crate::input::{display_name, print_diagnostics, read_text};
 use crate::{CompileArgs, Failure};
 
 /// How `check` and `build` report diagnostics.
@@ -44,7 +44,7 @@ pub(crate) fn check(
     args: &CompileArgs,
     report: &ReportArgs,
 ) -> Result<ExitCode, Failure> {
-    let source = read_source(file)?;
+    let source = read_text(file)?;
     let compilation = aplc_compiler::compile(
         &source,
         &display_name(file),
@@ -64,7 +64,7 @@ pub(crate) fn build(
     args: &CompileArgs,
     report: &ReportArgs,
 ) -> Result<ExitCode, Failure> {
-    let source = read_source(file)?;
+    let source = read_text(file)?;
     let (bytes, diagnostics) = aplc_compiler::build(
         &source,
         &display_name(file),

@@ -59,7 +59,3 @@ pub(crate) fn into_text(file: &Path, bytes: Vec<u8>) -> Result<String, Failure> 
 pub(crate) fn read_text(file: &Path) -> Result<String, Failure> {
     into_text(file, read_bytes(file)?)
 }
-
-pub(crate) fn read_source(file: &Path) -> Result<String, Failure> {
-    read_text(file)
-}
