@@ -126,6 +126,19 @@ expect = ["result_json.category == 'other'", "global_runs == 1"]
     assert_eq!(last_line(&stdout(&by_file)), "2 passed, 0 failed");
     let by_dir = aplc_in(dir.parent().unwrap(), &["test", dir.to_str().unwrap()]);
     assert_eq!(last_line(&stdout(&by_dir)), "2 passed, 0 failed");
+
+    // The agent may be a bundle, recognised by its magic bytes whatever its name.
+    let build = aplc_in(&dir, &["build", "triage.apl", "-o", "triage.bin"]);
+    assert_eq!(build.status.code(), Some(0), "{}", stderr(&build));
+    let cases = std::fs::read_to_string(dir.join("triage.test.toml")).unwrap();
+    write(
+        &dir,
+        "bundle.test.toml",
+        &cases.replace("agent = \"triage.apl\"", "agent = \"triage.bin\""),
+    );
+    let bundle = aplc_in(&dir, &["test", "bundle.test.toml"]);
+    assert_eq!(bundle.status.code(), Some(0), "{}", stdout(&bundle));
+    assert_eq!(last_line(&stdout(&bundle)), "2 passed, 0 failed");
 }
 
 #[test]
