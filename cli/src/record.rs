@@ -8,6 +8,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::process::ExitCode;
 use std::sync::Mutex;
 
 use aplc_vm::ProviderError;
@@ -32,9 +33,27 @@ impl Recorder {
         }
     }
 
+    /// Writes the recording after the run's output was printed, and picks the result:
+    /// a recording that cannot be written fails the command (exit 1), but never hides
+    /// why the run itself failed.
+    pub fn write_after(
+        &self,
+        path: &Path,
+        result: Result<ExitCode, Failure>,
+    ) -> Result<ExitCode, Failure> {
+        match (self.write(path), result) {
+            (Ok(()), result) => result,
+            (Err(failure), Ok(_)) => Err(failure),
+            (Err(failure), Err(run_failure)) => {
+                eprintln!("error: {}", failure.message);
+                Err(run_failure)
+            }
+        }
+    }
+
     /// Writes the recorded entries to `path` atomically (a temporary file in the same
     /// directory, renamed over `path`), so a reader never sees half a file.
-    pub fn write(&self, path: &Path) -> Result<(), Failure> {
+    fn write(&self, path: &Path) -> Result<(), Failure> {
         let entries = match &self.entries {
             Some(entries) => entries.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             None => Vec::new(),

@@ -89,10 +89,11 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         &provider,
         &toolbox,
     ));
-    if let Some(path) = &args.record {
-        provider.write(path)?;
+    let result = report(&program, &outcome, args.json);
+    match &args.record {
+        Some(path) => provider.write_after(path, result),
+        None => result,
     }
-    report(&program, &outcome, args.json)
 }
 
 /// Prints a run's output and picks the exit code.

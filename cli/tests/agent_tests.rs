@@ -446,6 +446,49 @@ fn record_then_replay_as_a_test() {
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 
+    // A recording that cannot be written: exit 1 after the run's output, and a run
+    // error is still the one reported.
+    let unwritable = aplc_in(
+        &dir,
+        &[
+            "run",
+            "triage.apl",
+            "--mock",
+            "model.json",
+            "--context",
+            "context.json",
+            "--record",
+            "no-such-dir/recorded.json",
+        ],
+    );
+    assert_eq!(unwritable.status.code(), Some(1), "{}", stderr(&unwritable));
+    assert!(
+        stderr(&unwritable).contains("cannot write no-such-dir/recorded.json"),
+        "{}",
+        stderr(&unwritable)
+    );
+    write(
+        &dir,
+        "jump.apl",
+        "# prompt: a\nA.\n\n# post: a\n{{ set_context('next_step', 'nowhere') }}\n",
+    );
+    write(&dir, "one.json", r#"["a"]"#);
+    let jump = aplc_in(
+        &dir,
+        &[
+            "run",
+            "jump.apl",
+            "--mock",
+            "one.json",
+            "--record",
+            "no-such-dir/r.json",
+        ],
+    );
+    assert_eq!(jump.status.code(), Some(1));
+    let err = stderr(&jump);
+    assert!(err.contains("cannot write no-such-dir/r.json"), "{err}");
+    assert!(err.contains("Unknown step: nowhere"), "{err}");
+
     // `--mock` replays the recording exactly.
     let replay = aplc_in(
         &dir,
