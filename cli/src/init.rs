@@ -36,6 +36,12 @@ const FILES: [(&str, &str); 4] = [
 
 pub(crate) fn init(args: &InitArgs) -> Result<ExitCode, Failure> {
     let dir = &args.name;
+    if dir.exists() && !dir.is_dir() {
+        return Err(Failure::usage(format!(
+            "{} exists and is not a directory; nothing was written",
+            dir.display()
+        )));
+    }
     let existing: Vec<String> = FILES
         .iter()
         .map(|(file, _)| dir.join(file))

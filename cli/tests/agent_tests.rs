@@ -578,6 +578,16 @@ fn init_creates_a_project_whose_tests_pass_and_never_overwrites() {
         std::fs::read_to_string(partial.join("README.md")).unwrap(),
         "mine"
     );
+
+    // A file where the directory should be.
+    write(&dir, "a-file", "x");
+    let out = aplc_in(&dir, &["init", "a-file"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not a directory"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
