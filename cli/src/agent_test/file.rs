@@ -120,6 +120,10 @@ fn walk(dir: &Path, found: &mut Vec<PathBuf>) -> Result<(), InvalidFile> {
 #[serde(deny_unknown_fields)]
 struct RawFile {
     agent: String,
+    /// Compile `.apl` source with relaxed syntax (`aplc run --relaxed`); a bundle keeps
+    /// the mode it was built with.
+    #[serde(default)]
+    relaxed: bool,
     #[serde(default, rename = "case")]
     cases: Vec<RawCase>,
 }
@@ -181,7 +185,10 @@ pub(crate) fn load<'env>(
     }
     let agent = base.join(&raw.agent);
     let inputs = RunOptions::default().with_context_json(&inputs);
-    let program = load_program(&agent, &CompileArgs { relaxed: false }, &inputs)
+    let compile = CompileArgs {
+        relaxed: raw.relaxed,
+    };
+    let program = load_program(&agent, &compile, &inputs)
         .map_err(|f| invalid(format!("agent `{}`: {}", raw.agent, f.message)))?;
     Ok(TestFile {
         display,
