@@ -1,4 +1,4 @@
-//! `aplc`: check, build, run, test, graph and inspect APL agents.
+//! `aplc`: check, build, run, test, graph and inspect APL agents, and start new ones.
 //!
 //! Exit codes: 0 the command succeeded (a run completed); 3 a run completed but its last
 //! step ended with errors; 1 a run failed (unknown step, budget, timeout, unreadable
