@@ -1,23 +1,29 @@
-//! `aplc`: check, build, run, graph and inspect APL agents.
+//! `aplc`: check, build, run, test, graph and inspect APL agents, and start new ones.
 //!
 //! Exit codes: 0 the command succeeded (a run completed); 3 a run completed but its last
 //! step ended with errors; 1 a run failed (unknown step, budget, timeout, unreadable
 //! bundle) or a file could not be written; 2 usage or compile errors.
 //!
-//! One module per command: `compile.rs` (check, build), `run.rs`, `graph.rs`,
-//! `inspect.rs`; `input.rs` reads files and prints diagnostics for all of them.
+//! One module per command: `compile.rs` (check, build), `run.rs` (with `record.rs` for
+//! `--record`), `agent_test/` (test), `init.rs`, `graph.rs`, `inspect.rs`, `bench.rs`;
+//! `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
+//! when every case passed, 1 when one failed, 2 for an invalid test file.
 
+mod agent_test;
 mod bench;
 mod compile;
 mod graph;
+mod init;
 mod input;
 mod inspect;
+mod record;
 mod run;
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -61,6 +67,18 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Measure the executor: run an agent N times in-process with scripted responses.
     Bench(bench::BenchArgs),
+    /// Run agent tests: every `*.test.toml` below the current directory, or the given files
+    /// and directories (see spec/testing.md).
+    Test(agent_test::TestArgs),
+    /// Create a new agent project: a starter agent, its tests, a providers.json example
+    /// and a README. Never overwrites a file.
+    Init(init::InitArgs),
+    /// Print a shell completion script on stdout, e.g. `aplc completions bash >
+    /// ~/.local/share/bash-completion/completions/aplc`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Options shared by every command that compiles.
@@ -89,6 +107,17 @@ fn main() -> ExitCode {
         Command::Graph(args) => graph::graph(&args),
         Command::Inspect(args) => inspect::inspect(&args),
         Command::Bench(args) => bench::bench(args),
+        Command::Test(args) => agent_test::test(&args),
+        Command::Init(args) => init::init(&args),
+        Command::Completions { shell } => {
+            // Generated into memory first: clap_complete panics when its writer fails,
+            // and a closed stdout (`aplc completions bash | head`) is not an error.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "aplc", &mut script);
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout.write_all(&script).and_then(|_| stdout.flush());
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

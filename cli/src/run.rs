@@ -14,6 +14,7 @@ use clap::Args;
 
 use crate::compile::compile_options;
 use crate::input::{display_name, into_text, print_diagnostics, read_bytes, read_text};
+use crate::record::Recorder;
 use crate::{CompileArgs, Failure};
 
 #[derive(Args, Debug)]
@@ -52,10 +53,14 @@ pub(crate) struct RunArgs {
     /// trailing /v1 is fine).
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
+    /// Write the provider's responses of this run, in order, to this file: a JSON array
+    /// that `--mock` and a test's `responses = { file = "…" }` replay (spec/testing.md).
+    #[arg(long, value_name = "RESPONSES.json")]
+    record: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let provider = select_provider(&args)?;
+    let provider = Recorder::new(select_provider(&args)?, args.record.is_some());
     let toolbox = match &args.tools {
         Some(path) => {
             let text = read_text(path)?;
@@ -81,10 +86,14 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let outcome = runtime.block_on(driver::run_with_tools(
         program.clone(),
         options,
-        provider.as_ref(),
+        &provider,
         &toolbox,
     ));
-    report(&program, &outcome, args.json)
+    let result = report(&program, &outcome, args.json);
+    match &args.record {
+        Some(path) => provider.write_after(path, result),
+        None => result,
+    }
 }
 
 /// Prints a run's output and picks the exit code.

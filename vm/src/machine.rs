@@ -152,6 +152,17 @@ impl RunOutcome {
             .unwrap_or_default()
     }
 
+    /// The final context as a template root value, for evaluating Jinja expressions over
+    /// it in the [`template_env`](crate::template_env) (as `aplc test` does with `expect`).
+    ///
+    /// It is the same kind of root every render of the run had: every variable,
+    /// `context`, `context_history`, and the helpers of §6.3 and §7.4 work
+    /// (`get_context('x', 0)`). Writes through `set_context` change only this root, never
+    /// the outcome.
+    pub fn template_root(&self) -> Value {
+        Value::from_dyn_object(Store::from_parts(self.vars.clone(), self.history.clone()))
+    }
+
     /// The final context as one JSON object: every variable plus `context_history`, keys
     /// sorted. The `context` view is left out: it would repeat every variable.
     pub fn context_json(&self) -> serde_json::Value {
@@ -920,5 +931,55 @@ pub fn run_scripted(
             Action::Continue => {}
             Action::Done => return machine.into_outcome(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::{Limits, template_env};
+
+    fn outcome() -> RunOutcome {
+        let mut vars = Vars::new();
+        vars.insert("errors", Value::from(Vec::<Value>::new()));
+        vars.insert("global_runs", Value::from(2));
+        vars.insert(
+            "result_json",
+            crate::store::value_from_json(&serde_json::json!({"category": "billing"})),
+        );
+        let mut history = Vector::new();
+        history.push_back(Value::from_object(crate::store::Snapshot(vars.clone())));
+        RunOutcome {
+            vars,
+            history,
+            error: None,
+            last_step_errors: Vec::new(),
+            steps: 1,
+        }
+    }
+
+    #[test]
+    fn expressions_evaluate_over_the_final_context() {
+        let env = template_env(&Limits::default());
+        let root = outcome().template_root();
+        for source in [
+            "result_json.category == 'billing'",
+            "global_runs == 2",
+            "errors | length == 0",
+            "context_history | length == 1",
+            "context_history[0].global_runs == 2",
+            "context.global_runs == 2",
+            "get_context('missing', 7) == 7",
+            "get_json_path(result_json, 'category') == 'billing'",
+        ] {
+            let expression = env.compile_expression(source).unwrap();
+            let value = expression.eval(root.clone()).unwrap();
+            assert!(value.is_true(), "{source} gave {value:?}");
+        }
+        let expression = env.compile_expression("global_runs == 3").unwrap();
+        assert!(!expression.eval(root.clone()).unwrap().is_true());
+        // Semi-strict undefined: reading a missing variable's attribute is an error.
+        let expression = env.compile_expression("missing.attr == 1").unwrap();
+        assert!(expression.eval(root).is_err());
     }
 }

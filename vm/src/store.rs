@@ -222,6 +222,14 @@ impl Store {
         })
     }
 
+    /// Creates a store holding `vars` and `history`, e.g. to evaluate expressions over the
+    /// final context of a finished run ([`RunOutcome::template_root`](crate::RunOutcome::template_root)).
+    pub fn from_parts(vars: Vars, history: Vector<Value>) -> Arc<Store> {
+        Arc::new(Store {
+            inner: Mutex::new(Inner { vars, history }),
+        })
+    }
+
     /// Finds the store of the render `state` belongs to.
     pub fn from_state(state: &State) -> Option<Arc<Store>> {
         state

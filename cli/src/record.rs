@@ -1,0 +1,100 @@
+//! `aplc run --record FILE`: keeps the provider's responses of a run, in order, and
+//! writes them as a JSON array that `--mock` and a test's `responses = { file = … }`
+//! replay.
+//!
+//! Only what the provider returned is kept: the response bodies (or `{"error": …}` for a
+//! failed call), never the requests, so API keys and headers cannot reach the file. A
+//! call cut off by the run timeout returned nothing and is not recorded.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use aplc_vm::ProviderError;
+use aplc_vm::ProviderRequest;
+use aplc_vm::driver::{BoxFuture, Provider};
+use serde_json::{Value as Json, json};
+
+use crate::Failure;
+
+/// A provider that passes every call through and, when recording, keeps each result.
+pub(crate) struct Recorder {
+    inner: Box<dyn Provider>,
+    /// `None` when not recording.
+    entries: Option<Mutex<Vec<Json>>>,
+}
+
+impl Recorder {
+    pub fn new(inner: Box<dyn Provider>, recording: bool) -> Recorder {
+        Recorder {
+            inner,
+            entries: recording.then(|| Mutex::new(Vec::new())),
+        }
+    }
+
+    /// Writes the recording after the run's output was printed, and picks the result:
+    /// a recording that cannot be written fails the command (exit 1), but never hides
+    /// why the run itself failed.
+    pub fn write_after(
+        &self,
+        path: &Path,
+        result: Result<ExitCode, Failure>,
+    ) -> Result<ExitCode, Failure> {
+        match (self.write(path), result) {
+            (Ok(()), result) => result,
+            (Err(failure), Ok(_)) => Err(failure),
+            (Err(failure), Err(run_failure)) => {
+                eprintln!("error: {}", failure.message);
+                Err(run_failure)
+            }
+        }
+    }
+
+    /// Writes the recorded entries to `path` atomically (a temporary file in the same
+    /// directory, renamed over `path`), so a reader never sees half a file.
+    fn write(&self, path: &Path) -> Result<(), Failure> {
+        let entries = match &self.entries {
+            Some(entries) => entries.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            None => Vec::new(),
+        };
+        let mut text = serde_json::to_string_pretty(&Json::Array(entries))
+            .map_err(|e| Failure::run(format!("cannot encode the recorded responses: {e}")))?;
+        text.push('\n');
+        let cannot = |e: &dyn std::fmt::Display| {
+            Failure::run(format!("cannot write {}: {e}", path.display()))
+        };
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let mut file = tempfile::NamedTempFile::new_in(dir).map_err(|e| cannot(&e))?;
+        file.write_all(text.as_bytes()).map_err(|e| cannot(&e))?;
+        file.persist(path).map_err(|e| cannot(&e.error))?;
+        Ok(())
+    }
+}
+
+impl Provider for Recorder {
+    fn call<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+    ) -> BoxFuture<'a, Result<Json, ProviderError>> {
+        Box::pin(async move {
+            let result = self.inner.call(request).await;
+            if let Some(entries) = &self.entries {
+                // The scripted provider's entry forms: a full response is replayed exactly
+                // as written, and `{"error": …}` fails that call with the same message.
+                let entry = match &result {
+                    Ok(response) => response.clone(),
+                    Err(error) => json!({ "error": error.message }),
+                };
+                entries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(entry);
+            }
+            result
+        })
+    }
+}
