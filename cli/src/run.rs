@@ -123,10 +123,17 @@ fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCod
                 ));
             }
         }
-        let code = if error.kind == RunErrorKind::InvalidOptions {
-            2
-        } else {
-            1
+        // Bad options and missing inputs are the caller's mistake, found before any
+        // provider call: usage errors, like a bad flag.
+        let code = match error.kind {
+            RunErrorKind::InvalidOptions => 2,
+            RunErrorKind::MissingInput => {
+                message.push_str(
+                    "\n  pass the agent's inputs in a JSON object with --context FILE.json",
+                );
+                2
+            }
+            _ => 1,
         };
         return Err(Failure { code, message });
     }

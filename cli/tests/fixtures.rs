@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use aplc_compiler::{Code, Diagnostic, Options, Severity, compile, render};
 use aplc_vm::bundle::{self, listing};
-use aplc_vm::{Limits, Program, RunOptions, RunOutcome, ScriptedProvider, run_scripted};
+use aplc_vm::{
+    Limits, Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider, run_scripted,
+};
 use serde_json::Value as Json;
 
 /// Run fixtures that intentionally do what a warning is about, and the codes of the
@@ -233,7 +235,16 @@ fn run(program: Program, options: &RunOptions, script: &ScriptedProvider) -> Run
 }
 
 fn describe(outcome: &RunOutcome) -> String {
+    // The exit codes of `aplc run`: options and inputs are checked before the run.
     let exit = match (&outcome.error, outcome.last_step_errors.is_empty()) {
+        (Some(e), _)
+            if matches!(
+                e.kind,
+                RunErrorKind::InvalidOptions | RunErrorKind::MissingInput
+            ) =>
+        {
+            2
+        }
         (Some(_), _) => 1,
         (None, false) => 3,
         (None, true) => 0,

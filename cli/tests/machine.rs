@@ -260,3 +260,47 @@ async fn embedders_register_closures_as_tools() {
     assert_eq!(json["result_tool_calls"][1]["content"], "gpt-4o");
     assert_eq!(json["tools"].as_array().unwrap().len(), 2);
 }
+
+/// Declared inputs travel in the bundle, and every way of starting a run checks them in
+/// `Machine::new`: the machine by hand, `run_scripted` and the tokio driver all end the
+/// run before any provider call, with one `missing input: <name>` line per input.
+#[tokio::test]
+async fn declared_inputs_are_required_by_every_runner() {
+    let p = program("{# inputs: customer, topic #}\n# prompt: a\n{{ customer }} {{ topic }}\n");
+    assert_eq!(p.bundle().inputs, ["customer", "topic"]);
+    let check = |outcome: aplc_vm::RunOutcome, expected: &str| {
+        let error = outcome.error.expect("the run fails");
+        assert_eq!(error.kind, RunErrorKind::MissingInput);
+        assert_eq!(error.message, expected);
+        assert_eq!(outcome.steps, 0);
+        assert_eq!(outcome.history.len(), 0);
+    };
+    let both = "missing input: customer\nmissing input: topic";
+    let start = Instant::now();
+
+    let mut m = Machine::new(p.clone(), RunOptions::default(), start);
+    assert!(matches!(m.poll(start), Action::Done));
+    check(m.into_outcome(), both);
+
+    let topic_only = RunOptions::default()
+        .with_context_json(serde_json::json!({"topic": "refunds"}).as_object().unwrap());
+    let mut script = ScriptedProvider::from_json(r#"["never used"]"#).unwrap();
+    let outcome = aplc_vm::run_scripted(p.clone(), topic_only, &mut script, || start);
+    check(outcome, "missing input: customer");
+
+    let provider = Scripted::new(ScriptedProvider::from_json(r#"["never used"]"#).unwrap());
+    let outcome =
+        driver::run_with_tools(p.clone(), RunOptions::default(), &provider, &Toolbox::new()).await;
+    check(outcome, both);
+
+    // With every input given, the run goes ahead.
+    let all = RunOptions::default().with_context_json(
+        serde_json::json!({"customer": "Ada", "topic": "refunds"})
+            .as_object()
+            .unwrap(),
+    );
+    let mut script = ScriptedProvider::from_json(r#"["done"]"#).unwrap();
+    let outcome = aplc_vm::run_scripted(p, all, &mut script, || start);
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert_eq!(outcome.result_text(), "done");
+}

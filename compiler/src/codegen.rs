@@ -107,6 +107,7 @@ pub(crate) fn encode(ir: &Ir, source: &str, file_name: &str) -> Bundle {
         compiler_version: env!("CARGO_PKG_VERSION").to_string(),
         source_name: file_name.to_string(),
         source_hash: Sha256::digest(source.as_bytes()).into(),
+        inputs: ir.inputs.clone(),
         steps,
         templates,
         messages,

@@ -11,6 +11,8 @@ use crate::relaxed::TemplateMap;
 /// A checked program.
 #[derive(Debug)]
 pub(crate) struct Ir {
+    /// The inputs declared with `{# inputs: … #}`, each once, in declaration order.
+    pub inputs: Vec<String>,
     /// Steps in source order; index 0 is the entry step.
     pub steps: Vec<Step>,
     /// Every template; steps refer to them by index.

@@ -35,7 +35,13 @@ pub(crate) fn lower(
     let env = template_env(&Limits::default());
     let globals: Vec<String> = env.globals().map(|(n, _)| n.to_string()).collect();
     let comments = check_preamble(source, file.preamble, diags);
-    let mut inputs = declared_inputs(source, &comments, &globals, diags);
+    let mut declared = declared_inputs(source, &comments, &globals, diags);
+    // A name declared twice is one input; the bundle lists each once.
+    let mut seen = std::collections::HashSet::new();
+    declared.retain(|name| seen.insert(name.clone()));
+    // The caller's inputs (`aplc run --context`) count as declared for APL0018, but only
+    // the file's own declaration goes into the bundle and is required at run time.
+    let mut inputs = declared.clone();
     inputs.extend(options.inputs.iter().cloned());
 
     let mut lowerer = Lowerer {
@@ -81,6 +87,7 @@ pub(crate) fn lower(
     }
     let edges = edges(&flows);
     Ir {
+        inputs: declared,
         steps: lowerer.steps,
         templates: lowerer.templates,
         edges,
@@ -260,6 +267,34 @@ fn group_steps<'a, 'src>(
 
         if let Some(current) = groups.last_mut().filter(|g| g.name == name) {
             let last = current.phases.last().map(|&(k, p)| (k, p.heading.span));
+            let has_prompt = current.phases.iter().any(|&(k, _)| k == PhaseKind::Prompt);
+            if let Some((last, _)) = last.filter(|&(last, _)| header.kind <= last)
+                && has_prompt
+                && header.kind != PhaseKind::Post
+            {
+                // The step already has its prompt, and a pre or prompt heading can only
+                // start a step: this is a second step with the same identifier, written
+                // right after the first. Say so in the spec's words (§1.1); the phase
+                // order is the detail. The new step is checked but not emitted, so its
+                // own later phases do not add phase-order errors.
+                let first = first_seen.get(&name).copied().unwrap_or(current.span);
+                diags.push(
+                    duplicate_step(&name, name_span, first)
+                        .with_note(format!(
+                            "step `{name}` already has a `{}` phase; a step's phases come in the order pre → prompt → post, each at most once, so this heading starts a second step `{name}`",
+                            last.as_str()
+                        ))
+                        .with_help("give one of the steps another identifier: identifiers are unique within a file"),
+                );
+                groups.push(Group {
+                    name,
+                    span: phase.heading.span,
+                    phases: vec![(header.kind, phase)],
+                    valid: false,
+                    rejected_prompt: false,
+                });
+                continue;
+            }
             if let Some((last, last_span)) = last.filter(|&(last, _)| header.kind <= last) {
                 let message = if header.kind == last {
                     format!(
@@ -306,18 +341,9 @@ fn group_steps<'a, 'src>(
             valid = false;
         }
         if let Some(&first) = first_seen.get(&name) {
-            diags.push(
-                Diagnostic::error(
-                    Code::DuplicateStep,
-                    format!("Duplicate step identifier: {name}"),
-                    name_span,
-                )
-                .with_label_message(format!("`{name}` is defined again here"))
-                .with_secondary(first, "first defined here")
-                .with_note(
-                    "a step's phases must be adjacent; step identifiers are unique within a file",
-                ),
-            );
+            diags.push(duplicate_step(&name, name_span, first).with_note(
+                "a step's phases must be adjacent; step identifiers are unique within a file",
+            ));
             valid = false;
         } else {
             first_seen.insert(name.clone(), name_span);
@@ -331,6 +357,18 @@ fn group_steps<'a, 'src>(
         });
     }
     groups
+}
+
+/// `Duplicate step identifier: <name>` (APL0002), the spec's words (§1.1), for a step
+/// named at `here` whose identifier was first used at `first`.
+fn duplicate_step(name: &str, here: Span, first: Span) -> Diagnostic {
+    Diagnostic::error(
+        Code::DuplicateStep,
+        format!("Duplicate step identifier: {name}"),
+        here,
+    )
+    .with_label_message(format!("`{name}` is defined again here"))
+    .with_secondary(first, "first defined here")
 }
 
 struct Lowerer<'a, 'src> {

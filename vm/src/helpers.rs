@@ -647,10 +647,10 @@ fn count_arg(func: &str, param: &str, value: &Value, default: usize) -> Result<u
     if value.is_undefined() || value.is_none() {
         return Ok(default);
     }
-    if value.is_integer() {
-        if let Ok(n) = usize::try_from(value.clone()) {
-            return Ok(n);
-        }
+    if value.is_integer()
+        && let Ok(n) = usize::try_from(value.clone())
+    {
+        return Ok(n);
     }
     Err(invalid(format!(
         "{func}(): {param} must be a non-negative integer, got {}",

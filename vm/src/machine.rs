@@ -120,6 +120,9 @@ pub enum RunErrorKind {
     Timeout,
     /// The run options were invalid (e.g. a reserved `with_context` name).
     InvalidOptions,
+    /// A declared input (`{# inputs: … #}`) was not given with `with_context`; the run
+    /// ended before its first step, so no provider was called.
+    MissingInput,
     /// The driver broke the calling contract.
     Protocol,
 }
@@ -133,7 +136,8 @@ pub struct RunOutcome {
     pub history: Vector<Value>,
     /// Why the run failed, if it did.
     pub error: Option<RunError>,
-    /// The `errors` of the last finished step (the final `errors` is reset to `[]`).
+    /// The `errors` of the last finished step, whether or not they were reset: after a
+    /// step with a post phase the final `errors` is `[]` (§2.3), but these remain.
     pub last_step_errors: Vec<String>,
     /// Number of steps entered.
     pub steps: u64,
@@ -223,6 +227,8 @@ pub struct Machine {
     tools: Arc<ToolRegistry>,
     tool_round: Option<ToolRound>,
     ledger: Ledger,
+    /// The current step ran its post phase, so its `errors` are reset after it (§2.3).
+    post_ran: bool,
     last_step_errors: Vec<String>,
     steps: u64,
     error: Option<RunError>,
@@ -230,11 +236,15 @@ pub struct Machine {
 
 impl Machine {
     /// Starts a run at `now`.
+    ///
+    /// Invalid options (a `with_context` name the run refuses) and declared inputs
+    /// missing from `with_context` end the run here: the first [`poll`](Self::poll)
+    /// returns [`Action::Done`] and the outcome carries the error.
     pub fn new(program: Arc<Program>, options: RunOptions, now: Instant) -> Machine {
         let store = Store::new(initial_vars());
         let mut error = None;
-        for (name, value) in options.with_context {
-            if let Some(problem) = invalid_context_name(&name) {
+        for (name, value) in &options.with_context {
+            if let Some(problem) = invalid_context_name(name) {
                 error = Some(RunError {
                     kind: RunErrorKind::InvalidOptions,
                     message: format!("with_context: cannot set `{name}`: {problem}"),
@@ -243,7 +253,10 @@ impl Machine {
                 });
                 break;
             }
-            store.set(&name, value);
+            store.set(name, value.clone());
+        }
+        if error.is_none() {
+            error = missing_inputs(&program, &options.with_context);
         }
         let steps = program.bundle().steps.len();
         Machine {
@@ -271,6 +284,7 @@ impl Machine {
             tools: options.tools,
             tool_round: None,
             ledger: Ledger::default(),
+            post_ran: false,
             last_step_errors: Vec::new(),
             steps: 0,
             error,
@@ -320,9 +334,14 @@ impl Machine {
             self.pc += 1;
             match instr {
                 Instr::EnterStep(step) => self.enter_step(step, now),
-                Instr::RenderPre(t) | Instr::RenderPost(t) => {
+                Instr::RenderPre(t) => {
                     self.update_times(now);
                     self.render_phase(t);
+                }
+                Instr::RenderPost(t) => {
+                    self.update_times(now);
+                    self.render_phase(t);
+                    self.post_ran = true;
                 }
                 Instr::BuildPrompts { first, count } => {
                     self.update_times(now);
@@ -443,6 +462,7 @@ impl Machine {
         self.steps += 1;
         self.step_started = now;
         self.prompt_failed = false;
+        self.post_ran = false;
         self.response = None;
         self.completion = None;
         self.store.set("prev_step", prev);
@@ -716,6 +736,12 @@ impl Machine {
         }
     }
 
+    /// Records the step in `context_history`, then resets `errors` if the step had a
+    /// post phase. §2.3 resets `errors` "after each post phase" and nowhere else, so the
+    /// errors of a step without one stay in the context. In a compiled bundle such a
+    /// step cannot jump (`ClearNextStep` runs after pre and prompt, and only post sets
+    /// `next_step`), so it is the run's last: its errors are the final `errors`, and a
+    /// one-step agent whose provider failed shows the failure.
     fn snapshot(&mut self) {
         self.store.snapshot();
         self.last_step_errors = self
@@ -727,7 +753,9 @@ impl Machine {
                     .map(|it| it.map(|v| v.to_string()).collect())
             })
             .unwrap_or_default();
-        self.store.set("errors", Value::from(Vec::<Value>::new()));
+        if self.post_ran {
+            self.store.set("errors", Value::from(Vec::<Value>::new()));
+        }
     }
 
     fn branch(&mut self) -> Action {
@@ -842,6 +870,24 @@ fn initial_vars() -> Vars {
         set(name, value);
     }
     vars
+}
+
+/// The run error for the declared inputs that `with_context` does not give, if any:
+/// one `missing input: <name>` line per missing input, in declaration order.
+fn missing_inputs(program: &Program, with_context: &[(String, Value)]) -> Option<RunError> {
+    let missing: Vec<String> = program
+        .bundle()
+        .inputs
+        .iter()
+        .filter(|input| !with_context.iter().any(|(name, _)| name == *input))
+        .map(|input| format!("missing input: {input}"))
+        .collect();
+    (!missing.is_empty()).then(|| RunError {
+        kind: RunErrorKind::MissingInput,
+        message: missing.join("\n"),
+        step: None,
+        span: None,
+    })
 }
 
 /// Why `name` cannot be injected with `with_context`, if it cannot.

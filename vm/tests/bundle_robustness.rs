@@ -184,6 +184,7 @@ fn build_bundle(
         compiler_version: "0.1.0".to_owned(),
         source_name: "prop.apl".to_owned(),
         source_hash: [0xab; 32],
+        inputs: Vec::new(),
         steps,
         templates: templates
             .into_iter()

@@ -17,7 +17,9 @@ use super::Bundle;
 /// a bundle mangled by a text-mode transfer fails the magic check rather than decoding.
 pub const MAGIC: [u8; 8] = *b"\x89APLB\r\n\x1a";
 /// The bundle format version this VM reads and writes.
-pub const FORMAT_VERSION: u16 = 1;
+///
+/// History: 1, the first format; 2 added [`Bundle::inputs`], the declared inputs.
+pub const FORMAT_VERSION: u16 = 2;
 /// The largest payload, in bytes, that [`encode`] writes and [`decode`] accepts.
 pub const MAX_PAYLOAD_LEN: u64 = 64 * 1024 * 1024;
 
@@ -40,11 +42,9 @@ pub enum BundleError {
         /// The length of the whole input.
         found: usize,
     },
-    /// The header's format version is not [`FORMAT_VERSION`].
-    #[error(
-        "unsupported bundle format version {found} (this aplc reads version {})",
-        FORMAT_VERSION
-    )]
+    /// The header's format version is not [`FORMAT_VERSION`]. The message names both
+    /// versions and says which side is newer, and what to do about it.
+    #[error("{}", unsupported_version(*found))]
     UnsupportedVersion {
         /// The version the header declares.
         found: u16,
@@ -102,6 +102,25 @@ pub enum BundleError {
     /// offending table index.
     #[error("invalid bundle: {0}")]
     Invalid(String),
+}
+
+/// The message of [`BundleError::UnsupportedVersion`].
+#[cold]
+fn unsupported_version(found: u16) -> String {
+    let this = concat!("aplc ", env!("CARGO_PKG_VERSION"));
+    if found > FORMAT_VERSION {
+        format!(
+            "unsupported bundle format version {found}: the bundle was built by a newer aplc, \
+             and {this} reads format version {FORMAT_VERSION}; upgrade aplc to run it, or \
+             rebuild it from its .apl source with this aplc"
+        )
+    } else {
+        format!(
+            "unsupported bundle format version {found}: the bundle was built by an older aplc, \
+             and {this} reads format version {FORMAT_VERSION}; rebuild it from its .apl \
+             source with this aplc"
+        )
+    }
 }
 
 /// Returns true when `bytes` start with the bundle magic.
@@ -190,7 +209,7 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
 pub struct HeaderFields {
     /// The bundle format version.
     pub version: u16,
-    /// Format flags (none are defined in version 1).
+    /// Format flags (none are defined yet).
     pub flags: u16,
     /// The length of the postcard payload that follows the header, in bytes.
     pub payload_len: u32,
@@ -343,6 +362,7 @@ mod tests {
             compiler_version: "0.1.0".to_owned(),
             source_name: "sample.apl".to_owned(),
             source_hash: [7; 32],
+            inputs: vec!["topic".to_owned()],
             steps: vec![
                 StepEntry {
                     name: "start".to_owned(),
@@ -446,7 +466,7 @@ mod tests {
         let bytes = encode(&bundle).expect("encodes");
         assert!(is_bundle(&bytes));
         assert_eq!(bytes[..8], MAGIC);
-        assert_eq!(bytes[8..10], [1, 0]);
+        assert_eq!(bytes[8..10], [2, 0]);
         assert_eq!(bytes[10..12], [0, 0]);
         let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap());
         assert_eq!(len as usize, bytes.len() - HEADER_LEN);
@@ -468,11 +488,12 @@ mod tests {
             Bundle::read_header(&bytes[..12]),
             Err(BundleError::HeaderTruncated { found: 12 })
         );
-        let mut v2 = bytes.clone();
-        v2[8] = 2;
+        let newer = FORMAT_VERSION + 1;
+        let mut later = bytes.clone();
+        later[8..10].copy_from_slice(&newer.to_le_bytes());
         assert_eq!(
-            Bundle::read_header(&v2),
-            Err(BundleError::UnsupportedVersion { found: 2 })
+            Bundle::read_header(&later),
+            Err(BundleError::UnsupportedVersion { found: newer })
         );
         let mut flagged = bytes;
         flagged[10] = 1;
@@ -520,19 +541,33 @@ mod tests {
     #[test]
     fn unsupported_version() {
         let mut bytes = encode(&sample()).expect("encodes");
-        bytes[8..10].copy_from_slice(&2u16.to_le_bytes());
+        let newer = FORMAT_VERSION + 1;
+        bytes[8..10].copy_from_slice(&newer.to_le_bytes());
         assert_eq!(
             decode(&bytes),
-            Err(BundleError::UnsupportedVersion { found: 2 })
+            Err(BundleError::UnsupportedVersion { found: newer })
         );
         // A later version wins over a header that is short by this version's layout.
         assert_eq!(
             decode(&bytes[..12]),
-            Err(BundleError::UnsupportedVersion { found: 2 })
+            Err(BundleError::UnsupportedVersion { found: newer })
         );
+        let this = env!("CARGO_PKG_VERSION");
         assert_eq!(
             BundleError::UnsupportedVersion { found: 7 }.to_string(),
-            "unsupported bundle format version 7 (this aplc reads version 1)"
+            format!(
+                "unsupported bundle format version 7: the bundle was built by a newer aplc, \
+                 and aplc {this} reads format version 2; upgrade aplc to run it, or rebuild \
+                 it from its .apl source with this aplc"
+            )
+        );
+        assert_eq!(
+            BundleError::UnsupportedVersion { found: 1 }.to_string(),
+            format!(
+                "unsupported bundle format version 1: the bundle was built by an older aplc, \
+                 and aplc {this} reads format version 2; rebuild it from its .apl source \
+                 with this aplc"
+            )
         );
     }
 
@@ -544,7 +579,7 @@ mod tests {
         assert_eq!(err, BundleError::UnknownFlags { found: 4 });
         assert_eq!(
             err.to_string(),
-            "unknown bundle flags 0x0004 (format version 1 defines none, expected 0)"
+            "unknown bundle flags 0x0004 (format version 2 defines none, expected 0)"
         );
     }
 

@@ -45,6 +45,9 @@ fn render(bundle: &Bundle, header: Option<&HeaderFields>) -> String {
     let _ = writeln!(out, "source    {}", bundle.source_name);
     let _ = writeln!(out, "sha256    {hash}");
     let _ = writeln!(out, "compiler  {}", bundle.compiler_version);
+    if !bundle.inputs.is_empty() {
+        let _ = writeln!(out, "inputs    {}", bundle.inputs.join(", "));
+    }
 
     let _ = writeln!(out, "\nsteps:");
     for (i, step) in bundle.steps.iter().enumerate() {

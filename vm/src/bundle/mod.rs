@@ -32,6 +32,10 @@ pub struct Bundle {
     pub source_name: String,
     /// SHA-256 of the `.apl` source text.
     pub source_hash: [u8; 32],
+    /// The declared inputs (`{# inputs: a, b #}`), in declaration order: the variables
+    /// every run must be given with `with_context`. A run missing one fails before its
+    /// first step ([`RunErrorKind::MissingInput`](crate::RunErrorKind::MissingInput)).
+    pub inputs: Vec<String>,
     /// Steps in source order; `StepId(0)` is the entry step.
     pub steps: Vec<StepEntry>,
     /// Every template of the program (phase bodies and role sections).
