@@ -13,6 +13,7 @@ mod graph;
 mod input;
 mod inspect;
 mod run;
+mod signals;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
