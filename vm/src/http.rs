@@ -112,7 +112,7 @@ fn proxies(env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Proxy>, String> {
         &["HTTP_PROXY", "http_proxy"]
     };
     let mut proxies = Vec::new();
-    let kinds: [(&[&'static str], fn(Url) -> reqwest::Result<Proxy>); 3] = [
+    let kinds: [(&[&'static str], MakeProxy); 3] = [
         (http_names, Proxy::http),
         (&["HTTPS_PROXY", "https_proxy"], Proxy::https),
         (&["ALL_PROXY", "all_proxy"], Proxy::all),
@@ -134,6 +134,9 @@ fn proxies(env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Proxy>, String> {
     }
     Ok(proxies)
 }
+
+/// `Proxy::http`, `Proxy::https` or `Proxy::all`.
+type MakeProxy = fn(Url) -> reqwest::Result<Proxy>;
 
 /// Makes `ring` the process's rustls crypto provider unless one is installed already.
 ///
