@@ -152,7 +152,10 @@ mod tests {
         // The token of a `Bearer` header value, alone (the space before it is a run of
         // the whole value too).
         assert_eq!(redactor.redact("got tok-0123456789abcd"), "got<redacted>");
-        assert_eq!(redactor.redact("got\ntok-0123456789abcd"), "got\n<redacted>");
+        assert_eq!(
+            redactor.redact("got\ntok-0123456789abcd"),
+            "got\n<redacted>"
+        );
         assert_eq!(Redactor::new([]).redact(key), key);
     }
 
