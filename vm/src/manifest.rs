@@ -203,8 +203,10 @@ impl CommandTool {
             .spawn()
             .map_err(|e| format!("cannot start `{program}`: {e}"))?;
         // Kills the whole group when this call ends in any way: done, timed out, or
-        // dropped because the run ended or aplc was interrupted.
-        let _group = ProcessGroup(child.id());
+        // dropped because the run ended or aplc was interrupted. (After a normal exit the
+        // group's id stays reserved while any member lives, so the kill reaches only the
+        // tool's own leftovers.)
+        let group = ProcessGroup(child.id());
         let input = serde_json::to_vec(&request_body(invocation)).unwrap_or_default();
         let (Some(mut stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -225,7 +227,7 @@ impl CommandTool {
         let (out, err, status) = match tokio::time::timeout(self.timeout, work).await {
             Ok(done) => done,
             Err(_) => {
-                ProcessGroup(child.id()).kill();
+                group.kill();
                 let _ = child.kill().await;
                 return Err(format!(
                     "timed out after {} ms and was killed",
