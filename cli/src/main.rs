@@ -18,6 +18,7 @@ mod input;
 mod inspect;
 mod record;
 mod run;
+mod signals;
 
 use std::io::Write;
 use std::path::PathBuf;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aplc_vm::driver::{self, Provider, Scripted};
+use aplc_vm::http::HttpClient;
 use aplc_vm::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_vm::routing::Router;
 use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
@@ -60,15 +61,25 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let provider = Recorder::new(select_provider(&args)?, args.record.is_some());
-    let toolbox = match &args.tools {
-        Some(path) => {
+    // One HTTP client for the provider and HTTP tools: one set of redirect, proxy and
+    // body-size rules, one connection pool. Not built for a mock run without tools.
+    let http = if args.mock.is_none() || args.tools.is_some() {
+        Some(HttpClient::new().map_err(Failure::usage)?)
+    } else {
+        None
+    };
+    let provider = Recorder::new(
+        select_provider(&args, http.as_ref())?,
+        args.record.is_some(),
+    );
+    let toolbox = match (&args.tools, &http) {
+        (Some(path), Some(http)) => {
             let text = read_text(path)?;
             let base = path.parent().unwrap_or(Path::new("."));
-            aplc_vm::manifest::toolbox_from_manifest(&text, base)
+            aplc_vm::manifest::toolbox_from_manifest_with_client(&text, base, http)
                 .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
         }
-        None => driver::Toolbox::new(),
+        _ => driver::Toolbox::new(),
     };
 
     let options = RunOptions {
@@ -83,12 +94,11 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .enable_all()
         .build()
         .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
-    let outcome = runtime.block_on(driver::run_with_tools(
-        program.clone(),
-        options,
-        &provider,
-        &toolbox,
-    ));
+    let run = driver::run_with_tools(program.clone(), options, &provider, &toolbox);
+    let outcome = runtime
+        .block_on(crate::signals::unless_interrupted(run))
+        .map_err(|e| Failure::run(e.to_string()))?
+        .map_err(|signal| signal.failure())?;
     let result = report(&program, &outcome, args.json);
     match &args.record {
         Some(path) => provider.write_after(path, result),
@@ -149,7 +159,10 @@ fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCod
 
 /// The provider a run uses: `--mock`, `--providers`, or the OpenAI-compatible HTTP
 /// provider configured by `--base-url` and `--api-key` / `OPENAI_API_KEY`.
-fn select_provider(args: &RunArgs) -> Result<Box<dyn Provider>, Failure> {
+fn select_provider(
+    args: &RunArgs,
+    http: Option<&HttpClient>,
+) -> Result<Box<dyn Provider>, Failure> {
     let http_flags = args.api_key.is_some() || args.base_url.is_some();
     match (&args.mock, &args.providers) {
         (Some(_), Some(_)) => Err(Failure::usage(
@@ -170,13 +183,20 @@ fn select_provider(args: &RunArgs) -> Result<Box<dyn Provider>, Failure> {
                      each route names its own base_url and api_key_env"
                 );
             }
-            let router =
-                Router::from_config_json(&read_text(path)?, &|name| std::env::var(name).ok())
-                    .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+            let env = |name: &str| std::env::var(name).ok();
+            let text = read_text(path)?;
+            let router = match http {
+                Some(http) => Router::from_config_json_with_client(&text, &env, http),
+                None => Router::from_config_json(&text, &env),
+            }
+            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
             Ok(Box::new(router))
         }
         (None, None) => {
             let mut config = OpenAiConfig::new();
+            if let Some(http) = http {
+                config = config.http_client(http.clone());
+            }
             if let Some(url) = &args.base_url {
                 config = config.base_url(url.clone());
             }

@@ -554,5 +554,10 @@ fn http_tools() {
         content(1)
     );
     assert!(content(2).contains("timed out"), "{}", content(2));
-    assert!(content(3).contains("request failed"), "{}", content(3));
+    // The cause is kept (issue #9, F19).
+    assert!(
+        content(3).contains("could not connect") && content(3).contains("Connection refused"),
+        "{}",
+        content(3)
+    );
 }

@@ -18,11 +18,15 @@ mod messages;
 mod names;
 mod program;
 mod provider;
+#[cfg(feature = "http")]
+mod redact;
 mod response;
 mod store;
 
 #[cfg(feature = "driver")]
 pub mod driver;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(feature = "driver")]
 pub mod manifest;
 #[cfg(feature = "http")]

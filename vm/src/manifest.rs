@@ -25,6 +25,11 @@ use serde_json::Value as Json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::driver::{BoxFuture, Tool, Toolbox};
+#[cfg(feature = "http")]
+use crate::http::HttpClient;
+/// Without HTTP there is no client to share.
+#[cfg(not(feature = "http"))]
+type HttpClient = std::convert::Infallible;
 use crate::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec};
 
 /// Default time a tool may take.
@@ -62,21 +67,44 @@ enum KeyEntry {
 
 /// Builds a toolbox from a JSON manifest: an object from tool name to entry. `base` is the
 /// manifest's folder, against which a relative `cwd` is resolved.
+///
+/// HTTP tools get one client, built on first need; [`toolbox_from_manifest_with_client`]
+/// passes one in instead (to share it with the provider).
 pub fn toolbox_from_manifest(text: &str, base: &Path) -> Result<Toolbox, String> {
+    toolbox_with(text, base, None)
+}
+
+/// [`toolbox_from_manifest`], with HTTP tools sending through `client`.
+#[cfg(feature = "http")]
+pub fn toolbox_from_manifest_with_client(
+    text: &str,
+    base: &Path,
+    client: &HttpClient,
+) -> Result<Toolbox, String> {
+    toolbox_with(text, base, Some(client.clone()))
+}
+
+fn toolbox_with(text: &str, base: &Path, client: Option<HttpClient>) -> Result<Toolbox, String> {
+    let mut client = client;
     let raw: serde_json::Map<String, Json> =
         serde_json::from_str(text).map_err(|e| format!("invalid tool manifest: {e}"))?;
     let mut toolbox = Toolbox::new();
     for (name, value) in raw {
         let entry: Entry =
             serde_json::from_value(value).map_err(|e| format!("tool `{name}`: {e}"))?;
-        let (spec, tool) =
-            entry_tool(&name, entry, base).map_err(|e| format!("tool `{name}`: {e}"))?;
+        let (spec, tool) = entry_tool(&name, entry, base, &mut client)
+            .map_err(|e| format!("tool `{name}`: {e}"))?;
         toolbox.register(spec, tool)?;
     }
     Ok(toolbox)
 }
 
-fn entry_tool(name: &str, entry: Entry, base: &Path) -> Result<(ToolSpec, Arc<dyn Tool>), String> {
+fn entry_tool(
+    name: &str,
+    entry: Entry,
+    base: &Path,
+    client: &mut Option<HttpClient>,
+) -> Result<(ToolSpec, Arc<dyn Tool>), String> {
     let mut descriptor = entry.descriptor;
     match descriptor.get("name") {
         None => {
@@ -125,7 +153,7 @@ fn entry_tool(name: &str, entry: Entry, base: &Path) -> Result<(ToolSpec, Arc<dy
         (None, Some(_)) if entry.cwd.is_some() => {
             return Err("`cwd` applies to `command` tools only".into());
         }
-        (None, Some(url)) => http_tool(url, timeout)?,
+        (None, Some(url)) => http_tool(url, timeout, client)?,
         _ => return Err("give exactly one of `command` or `url`".into()),
     };
     Ok((spec, tool))
@@ -162,14 +190,23 @@ impl CommandTool {
         if let Some(dir) = &self.cwd {
             command.current_dir(dir);
         }
-        let mut child = command
+        command
             .args(&self.argv[1..])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        // Its own process group, so that the processes it starts can be killed with it.
+        #[cfg(unix)]
+        command.process_group(0);
+        let mut child = command
             .spawn()
             .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+        // Kills the whole group when this call ends in any way: done, timed out, or
+        // dropped because the run ended or aplc was interrupted. (After a normal exit the
+        // group's id stays reserved while any member lives, so the kill reaches only the
+        // tool's own leftovers.)
+        let group = ProcessGroup(child.id());
         let input = serde_json::to_vec(&request_body(invocation)).unwrap_or_default();
         let (Some(mut stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -190,6 +227,7 @@ impl CommandTool {
         let (out, err, status) = match tokio::time::timeout(self.timeout, work).await {
             Ok(done) => done,
             Err(_) => {
+                group.kill();
                 let _ = child.kill().await;
                 return Err(format!(
                     "timed out after {} ms and was killed",
@@ -212,10 +250,47 @@ impl CommandTool {
                 format!("`{program}` failed with {code}: {}", excerpt(stderr))
             });
         }
-        let text = String::from_utf8_lossy(&out);
+        let text = utf8_output(out)?;
         Ok(serde_json::from_str(text.trim())
             .unwrap_or_else(|_| Json::String(text.trim_end().to_string())))
     }
+}
+
+/// A tool's process group, killed (with `SIGKILL`) when this is dropped: a tool's
+/// background processes never outlive its call. Holds the group leader's pid, which is
+/// the group's id; `None` once the child was reaped before its id was read.
+struct ProcessGroup(Option<u32>);
+
+impl ProcessGroup {
+    fn kill(&self) {
+        #[cfg(unix)]
+        if let Some(pid) = self
+            .0
+            .and_then(|pid| i32::try_from(pid).ok())
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            // The group may be gone already (every member exited): nothing to do then.
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A tool's output as text; bytes that are not UTF-8 are an error naming where, never
+/// silently replaced.
+fn utf8_output(bytes: Vec<u8>) -> Result<String, String> {
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "the tool's output is not valid UTF-8: byte {} of {} starts an invalid sequence",
+            e.utf8_error().valid_up_to(),
+            e.as_bytes().len()
+        )
+    })
 }
 
 impl Tool for CommandTool {
@@ -252,7 +327,11 @@ fn excerpt(text: &str) -> String {
 }
 
 #[cfg(feature = "http")]
-fn http_tool(url: String, timeout: Duration) -> Result<Arc<dyn Tool>, String> {
+fn http_tool(
+    url: String,
+    timeout: Duration,
+    client: &mut Option<HttpClient>,
+) -> Result<Arc<dyn Tool>, String> {
     let parsed = reqwest::Url::parse(&url).map_err(|e| format!("invalid `url`: {e}"))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(format!(
@@ -260,50 +339,77 @@ fn http_tool(url: String, timeout: Duration) -> Result<Arc<dyn Tool>, String> {
             parsed.scheme()
         ));
     }
+    let client = match client {
+        Some(client) => client.clone(),
+        None => client.insert(HttpClient::new()?).clone(),
+    };
     Ok(Arc::new(HttpTool {
         url: parsed,
-        client: crate::manifest::http::client(timeout)?,
+        client,
+        timeout,
     }))
 }
 
 #[cfg(not(feature = "http"))]
-fn http_tool(_url: String, _timeout: Duration) -> Result<Arc<dyn Tool>, String> {
+fn http_tool(
+    _url: String,
+    _timeout: Duration,
+    _client: &mut Option<HttpClient>,
+) -> Result<Arc<dyn Tool>, String> {
     Err("HTTP tools need aplc-vm's `http` feature".into())
 }
 
 /// An HTTP endpoint: the request is POSTed as JSON; a 2xx response's body is the result.
+///
+/// It is sent with the shared [`HttpClient`]: a same-origin 307 or 308 is followed, any
+/// other redirect is an error, and a body larger than [`crate::http::MAX_BODY_BYTES`] is
+/// an error, found while streaming.
 #[cfg(feature = "http")]
 #[derive(Debug)]
 pub struct HttpTool {
     url: reqwest::Url,
-    client: reqwest::Client,
+    client: HttpClient,
+    timeout: Duration,
 }
 
 #[cfg(feature = "http")]
 impl HttpTool {
     async fn run(&self, invocation: &ToolInvocation) -> Result<Json, String> {
-        let response = self
+        use crate::http;
+
+        let mut response = self
             .client
+            .inner()
             .post(self.url.clone())
+            .timeout(self.timeout)
             .json(&request_body(invocation))
             .send()
             .await
-            .map_err(|e| {
-                if e.is_timeout() {
-                    "the request timed out".to_string()
-                } else {
-                    format!("request failed: {}", e.without_url())
-                }
-            })?;
+            .map_err(|e| http::error_text(&e))?;
         let status = response.status();
-        let body = response
-            .text()
-            .await
-            .map_err(|e| format!("cannot read the response: {}", e.without_url()))?;
-        if !status.is_success() {
-            return Err(format!("HTTP {status}: {}", excerpt(body.trim())));
+        if status.is_redirection() {
+            let to = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .map(|l| format!(" to `{}`", excerpt(l)))
+                .unwrap_or_default();
+            return Err(format!(
+                "HTTP {status}: redirected{to}; only same-origin 307 and 308 redirects are \
+                 followed"
+            ));
         }
-        Ok(serde_json::from_str(&body).unwrap_or(Json::String(body)))
+        let body = http::read_body(&mut response)
+            .await
+            .map_err(|e| format!("cannot read the response: {}", e.text()))?;
+        if !status.is_success() {
+            return Err(format!(
+                "HTTP {status}: {}",
+                excerpt(String::from_utf8_lossy(&body).trim())
+            ));
+        }
+        let text = utf8_output(body)?;
+        Ok(serde_json::from_str(&text).unwrap_or(Json::String(text)))
     }
 }
 
@@ -311,21 +417,5 @@ impl HttpTool {
 impl Tool for HttpTool {
     fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
         Box::pin(self.run(invocation))
-    }
-}
-
-#[cfg(feature = "http")]
-mod http {
-    use std::time::Duration;
-
-    /// A reqwest client on rustls with the `ring` provider.
-    pub(super) fn client(timeout: Duration) -> Result<reqwest::Client, String> {
-        // Installing the process-wide provider fails if one is installed already; then
-        // that one is used, which is just as good.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| format!("cannot build an HTTP client: {e}"))
     }
 }

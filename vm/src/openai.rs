@@ -24,7 +24,9 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value as Json;
 
 use crate::driver::{BoxFuture, Provider};
+use crate::http::{self, BodyError, HttpClient, MAX_BODY_BYTES};
 use crate::provider::{ProviderError, ProviderRequest};
+use crate::redact::{REDACTED, Redactor};
 use crate::response::kind;
 use crate::store::Vars;
 
@@ -55,6 +57,7 @@ pub struct OpenAiConfig {
     max_retries: u32,
     retry_base_delay: Duration,
     retry_max_delay: Duration,
+    client: Option<HttpClient>,
 }
 
 impl Default for OpenAiConfig {
@@ -67,6 +70,7 @@ impl Default for OpenAiConfig {
             max_retries: DEFAULT_MAX_RETRIES,
             retry_base_delay: DEFAULT_RETRY_BASE_DELAY,
             retry_max_delay: DEFAULT_RETRY_MAX_DELAY,
+            client: None,
         }
     }
 }
@@ -110,6 +114,13 @@ impl OpenAiConfig {
         self
     }
 
+    /// The HTTP client to send with, so that a provider shares its connections (and its
+    /// rules) with the rest of the process. Without one, [`HttpClient::new`] builds one.
+    pub fn http_client(mut self, client: HttpClient) -> OpenAiConfig {
+        self.client = Some(client);
+        self
+    }
+
     /// The backoff: the first delay and the longest one (before jitter).
     pub fn retry_delays(mut self, base: Duration, max: Duration) -> OpenAiConfig {
         self.retry_base_delay = base;
@@ -138,11 +149,11 @@ impl fmt::Debug for OpenAiConfig {
 /// Cloning is cheap and shares the connection pool.
 #[derive(Clone)]
 pub struct OpenAiProvider {
-    client: reqwest::Client,
+    client: HttpClient,
     endpoint: Url,
     headers: HeaderMap,
-    /// Strings that must never appear in an error message: the key and header values.
-    secrets: Vec<String>,
+    /// Scrubs the key and header values from every error message.
+    redactor: Redactor,
     request_timeout: Duration,
     max_retries: u32,
     retry_base_delay: Duration,
@@ -165,7 +176,7 @@ impl OpenAiProvider {
             HeaderValue::from_static("application/json"),
         );
         headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-        let mut secrets = Vec::new();
+        let mut secrets: Vec<&str> = Vec::new();
         for (name, value) in &config.headers {
             let header_name = HeaderName::from_bytes(name.trim().as_bytes())
                 .map_err(|_| format!("`{name}` is not a valid HTTP header name"))?;
@@ -186,7 +197,7 @@ impl OpenAiProvider {
             })?;
             header_value.set_sensitive(true);
             headers.append(header_name, header_value);
-            remember_secret(&mut secrets, value.trim());
+            secrets.push(value.trim());
         }
         if let Some(key) = &config.api_key {
             let key = key.trim();
@@ -200,22 +211,19 @@ impl OpenAiProvider {
             })?;
             value.set_sensitive(true);
             headers.insert(header::AUTHORIZATION, value);
-            remember_secret(&mut secrets, key);
+            secrets.push(key);
         }
-        ensure_crypto_provider();
-        let client = reqwest::Client::builder()
-            .user_agent(concat!("aplc/", env!("CARGO_PKG_VERSION")))
-            // A redirect would carry custom headers (which may hold keys) to wherever it
-            // points, and turn the POST into a GET; a moved endpoint is a configuration
-            // error to report, not to follow.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| format!("could not build the HTTP client: {}", root_cause(&e)))?;
+        // The shared client follows a same-origin 307 or 308 only: any other redirect
+        // comes back as a 3xx, reported below as a configuration error.
+        let client = match config.client {
+            Some(client) => client,
+            None => HttpClient::new()?,
+        };
         Ok(OpenAiProvider {
             client,
             endpoint,
             headers,
-            secrets,
+            redactor: Redactor::new(secrets),
             request_timeout: config.request_timeout,
             max_retries: config.max_retries,
             retry_base_delay: config.retry_base_delay,
@@ -291,6 +299,7 @@ impl OpenAiProvider {
     async fn attempt(&self, body: Vec<u8>) -> Result<Json, Failure> {
         let mut response = self
             .client
+            .inner()
             .post(self.endpoint.clone())
             .headers(self.headers.clone())
             .body(body)
@@ -306,14 +315,19 @@ impl OpenAiProvider {
             .map(str::to_owned);
         let body = read_body(&mut response).await?;
         if status.is_success() {
-            return completion(status, &body).map_err(Failure::fatal);
+            return completion(status, &body, &self.redactor).map_err(Failure::fatal);
         }
         let retry = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
         let detail = if status.is_redirection() {
-            let to = location.map(|l| format!(" to `{l}`")).unwrap_or_default();
-            format!("redirected{to}; redirects are not followed, check the base URL")
+            let to = location
+                .map(|l: String| format!(" to `{}`", self.redactor.clip(&l, EXCERPT_CHARS)))
+                .unwrap_or_default();
+            format!(
+                "redirected{to}; only same-origin 307 and 308 redirects are followed, check \
+                 the base URL"
+            )
         } else {
-            api_message(&body)
+            api_message(&body, &self.redactor)
         };
         Err(Failure {
             message: format!("{}: {detail}", status_text(status)),
@@ -346,15 +360,10 @@ impl OpenAiProvider {
         self.redact(format!("{message} ({trailer})"))
     }
 
-    /// Replaces every secret in `message` with `<redacted>`: a server may echo a header
-    /// back in an error body.
-    fn redact(&self, mut message: String) -> String {
-        for secret in &self.secrets {
-            if message.contains(secret.as_str()) {
-                message = message.replace(secret.as_str(), REDACTED);
-            }
-        }
-        message
+    /// Replaces every run of a secret in `message` with `<redacted>`: a server may echo
+    /// a header back in an error body, whole, cut or in another case.
+    fn redact(&self, message: String) -> String {
+        self.redactor.redact(&message)
     }
 }
 
@@ -756,15 +765,8 @@ const MANAGED_HEADERS: [HeaderName; 5] = [
     header::ACCEPT,
 ];
 
-/// The largest response body read; a bigger one is an error, not an allocation.
-const MAX_RESPONSE_BYTES: usize = 32 << 20;
-/// How much of a body an error message quotes.
+/// How much of a body an error message quotes (after redaction).
 const EXCERPT_CHARS: usize = 200;
-/// What a secret is replaced with.
-const REDACTED: &str = "<redacted>";
-/// Shorter secrets are not searched for in messages: replacing every `"1"` would
-/// garble the message and protect nothing.
-const MIN_REDACTED_LEN: usize = 8;
 
 /// A failed attempt.
 struct Failure {
@@ -786,17 +788,8 @@ impl Failure {
 
     /// A request that got no (complete) response.
     fn transport(error: reqwest::Error) -> Failure {
-        let what = if error.is_connect() {
-            "could not connect"
-        } else if error.is_timeout() {
-            "the request timed out"
-        } else if error.is_body() || error.is_decode() {
-            "the response could not be read"
-        } else {
-            "the request failed"
-        };
         Failure {
-            message: format!("{what}: {}", root_cause(&error)),
+            message: http::error_text(&error),
             // A certificate the platform does not trust stays untrusted on the next try.
             retry: !error.is_builder() && !is_tls_error(&error),
             retry_after: None,
@@ -824,35 +817,23 @@ fn is_tls_error(error: &reqwest::Error) -> bool {
     false
 }
 
-/// Reads the body, up to [`MAX_RESPONSE_BYTES`].
+/// Reads the body, up to [`MAX_BODY_BYTES`].
 async fn read_body(response: &mut reqwest::Response) -> Result<Vec<u8>, Failure> {
     let status = response.status();
-    let too_big = || {
-        Failure::fatal(format!(
+    http::read_body(response).await.map_err(|e| match e {
+        BodyError::TooLarge => Failure::fatal(format!(
             "{}: the response body is larger than {} MiB",
             status_text(status),
-            MAX_RESPONSE_BYTES >> 20
-        ))
-    };
-    if response
-        .content_length()
-        .is_some_and(|n| n > MAX_RESPONSE_BYTES as u64)
-    {
-        return Err(too_big());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(Failure::transport)? {
-        if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
-            return Err(too_big());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
+            MAX_BODY_BYTES >> 20
+        )),
+        BodyError::Failed(e) => Failure::transport(e),
+    })
 }
 
 /// A 2xx body: the parsed completion, or why it is not one.
-fn completion(status: StatusCode, body: &[u8]) -> Result<Json, String> {
+fn completion(status: StatusCode, body: &[u8], redactor: &Redactor) -> Result<Json, String> {
     let status = status_text(status);
+    let excerpt = |body| excerpt(body, redactor);
     let json: Json = serde_json::from_slice(body).map_err(|e| {
         format!(
             "{status}: the response is not JSON ({e}); it begins: {}",
@@ -866,9 +847,9 @@ fn completion(status: StatusCode, body: &[u8]) -> Result<Json, String> {
             kind(other),
             excerpt(body)
         )),
-        None if error_message(&json).is_some() => Err(format!(
+        None if error_message(&json, redactor).is_some() => Err(format!(
             "{status}: the response has no `choices`: {}",
-            error_message(&json).unwrap_or_default()
+            error_message(&json, redactor).unwrap_or_default()
         )),
         None => Err(format!(
             "{status}: the response is not a chat completion (no `choices`): {}",
@@ -877,17 +858,17 @@ fn completion(status: StatusCode, body: &[u8]) -> Result<Json, String> {
     }
 }
 
-/// The API's message from an error body, or an excerpt of the body.
-fn api_message(body: &[u8]) -> String {
+/// The API's message from an error body, or an excerpt of the body; redacted, then cut.
+fn api_message(body: &[u8], redactor: &Redactor) -> String {
     serde_json::from_slice::<Json>(body)
         .ok()
-        .and_then(|json| error_message(&json))
-        .unwrap_or_else(|| excerpt(body))
+        .and_then(|json| error_message(&json, redactor))
+        .unwrap_or_else(|| excerpt(body, redactor))
 }
 
 /// `error.message` (OpenAI, llama.cpp, vLLM), `error` as a string (Ollama), or a
 /// top-level `message` or `detail`.
-fn error_message(json: &Json) -> Option<String> {
+fn error_message(json: &Json, redactor: &Redactor) -> Option<String> {
     let text = match json.get("error") {
         Some(Json::Object(error)) => error.get("message").and_then(Json::as_str),
         Some(Json::String(message)) => Some(message.as_str()),
@@ -895,28 +876,17 @@ fn error_message(json: &Json) -> Option<String> {
     }
     .or_else(|| json.get("message").and_then(Json::as_str))
     .or_else(|| json.get("detail").and_then(Json::as_str))?;
-    Some(clip(text))
+    Some(redactor.clip(text, EXCERPT_CHARS))
 }
 
-/// The start of a body, on one line, for an error message.
-fn excerpt(body: &[u8]) -> String {
+/// The start of a body, on one line, redacted, for an error message.
+fn excerpt(body: &[u8], redactor: &Redactor) -> String {
     if body.iter().all(u8::is_ascii_whitespace) {
         return "(empty body)".into();
     }
-    clip(&String::from_utf8_lossy(body))
-}
-
-/// `text` on one line, cut to [`EXCERPT_CHARS`] characters.
-fn clip(text: &str) -> String {
-    let flat: String = text
-        .trim()
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    match flat.char_indices().nth(EXCERPT_CHARS) {
-        Some((cut, _)) => format!("{}…", &flat[..cut]),
-        None => flat,
-    }
+    // Only the start is quoted: decoding the rest of a large body would be wasted.
+    let head = &body[..body.len().min(64 * 1024)];
+    redactor.clip(&String::from_utf8_lossy(head), EXCERPT_CHARS)
 }
 
 /// `HTTP 429 Too Many Requests`.
@@ -925,16 +895,6 @@ fn status_text(status: StatusCode) -> String {
         Some(reason) => format!("HTTP {} {reason}", status.as_u16()),
         None => format!("HTTP {}", status.as_u16()),
     }
-}
-
-/// The innermost cause of a reqwest error (`Connection refused (os error 111)`), which
-/// names no URL.
-fn root_cause(error: &reqwest::Error) -> String {
-    let mut cause: &dyn std::error::Error = error;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    cause.to_string()
 }
 
 /// The delay a 429 or 503 response asks for: `retry-after-ms` (OpenAI), else
@@ -978,21 +938,33 @@ fn parse_http_date(text: &str) -> Option<SystemTime> {
     if fields.next() != Some("GMT") || fields.next().is_some() || !(1..=31).contains(&day) {
         return None;
     }
-    let days = days_from_civil(year, month, day);
-    let seconds = u64::try_from(days).ok()? * 86_400 + hour * 3600 + minute * 60 + second;
+    // A hostile year (`99999999999999`) must not overflow: every step is checked, and a
+    // date too far ahead for `SystemTime` is no delay at all.
+    let days = days_from_civil(year, month, day)?;
+    let seconds = u64::try_from(days)
+        .ok()?
+        .checked_mul(86_400)?
+        .checked_add(hour * 3600 + minute * 60 + second)?;
     UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm);
+/// `None` when a step would overflow.
+fn days_from_civil(year: i64, month: u32, day: u32) -> Option<i64> {
+    let year = if month <= 2 {
+        year.checked_sub(1)?
+    } else {
+        year
+    };
     let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
+    let year_of_era = year.rem_euclid(400);
     let month = i64::from(month);
     let day_of_year =
         (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
+    era.checked_mul(146_097)?
+        .checked_add(day_of_era)?
+        .checked_sub(719_468)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1030,11 +1002,17 @@ fn endpoint(base_url: &str) -> Result<Url, String> {
     Ok(url)
 }
 
-/// A URL for messages and `Debug`, without any user name or password in it.
+/// A URL for messages and `Debug`: a user name or password, a query string and a
+/// fragment (any of which may hold a key, as in `?key=…`) are shown as `<redacted>`.
 fn printable_url(text: &str) -> String {
-    match text.split_once("://") {
+    // The query and fragment first: they may hold an `@` too.
+    let (text, tail) = match text.find(['?', '#']) {
+        Some(at) => (&text[..at], format!("{}{REDACTED}", &text[at..at + 1])),
+        None => (text, String::new()),
+    };
+    let shown = match text.split_once("://") {
         Some((scheme, rest)) => {
-            let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            let authority_end = rest.find('/').unwrap_or(rest.len());
             match rest[..authority_end].rfind('@') {
                 Some(at) => format!("{scheme}://{REDACTED}@{}", &rest[at + 1..]),
                 None => text.to_owned(),
@@ -1042,29 +1020,8 @@ fn printable_url(text: &str) -> String {
         }
         None if text.contains('@') => REDACTED.to_owned(),
         None => text.to_owned(),
-    }
-}
-
-/// Adds `secret` to the strings scrubbed from messages.
-fn remember_secret(secrets: &mut Vec<String>, secret: &str) {
-    if secret.len() >= MIN_REDACTED_LEN && !secrets.iter().any(|s| s == secret) {
-        secrets.push(secret.to_owned());
-        // Longest first, so a secret that contains another is replaced whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    }
-}
-
-/// Makes `ring` the process's rustls crypto provider unless one is installed already.
-///
-/// reqwest is built with `rustls-no-provider`: it takes the process default provider and
-/// verifies certificates with the platform verifier (the operating system's roots).
-/// Installing is idempotent; if an embedder installed another provider first, that one
-/// is used.
-fn ensure_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race with another thread installing one is fine: there is one now.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
+    };
+    shown + &tail
 }
 
 fn millis(duration: Duration) -> u128 {
@@ -1161,6 +1118,16 @@ mod tests {
         );
         assert_eq!(printable_url("https://h/a@b"), "https://h/a@b");
         assert_eq!(printable_url("u:p@h"), "<redacted>");
+        assert_eq!(
+            printable_url("http://h:1/v1?key=sk-0123456789abcdef&x=1#frag"),
+            "http://h:1/v1?<redacted>"
+        );
+        assert_eq!(printable_url("https://h#a@b"), "https://h#<redacted>");
+        let e = endpoint("http://h/?key=sk-0123456789abcdef").unwrap_err();
+        assert_eq!(
+            e,
+            "invalid base URL `http://h/?<redacted>`: a base URL has no query string or fragment"
+        );
     }
 
     #[test]
@@ -1250,6 +1217,27 @@ mod tests {
     }
 
     #[test]
+    fn far_future_retry_after_dates_do_not_overflow() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777);
+        for date in [
+            "Sun, 06 Nov 99999999999999 08:49:37 GMT",
+            "Sun, 06 Nov 9223372036854775807 08:49:37 GMT",
+            "Sun, 06 Nov -9223372036854775808 08:49:37 GMT",
+            "Sun, 06 Nov 584554051223 08:49:37 GMT",
+        ] {
+            let mut map = HeaderMap::new();
+            map.insert("retry-after", HeaderValue::from_str(date).unwrap());
+            // A date too far ahead to represent is no usable delay; one before the epoch
+            // is in the past.
+            let delay = retry_after(&map, now);
+            assert!(
+                delay.is_none() || delay == Some(Duration::ZERO),
+                "{date}: {delay:?}"
+            );
+        }
+    }
+
+    #[test]
     fn http_dates() {
         let at = |s| parse_http_date(s).map(|t| t.duration_since(UNIX_EPOCH).unwrap().as_secs());
         assert_eq!(at("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
@@ -1263,7 +1251,7 @@ mod tests {
 
     #[test]
     fn error_bodies() {
-        let message = |body: &str| api_message(body.as_bytes());
+        let message = |body: &str| api_message(body.as_bytes(), &Redactor::default());
         assert_eq!(
             message(r#"{"error": {"message": "bad key", "type": "x"}}"#),
             "bad key"

@@ -19,6 +19,12 @@ use crate::driver::{BoxFuture, Provider, Scripted};
 use crate::provider::{ProviderError, ProviderRequest, ScriptedProvider};
 use crate::response::kind;
 
+#[cfg(feature = "http")]
+use crate::http::HttpClient;
+/// Without HTTP there is no client to share.
+#[cfg(not(feature = "http"))]
+type HttpClient = std::convert::Infallible;
+
 /// Routes provider calls to providers by model name; first match wins.
 #[derive(Default, Clone)]
 pub struct Router {
@@ -84,6 +90,27 @@ impl Router {
         config: &Json,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Router, String> {
+        Router::configured(config, env, None)
+    }
+
+    /// [`Router::from_config_json`], with every `openai` route sending through `client`
+    /// (shared with HTTP tools, say) instead of a client of its own.
+    #[cfg(feature = "http")]
+    pub fn from_config_json_with_client(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        client: &crate::http::HttpClient,
+    ) -> Result<Router, String> {
+        let json: Json = serde_json::from_str(text)
+            .map_err(|e| format!("providers config is not valid JSON: {e}"))?;
+        Router::configured(&json, env, Some(client))
+    }
+
+    fn configured(
+        config: &Json,
+        env: &dyn Fn(&str) -> Option<String>,
+        client: Option<&HttpClient>,
+    ) -> Result<Router, String> {
         let fail = |message: String| format!("providers config: {message}");
         let Json::Object(top) = config else {
             return Err(fail(format!("expected an object, found {}", kind(config))));
@@ -103,7 +130,7 @@ impl Router {
         for (index, route) in routes.iter().enumerate() {
             let at = format!("routes[{index}]");
             let (patterns, provider, description) =
-                configured_route(route, env).map_err(|e| fail(format!("{at}: {e}")))?;
+                configured_route(route, env, client).map_err(|e| fail(format!("{at}: {e}")))?;
             for pattern in patterns {
                 router.routes.push(Route {
                     pattern,
@@ -237,6 +264,7 @@ type Configured = (Vec<String>, Arc<dyn Provider>, String);
 fn configured_route(
     route: &Json,
     env: &dyn Fn(&str) -> Option<String>,
+    client: Option<&HttpClient>,
 ) -> Result<Configured, String> {
     let Json::Object(route) = route else {
         return Err(format!("expected an object, found {}", kind(route)));
@@ -269,7 +297,7 @@ fn configured_route(
                 &[&COMMON_KEYS[..], &OPENAI_KEYS[..]].concat(),
                 "openai",
             )?;
-            let (provider, description) = openai_route(route, env)?;
+            let (provider, description) = openai_route(route, env, client)?;
             Ok((patterns, provider, description))
         }
         Some(Json::String(k)) if k == "mock" => {
@@ -392,6 +420,7 @@ fn env_value(
 fn openai_route(
     route: &Map<String, Json>,
     env: &dyn Fn(&str) -> Option<String>,
+    client: Option<&HttpClient>,
 ) -> Result<(Arc<dyn Provider>, String), String> {
     use std::time::Duration;
 
@@ -423,6 +452,9 @@ fn openai_route(
         let base = Duration::from_millis(ms);
         config = config.retry_delays(base, DEFAULT_RETRY_MAX_DELAY.max(base));
     }
+    if let Some(client) = client {
+        config = config.http_client(client.clone());
+    }
     let provider = OpenAiProvider::new(config)?;
     let description = format!("openai {}", provider.endpoint());
     Ok((Arc::new(provider), description))
@@ -432,6 +464,7 @@ fn openai_route(
 fn openai_route(
     _route: &Map<String, Json>,
     _env: &dyn Fn(&str) -> Option<String>,
+    _client: Option<&HttpClient>,
 ) -> Result<(Arc<dyn Provider>, String), String> {
     Err("kind `openai` needs aplc-vm's `http` feature, which this build does not have".into())
 }

@@ -263,8 +263,19 @@ pub(crate) fn check_call(
     }
     let args = match arguments {
         Json::String(text) if text.trim().is_empty() => Json::Object(Default::default()),
-        Json::String(text) => serde_json::from_str::<Json>(text)
-            .map_err(|e| format!("`arguments` is not valid JSON: {e}"))?,
+        Json::String(text) => {
+            let args = serde_json::from_str::<Json>(text)
+                .map_err(|e| format!("`arguments` is not valid JSON: {e}"))?;
+            // serde_json reads an integer beyond 64 bits as the nearest float: the tool
+            // would get a different number than the model wrote. Refuse it instead.
+            if let Some(integer) = oversized_integer(text) {
+                return Err(format!(
+                    "`arguments` holds the integer {integer}, outside the 64-bit integer \
+                     range; it would reach the tool rounded, so the call is refused"
+                ));
+            }
+            args
+        }
         other => other.clone(),
     };
     if !args.is_object() {
@@ -290,6 +301,44 @@ pub(crate) fn check_call(
         }
     }
     Ok(args)
+}
+
+/// The first integer literal in the JSON `text` (outside strings) that is neither an
+/// `i64` nor a `u64`, shortened for messages. `text` is valid JSON.
+fn oversized_integer(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'"' => {
+                // Skip the string, escapes included.
+                at += 1;
+                while at < bytes.len() && bytes[at] != b'"' {
+                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                }
+                at += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = at;
+                while at < bytes.len()
+                    && matches!(bytes[at], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    at += 1;
+                }
+                let number = &text[start..at];
+                let integer = !number.contains(['.', 'e', 'E']);
+                if integer && number.parse::<i64>().is_err() && number.parse::<u64>().is_err() {
+                    return Some(if number.len() > 40 {
+                        format!("{}… ({} digits)", &number[..40], number.len())
+                    } else {
+                        number.to_owned()
+                    });
+                }
+            }
+            _ => at += 1,
+        }
+    }
+    None
 }
 
 /// The per-run idempotency ledger: successful results by tool and argument hash.
@@ -390,6 +439,37 @@ mod tests {
         r.register(ToolSpec::new(json!({"name": "echo"})).unwrap())
             .unwrap();
         r
+    }
+
+    #[test]
+    fn integers_beyond_64_bits_in_arguments_are_refused() {
+        let r = registry();
+        let check = |args: &str| check_call(&r, &Allowed::All, "echo", &json!(args));
+        for (args, integer) in [
+            (
+                r#"{"n": 123456789012345678901234567890}"#,
+                "123456789012345678901234567890",
+            ),
+            (
+                r#"{"a": [1, {"b": -9223372036854775809}]}"#,
+                "-9223372036854775809",
+            ),
+            (r#"{"n": 18446744073709551616}"#, "18446744073709551616"),
+        ] {
+            let e = check(args).unwrap_err();
+            assert!(e.contains(integer) && e.contains("64-bit"), "{args}: {e}");
+        }
+        let long = format!(r#"{{"n": {}}}"#, "9".repeat(5000));
+        let e = check(&long).unwrap_err();
+        assert!(e.len() < 300, "{e}");
+        // In range, in strings, or written as floats: passed on as they are.
+        let ok = check(
+            r#"{"u": 18446744073709551615, "i": -9223372036854775808, "s": "123456789012345678901234567890 \" 99999999999999999999", "f": 1.5e300}"#,
+        )
+        .unwrap();
+        assert_eq!(ok["u"], json!(u64::MAX));
+        assert_eq!(ok["i"], json!(i64::MIN));
+        assert_eq!(ok["f"], json!(1.5e300));
     }
 
     #[test]

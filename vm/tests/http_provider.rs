@@ -481,8 +481,9 @@ async fn redirects_are_not_followed() {
     assert_eq!(
         message,
         format!(
-            "HTTP 301 Moved Permanently: redirected to `http://127.0.0.1:1/elsewhere`; redirects \
-             are not followed, check the base URL (POST {}/v1/chat/completions)",
+            "HTTP 301 Moved Permanently: redirected to `http://127.0.0.1:1/elsewhere`; only \
+             same-origin 307 and 308 redirects are followed, check the base URL (POST \
+             {}/v1/chat/completions)",
             server.base_url()
         )
     );

@@ -1,0 +1,184 @@
+//! Scrubs secrets (API keys, header values) from messages before anyone sees them.
+//!
+//! A [`Redactor`] knows every secret of a provider's configuration and replaces, in any
+//! ASCII letter case, every run of [`REDACTED_RUN`] or more characters of a secret with
+//! `<redacted>`: not only the whole secret, but also the part a server quoted after
+//! cutting it, or that a message was cut in the middle of. Messages are redacted *before*
+//! they are shortened ([`Redactor::clip`]), so a cut never leaves the rest of a secret
+//! behind. `spec/limits.md` ("Secrets and redaction") states the rules.
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+/// What a secret is replaced with.
+pub(crate) const REDACTED: &str = "<redacted>";
+/// The longest run of a secret's characters a message may keep: every run of this many
+/// is replaced. A secret no longer than this is replaced when it appears whole.
+pub(crate) const REDACTED_RUN: usize = 16;
+/// Shorter secrets are not searched for: replacing every `"1"` would garble the message
+/// and protect nothing.
+pub(crate) const MIN_SECRET_LEN: usize = 8;
+
+/// Finds any run of [`REDACTED_RUN`] characters of any secret.
+#[derive(Clone, Default)]
+pub(crate) struct Redactor {
+    /// One pattern per distinct window of each secret (or the whole secret, if short).
+    matcher: Option<AhoCorasick>,
+    /// The longest secret, in characters: how far past a cut a secret can reach.
+    longest: usize,
+}
+
+impl Redactor {
+    /// A redactor for `secrets`. Surrounding whitespace is trimmed; secrets shorter than
+    /// [`MIN_SECRET_LEN`] characters are ignored. Each whitespace-separated word of a
+    /// secret counts too: the token of `Bearer <token>` is a secret on its own.
+    pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Redactor {
+        let mut patterns: Vec<String> = Vec::new();
+        let mut longest = 0;
+        let mut add = |secret: &str| {
+            let chars: Vec<(usize, char)> = secret.char_indices().collect();
+            if chars.len() < MIN_SECRET_LEN {
+                return;
+            }
+            longest = longest.max(chars.len());
+            if chars.len() <= REDACTED_RUN {
+                patterns.push(secret.to_owned());
+                return;
+            }
+            for start in 0..=chars.len() - REDACTED_RUN {
+                let from = chars[start].0;
+                let to = chars
+                    .get(start + REDACTED_RUN)
+                    .map_or(secret.len(), |(at, _)| *at);
+                patterns.push(secret[from..to].to_owned());
+            }
+        };
+        for secret in secrets {
+            let secret = secret.trim();
+            add(secret);
+            let words: Vec<&str> = secret.split_whitespace().collect();
+            if words.len() > 1 {
+                words.into_iter().for_each(&mut add);
+            }
+        }
+        patterns.sort();
+        patterns.dedup();
+        let matcher = AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::Standard)
+            .build(&patterns)
+            .ok()
+            .filter(|_| !patterns.is_empty());
+        Redactor { matcher, longest }
+    }
+
+    /// `text` with every run of [`REDACTED_RUN`] characters of a secret (and every whole
+    /// short secret) replaced by `<redacted>`; overlapping or touching runs become one.
+    pub(crate) fn redact(&self, text: &str) -> String {
+        let Some(matcher) = &self.matcher else {
+            return text.to_owned();
+        };
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for found in matcher.find_overlapping_iter(text) {
+            match spans.last_mut() {
+                Some((_, end)) if found.start() <= *end => *end = (*end).max(found.end()),
+                _ => spans.push((found.start(), found.end())),
+            }
+        }
+        if spans.is_empty() {
+            return text.to_owned();
+        }
+        let mut out = String::with_capacity(text.len());
+        let mut at = 0;
+        for (start, end) in spans {
+            out.push_str(&text[at..start]);
+            out.push_str(REDACTED);
+            at = end;
+        }
+        out.push_str(&text[at..]);
+        out
+    }
+
+    /// `text` on one line (control characters become spaces), redacted, then cut to
+    /// `max` characters with `…`. Only the part that can reach into the first `max`
+    /// characters is searched, so a huge body costs no more than a short one.
+    pub(crate) fn clip(&self, text: &str, max: usize) -> String {
+        let reach = max
+            .saturating_add(self.longest)
+            .saturating_add(REDACTED_RUN);
+        let flat: String = text
+            .trim()
+            .chars()
+            .take(reach)
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let redacted = self.redact(&flat);
+        let cut = redacted.char_indices().nth(max).map(|(at, _)| at);
+        let longer = text.trim().chars().nth(reach).is_some();
+        match cut {
+            Some(cut) => format!("{}…", &redacted[..cut]),
+            None if longer => format!("{redacted}…"),
+            None => redacted,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether any `REDACTED_RUN`-character window of `secret` is in `text`, in any case.
+    fn leaks(secret: &str, text: &str) -> bool {
+        let (secret, text) = (secret.to_ascii_lowercase(), text.to_ascii_lowercase());
+        (0..=secret.len().saturating_sub(REDACTED_RUN))
+            .any(|i| text.contains(&secret[i..(i + REDACTED_RUN).min(secret.len())]))
+    }
+
+    #[test]
+    fn whole_secrets_parts_and_any_case_are_replaced() {
+        let key = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789";
+        let redactor = Redactor::new([key, "extra-secret", "1", "Bearer tok-0123456789abcd"]);
+        assert_eq!(
+            redactor.redact(&format!("a {key} b extra-secret c 1")),
+            "a <redacted> b <redacted> c 1"
+        );
+        assert_eq!(redactor.redact(&key.to_uppercase()), "<redacted>");
+        assert_eq!(redactor.redact("EXTRA-SECRET"), "<redacted>");
+        // A part of the key, cut on both sides, is caught; 15 characters are not a run.
+        assert_eq!(
+            redactor.redact(&format!("x{}y", &key[5..30])),
+            "x<redacted>y"
+        );
+        assert_eq!(redactor.redact(&key[3..18]), &key[3..18]);
+        // The token of a `Bearer` header value, alone (the space before it is a run of
+        // the whole value too).
+        assert_eq!(redactor.redact("got tok-0123456789abcd"), "got<redacted>");
+        assert_eq!(
+            redactor.redact("got\ntok-0123456789abcd"),
+            "got\n<redacted>"
+        );
+        assert_eq!(Redactor::new([]).redact(key), key);
+    }
+
+    #[test]
+    fn clipping_comes_after_redaction() {
+        // The case: an 80-character preamble, then a 164-character key.
+        let key: String = (0..164)
+            .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
+            .collect();
+        let redactor = Redactor::new([key.as_str()]);
+        let body = format!("{}{key} and more", "p".repeat(80));
+        let clipped = redactor.clip(&body, 200);
+        assert!(!leaks(&key, &clipped), "{clipped}");
+        assert!(clipped.starts_with(&"p".repeat(80)), "{clipped}");
+        // Wherever the cut falls, no run of the key is left.
+        for offset in 0..220 {
+            let body = format!("{}{key}{}", "p".repeat(offset), "q".repeat(300));
+            let clipped = redactor.clip(&body, 200);
+            assert!(!leaks(&key, &clipped), "offset {offset}: {clipped}");
+            assert!(clipped.chars().count() <= 201, "{clipped}");
+        }
+        assert_eq!(redactor.clip("a\nb", 200), "a b");
+        let long = "x".repeat(5000);
+        assert_eq!(redactor.clip(&long, 10), format!("{}…", "x".repeat(10)));
+    }
+}
