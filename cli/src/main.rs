@@ -17,6 +17,7 @@ mod run;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use aplc_vm::text::escape_control;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -93,7 +94,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("error: {}", failure.message);
+            // Messages quote file names, step names and provider errors: escape them.
+            eprintln!("error: {}", escape_control(&failure.message));
             ExitCode::from(failure.code)
         }
     }
