@@ -413,16 +413,24 @@ fn terminal_escapes_are_escaped_in_human_readable_output() {
     assert!(run.stderr.contains("Unknown step"), "{}", run.stderr);
     assert_no_raw_control("run stderr", &run.stderr);
 
+    // The step budget's message quotes the provider's error, escapes and all.
     let looping =
-        format!("# prompt: a\nhello\n# post: a\n{{{{ set_context('next_step', 'a') }}}}\n");
+        format!("# prompt: a\nhello {esc}\n# post: a\n{{{{ set_context('next_step', 'a') }}}}\n");
     let source = write(&dir, "loop.apl", &looping);
+    let errors = serde_json::json!([
+        { "error": format!("bad {esc} key") },
+        { "error": format!("bad {esc} key") },
+        { "error": format!("bad {esc} key") }
+    ]);
+    let errors = write(&dir, "errors.json", errors.to_string());
     let run = aplc(
-        &["run", &source, "--mock", &mock, "--max-steps", "3"],
+        &["run", &source, "--mock", &errors, "--max-steps", "3"],
         Caps::default(),
     );
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert!(
-        run.stderr.contains("Step budget exceeded"),
+        run.stderr
+            .contains("Step budget exceeded: 3 steps (last errors in step `a`: provider error: bad \\u{1b}]0;pwned"),
         "{}",
         run.stderr
     );
