@@ -386,6 +386,12 @@ fn a_timeout_during_a_tool_batch_keeps_the_finished_calls() {
     let error = outcome.error.clone().unwrap();
     assert_eq!(error.kind, RunErrorKind::Timeout);
     assert!(error.message.contains("exit status 3"), "{}", error.message);
+    // The message quotes what went wrong before the timeout, not the entries it added.
+    assert!(
+        !error.message.contains("the run ended"),
+        "{}",
+        error.message
+    );
     let json = outcome.context_json();
     let results = json["result_tool_calls"].as_array().unwrap();
     assert_eq!(results.len(), 4, "{results:?}");

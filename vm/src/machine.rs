@@ -791,13 +791,14 @@ impl Machine {
 
     /// Ends the run with an error.
     fn fail(&mut self, kind: RunErrorKind, mut message: String) {
-        self.close_tool_round();
+        // The errors that led here, before the ones that closing a tool round adds.
         if matches!(
             kind,
             RunErrorKind::Timeout | RunErrorKind::BudgetExceeded | RunErrorKind::StepBudgetExceeded
         ) {
             message.push_str(&self.recent_errors());
         }
+        self.close_tool_round();
         let bundle = self.program.bundle();
         let step = self.step.map(|s| bundle.steps[s.index()].name.clone());
         let span = bundle.code_spans.get(self.pc.saturating_sub(1)).copied();
