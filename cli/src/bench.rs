@@ -35,7 +35,8 @@ pub(crate) struct BenchArgs {
     context: Option<PathBuf>,
     /// Cap on steps entered per run (`max_steps`); the bench agents loop 500 to 20,000
     /// times, so raise it for the long ones.
-    #[arg(long, value_name = "N", default_value_t = aplc_vm::DEFAULT_MAX_STEPS)]
+    #[arg(long, value_name = "N", default_value_t = aplc_vm::DEFAULT_MAX_STEPS,
+          value_parser = clap::value_parser!(u64).range(1..))]
     max_steps: u64,
     /// Measured runs.
     #[arg(short = 'n', long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]

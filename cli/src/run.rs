@@ -39,7 +39,8 @@ pub(crate) struct RunArgs {
     max_runs: Option<u64>,
     /// Cap on steps entered in the whole run: one more fails it with `Step budget
     /// exceeded` (a loop that retries on errors never reaches --max-runs).
-    #[arg(long, value_name = "N", default_value_t = aplc_vm::DEFAULT_MAX_STEPS)]
+    #[arg(long, value_name = "N", default_value_t = aplc_vm::DEFAULT_MAX_STEPS,
+          value_parser = clap::value_parser!(u64).range(1..))]
     max_steps: u64,
     /// Wall-clock timeout for the whole run, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 120_000)]
