@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aplc_vm::driver::{self, BoxFuture, Provider, Scripted};
+use aplc_vm::text::escape_control;
 use aplc_vm::{
     Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider, run_scripted,
 };
@@ -32,6 +33,11 @@ pub(crate) struct BenchArgs {
     /// A JSON object of variables injected before the first step.
     #[arg(long, value_name = "CONTEXT.json")]
     context: Option<PathBuf>,
+    /// Cap on steps entered per run (`max_steps`); the bench agents loop 500 to 20,000
+    /// times, so raise it for the long ones.
+    #[arg(long, value_name = "N", default_value_t = aplc_vm::DEFAULT_MAX_STEPS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_steps: u64,
     /// Measured runs.
     #[arg(short = 'n', long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     runs: u64,
@@ -52,7 +58,11 @@ pub(crate) struct BenchArgs {
 }
 
 pub(crate) fn bench(args: BenchArgs) -> Result<ExitCode, Failure> {
-    let options = crate::run::context_options(RunOptions::default(), args.context.as_deref())?;
+    let options = RunOptions {
+        max_steps: args.max_steps,
+        ..RunOptions::default()
+    };
+    let options = crate::run::context_options(options, args.context.as_deref())?;
     let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
     let script = ScriptedProvider::from_json(&read_text(&args.mock)?)
         .map_err(|e| Failure::usage(format!("{}: {e}", args.mock.display())))?;
@@ -115,7 +125,7 @@ fn sequential(
     } else {
         println!(
             "{} ({} measured runs after {} warm-up)",
-            display_name(&args.file),
+            escape_control(&display_name(&args.file)),
             times.len(),
             args.warmup
         );
@@ -228,7 +238,7 @@ fn concurrent(
     } else {
         println!(
             "{} ({total_runs} runs, {concurrency} at once, {} ms per provider call)",
-            display_name(&args.file),
+            escape_control(&display_name(&args.file)),
             args.latency_ms
         );
         println!("  wall time       {:.1} ms", wall.as_secs_f64() * 1e3);

@@ -64,6 +64,12 @@ pub(crate) fn build(
     args: &CompileArgs,
     report: &ReportArgs,
 ) -> Result<ExitCode, Failure> {
+    if same_file(file, output) {
+        return Err(Failure::usage(format!(
+            "refusing to write the bundle over its source {}: choose another -o path",
+            file.display()
+        )));
+    }
     let source = read_text(file)?;
     let (bytes, diagnostics) = aplc_compiler::build(
         &source,
@@ -74,9 +80,55 @@ pub(crate) fn build(
     let Some(bytes) = bytes else {
         return Ok(ExitCode::from(2));
     };
-    std::fs::write(output, bytes)
+    write_atomically(output, &bytes)
         .map_err(|e| Failure::run(format!("cannot write {}: {e}", output.display())))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// True when `a` and `b` name the same existing file: through a symlink, a hard link, or
+/// different spellings of one path.
+fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(a), Ok(b)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return a.dev() == b.dev() && a.ino() == b.ino();
+        }
+    }
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Writes `bytes` to `output` through a temporary file in the same directory, renamed
+/// over `output` only once it is complete: a failed or interrupted write leaves an
+/// existing file as it was. A symlink is written through to its target, as a plain write
+/// would, and an existing file keeps its permissions.
+fn write_atomically(output: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let target = std::fs::canonicalize(output).unwrap_or_else(|_| output.to_path_buf());
+    let dir = match target.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let existing = std::fs::metadata(&target).ok().map(|m| m.permissions());
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".aplc-").suffix(".tmp");
+    #[cfg(unix)]
+    {
+        // tempfile's default is 0600; a new bundle gets what `fs::write` would give it.
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    // Dropping the temporary file on an error removes it.
+    let mut temp = builder.tempfile_in(dir)?;
+    temp.write_all(bytes)?;
+    if let Some(permissions) = existing {
+        temp.as_file().set_permissions(permissions)?;
+    }
+    temp.as_file().sync_all()?;
+    temp.persist(&target).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// The options for compiling source that is about to **run** (`aplc run`): an unknown

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 use aplc_compiler::graph::{Jump, StepGraph};
 use aplc_vm::bundle::{self, Bundle};
+use aplc_vm::text::escape_control;
 use clap::{Args, ValueEnum};
 
 use crate::compile::check_options;
@@ -55,6 +56,8 @@ pub(crate) fn graph(args: &GraphArgs) -> Result<ExitCode, Failure> {
     };
     let mut stdout = std::io::stdout().lock();
     // A closed stdout (`aplc graph … | head`) is not a failure.
+    // Labels drop control characters already; this also catches bidirectional overrides.
+    let text = escape_control(&text);
     let _ = std::io::Write::write_all(&mut stdout, text.as_bytes())
         .and_then(|_| std::io::Write::flush(&mut stdout));
     Ok(ExitCode::SUCCESS)

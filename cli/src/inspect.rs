@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use aplc_compiler::graph::{Jump, StepGraph};
 use aplc_vm::bundle::{self, Bundle};
+use aplc_vm::text::escape_control;
 use clap::Args;
 
 use crate::Failure;
@@ -42,6 +43,8 @@ pub(crate) fn inspect(args: &InspectArgs) -> Result<ExitCode, Failure> {
     text.push_str(&flow(&StepGraph::from_bundle(&bundle)));
     let mut stdout = std::io::stdout().lock();
     // A closed stdout (`aplc inspect … | head`) is not a failure.
+    // Step names and template text come from the bundle: escape control characters.
+    let text = escape_control(&text);
     let _ = std::io::Write::write_all(&mut stdout, text.as_bytes())
         .and_then(|_| std::io::Write::flush(&mut stdout));
     Ok(ExitCode::SUCCESS)

@@ -24,6 +24,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use aplc_vm::text::escape_control;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
@@ -123,7 +124,8 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("error: {}", failure.message);
+            // Messages quote file names, step names and provider errors: escape them.
+            eprintln!("error: {}", escape_control(&failure.message));
             ExitCode::from(failure.code)
         }
     }

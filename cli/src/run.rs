@@ -1,6 +1,6 @@
 //! `aplc run`: load or compile an agent and run it with a provider.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use aplc_vm::driver::{self, Provider, Scripted};
 use aplc_vm::http::HttpClient;
 use aplc_vm::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_vm::routing::Router;
+use aplc_vm::text::escape_control;
 use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
 
@@ -38,6 +39,11 @@ pub(crate) struct RunArgs {
     /// Cap on successful provider calls (`global_runs`) for the whole run.
     #[arg(long, value_name = "N")]
     max_runs: Option<u64>,
+    /// Cap on steps entered in the whole run: one more fails it with `Step budget
+    /// exceeded` (a loop that retries on errors never reaches --max-runs).
+    #[arg(long, value_name = "N", default_value_t = aplc_vm::DEFAULT_MAX_STEPS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_steps: u64,
     /// Wall-clock timeout for the whole run, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 120_000)]
     timeout: u64,
@@ -85,6 +91,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let options = RunOptions {
         timeout: Duration::from_millis(args.timeout),
         max_runs: args.max_runs,
+        max_steps: args.max_steps,
         ..RunOptions::default()
     };
     let options = context_options(options, args.context.as_deref())?;
@@ -113,7 +120,14 @@ fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCod
         let text = serde_json::to_string_pretty(&outcome.context_json()).unwrap_or_default();
         writeln!(stdout, "{text}")
     } else if outcome.error.is_none() {
-        writeln!(stdout, "{}", outcome.result_text())
+        // `result_text` is the agent's output: piped, it stays byte for byte; on a
+        // terminal, what the model wrote must not drive the terminal.
+        let text = outcome.result_text();
+        if stdout.is_terminal() {
+            writeln!(stdout, "{}", escape_control(&text))
+        } else {
+            writeln!(stdout, "{text}")
+        }
     } else {
         Ok(())
     };
@@ -150,7 +164,7 @@ fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCod
     if !outcome.last_step_errors.is_empty() {
         eprintln!("the last step ended with errors:");
         for e in &outcome.last_step_errors {
-            eprintln!("  - {e}");
+            eprintln!("  - {}", escape_control(e));
         }
         return Ok(ExitCode::from(3));
     }
@@ -232,6 +246,12 @@ pub(crate) fn context_options(
 ) -> Result<RunOptions, Failure> {
     let Some(path) = path else { return Ok(options) };
     let text = read_text(path)?;
+    // A JSON object with a key twice parses, keeping the last value: the user would run
+    // with input other than what the file says. Refuse it instead, at any depth.
+    serde_json::from_str::<UniqueKeys>(&text).map_err(|e| {
+        let what = if e.is_data() { "" } else { "invalid JSON: " };
+        Failure::usage(format!("{}: {what}{e}", path.display()))
+    })?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Failure::usage(format!("{}: invalid JSON: {e}", path.display())))?;
     let serde_json::Value::Object(object) = value else {
@@ -275,4 +295,65 @@ pub(crate) fn load_program(
     })?;
     Program::from_bundle(bundle, aplc_vm::Limits::default())
         .map_err(|e| Failure::run(format!("{}: {e}", file.display())))
+}
+
+/// Deserializes any JSON value, failing on an object that has a key twice.
+struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueKeys)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if seen.contains(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "duplicate key `{}` (refused rather than keep only one of its values)",
+                    aplc_vm::text::escape_control(&key)
+                )));
+            }
+            map.next_value::<UniqueKeys>()?;
+            seen.insert(key);
+        }
+        Ok(UniqueKeys)
+    }
 }

@@ -55,6 +55,7 @@ struct FixtureOptions {
     #[serde(default)]
     deny_warnings: bool,
     max_runs: Option<u64>,
+    max_steps: Option<u64>,
     timeout_ms: Option<u64>,
 }
 
@@ -149,6 +150,9 @@ fn run_fixtures() {
             max_runs: opts.max_runs,
             ..RunOptions::default()
         };
+        if let Some(steps) = opts.max_steps {
+            run_options.max_steps = steps;
+        }
         if let Some(ms) = opts.timeout_ms {
             run_options.timeout = Duration::from_millis(ms);
         }

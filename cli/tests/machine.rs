@@ -303,4 +303,151 @@ async fn declared_inputs_are_required_by_every_runner() {
     let outcome = aplc_vm::run_scripted(p, all, &mut script, || start);
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
     assert_eq!(outcome.result_text(), "done");
+
+/// Issue #9, runaway loops: a post phase that retries on errors against a provider that
+/// fails for good never counts towards `max_runs`; the step budget ends it, and the
+/// failure says what the step kept failing on.
+#[test]
+fn a_retry_loop_against_a_failing_provider_ends_at_the_step_budget() {
+    let start = Instant::now();
+    let mut m = Machine::new(program(LOOP), RunOptions::default(), start);
+    let mut calls = 0u64;
+    loop {
+        match m.poll(start) {
+            Action::CallProvider(_) => {
+                calls += 1;
+                let error = aplc_vm::ProviderError {
+                    message: "HTTP 401: invalid api key \u{1b}[2J".into(),
+                };
+                m.handle_provider_response(start, Err(error));
+            }
+            Action::CallTool(_) => panic!("no tools in this program"),
+            Action::Continue => {}
+            Action::Done => break,
+        }
+        assert!(
+            calls <= aplc_vm::DEFAULT_MAX_STEPS,
+            "the loop ran past the budget"
+        );
+    }
+    let outcome = m.into_outcome();
+    assert_eq!(outcome.steps, aplc_vm::DEFAULT_MAX_STEPS);
+    assert_eq!(calls, aplc_vm::DEFAULT_MAX_STEPS);
+    let error = outcome.error.expect("the budget ends the run");
+    assert_eq!(error.kind, RunErrorKind::StepBudgetExceeded);
+    assert!(
+        error
+            .message
+            .starts_with("Step budget exceeded: 1000 steps"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error
+            .message
+            .contains("(last errors in step `a`: provider error: HTTP 401: invalid api key"),
+        "{}",
+        error.message
+    );
+    assert!(!error.message.contains('\u{1b}'), "{}", error.message);
+}
+
+#[test]
+fn the_step_budget_is_an_option_and_counts_steps_entered() {
+    let start = Instant::now();
+    let options = RunOptions {
+        max_steps: 3,
+        ..RunOptions::default()
+    };
+    let mut m = Machine::new(program(LOOP), options, start);
+    loop {
+        match m.poll(start) {
+            Action::CallProvider(_) => m.handle_provider_response(start, reply("ok")),
+            Action::CallTool(_) => panic!("no tools in this program"),
+            Action::Continue => {}
+            Action::Done => break,
+        }
+    }
+    let outcome = m.into_outcome();
+    assert_eq!(outcome.steps, 3);
+    assert_eq!(outcome.history.len(), 3);
+    let error = outcome.error.unwrap();
+    // Successful steps have no errors to show: the message is exactly the spec's.
+    assert_eq!(error.message, "Step budget exceeded: 3 steps");
+
+    // A run that needs more steps than the default raises the budget.
+    let options = RunOptions {
+        max_steps: 2_500,
+        max_runs: Some(2_200),
+        ..RunOptions::default()
+    };
+    let mut m = Machine::new(program(LOOP), options, start);
+    loop {
+        match m.poll(start) {
+            Action::CallProvider(_) => m.handle_provider_response(start, reply("ok")),
+            Action::CallTool(_) => panic!("no tools in this program"),
+            Action::Continue => {}
+            Action::Done => break,
+        }
+    }
+    let outcome = m.into_outcome();
+    assert_eq!(outcome.error.unwrap().kind, RunErrorKind::BudgetExceeded);
+    assert_eq!(outcome.history.len(), 2_200);
+}
+
+/// Issue #9, F14: a timeout in the middle of a batch of tool calls keeps the results of
+/// the calls that already ran (they may have had side effects) and gives the running and
+/// the unstarted calls a failed entry each.
+#[test]
+fn a_timeout_during_a_tool_batch_keeps_the_finished_calls() {
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(ToolSpec::new(serde_json::json!({"name": "t"})).unwrap())
+        .unwrap();
+    let options = RunOptions {
+        timeout: Duration::from_millis(50),
+        tools: Arc::new(registry),
+        ..RunOptions::default()
+    };
+    let call = |id: &str| serde_json::json!({"id": id, "type": "function", "function": {"name": "t", "arguments": "{}"}});
+    let response = serde_json::json!({"choices": [{"message": {"role": "assistant",
+        "content": null, "tool_calls": [call("1"), call("2"), call("3"), call("4")]}}]});
+    let at = |ms| Instant::now() + Duration::from_millis(ms);
+    let start = Instant::now();
+    let mut m = Machine::new(program("# prompt: a\nhi\n"), options, start);
+    assert!(matches!(m.poll(start), Action::CallProvider(_)));
+    m.handle_provider_response(start, Ok(response));
+    assert!(matches!(m.poll(start), Action::CallTool(_)));
+    m.handle_tool_result(start, Ok(serde_json::json!("done 1")));
+    assert!(matches!(m.poll(start), Action::CallTool(_)));
+    m.handle_tool_result(start, Err("exit status 3".into()));
+    // The third call is running when the deadline passes.
+    assert!(matches!(m.poll(start), Action::CallTool(_)));
+    m.handle_timeout(at(60).max(start + Duration::from_millis(50)));
+    assert!(matches!(m.poll(at(61)), Action::Done));
+    let outcome = m.into_outcome();
+    let error = outcome.error.clone().unwrap();
+    assert_eq!(error.kind, RunErrorKind::Timeout);
+    assert!(error.message.contains("exit status 3"), "{}", error.message);
+    // The message quotes what went wrong before the timeout, not the entries it added.
+    assert!(
+        !error.message.contains("the run ended"),
+        "{}",
+        error.message
+    );
+    let json = outcome.context_json();
+    let results = json["result_tool_calls"].as_array().unwrap();
+    assert_eq!(results.len(), 4, "{results:?}");
+    assert_eq!(results[0]["content"], "done 1");
+    assert_eq!(results[0]["with_error"], false);
+    for (i, want) in [
+        (1, "exit status 3"),
+        (2, "while the tool was running"),
+        (3, "before the call"),
+    ] {
+        assert_eq!(results[i]["with_error"], true, "{results:?}");
+        let content = results[i]["content"].as_str().unwrap();
+        assert!(content.contains(want), "{content}");
+    }
+    assert_eq!(json["errors"].as_array().unwrap().len(), 3);
 }

@@ -91,7 +91,7 @@ pub enum Code {
     /// APL0016: a step no jump from the entry step can reach.
     UnreachableStep,
     /// APL0017: a cycle of steps that every run entering it can only leave through
-    /// `max_runs` or the timeout.
+    /// `max_steps`, `max_runs` or the timeout.
     CycleWithoutExit,
     /// APL0018: a template reads a variable that nothing defines.
     UndefinedVariable,

@@ -375,7 +375,8 @@ fn cycle_diagnostic(steps: &[CheckedStep<'_>], component: &[usize]) -> Diagnosti
     }
     diag.with_note(
         "every post phase in the cycle sets `next_step` to a step of the cycle on every path, \
-         so a run that enters it only ends at `max_runs` (`Run budget exceeded`) or at the timeout",
+         so a run that enters it only ends at `max_steps` (`Step budget exceeded`), `max_runs` \
+         (`Run budget exceeded`) or the timeout",
     )
     .with_help(format!(
         "give the cycle an exit, e.g. `{{% if runs >= 3 %}}{{{{ set_context('next_step', 'return') }}}}{{% endif %}}` after the jump in step `{}`",

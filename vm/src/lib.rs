@@ -22,6 +22,7 @@ mod provider;
 mod redact;
 mod response;
 mod store;
+pub mod text;
 
 #[cfg(feature = "driver")]
 pub mod driver;
@@ -37,7 +38,8 @@ pub mod tools;
 
 pub use env::{Limits, template_env};
 pub use machine::{
-    Action, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions, RunOutcome, run_scripted,
+    Action, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions,
+    RunOutcome, run_scripted,
 };
 pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, Program};

@@ -36,10 +36,25 @@ use crate::program::Program;
 use crate::provider::{ProviderError, ProviderRequest};
 use crate::response::{Completion, parse_completion, parse_json_output, validate_output};
 use crate::store::{CONTEXT, CONTEXT_HISTORY, Store, Vars, value_from_json};
+use crate::text::{escape_control, truncate_chars};
 use crate::tools::{Allowed, Ledger, ToolInvocation, ToolRegistry, check_call};
 
 /// The default wall-clock timeout of a run (§6.1).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(120_000);
+
+/// The default cap on steps entered in one run (`max_steps`).
+///
+/// A loop whose post phase jumps back on errors spins as fast as the machine allows once
+/// the provider fails for good (a failed call does not count towards `max_runs`), and
+/// grows `context_history` by a snapshot per step. 1,000 steps end such a loop within a
+/// second or two at a few megabytes; runs that need more raise the budget explicitly.
+pub const DEFAULT_MAX_STEPS: u64 = 1_000;
+
+/// At most this many of the running step's errors go into a run failure's message.
+const FAILURE_ERRORS: usize = 3;
+
+/// Each of those errors is cut to this many characters.
+const FAILURE_ERROR_CHARS: usize = 300;
 
 /// Options of one run (§6.1).
 #[derive(Debug, Clone)]
@@ -48,6 +63,9 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Cap on `global_runs`; `None` is unlimited.
     pub max_runs: Option<u64>,
+    /// Cap on steps entered; entering one more fails the run with
+    /// `Step budget exceeded: N steps`. Defaults to [`DEFAULT_MAX_STEPS`].
+    pub max_steps: u64,
     /// Variables injected before the first step (`with_context`).
     pub with_context: Vec<(String, Value)>,
     /// The tools the run may offer the model (`with_tools`; their descriptors).
@@ -59,6 +77,7 @@ impl Default for RunOptions {
         RunOptions {
             timeout: DEFAULT_TIMEOUT,
             max_runs: None,
+            max_steps: DEFAULT_MAX_STEPS,
             with_context: Vec::new(),
             tools: Arc::new(ToolRegistry::new()),
         }
@@ -116,6 +135,8 @@ pub enum RunErrorKind {
     UnknownStep,
     /// A provider call would exceed `max_runs`.
     BudgetExceeded,
+    /// Entering a step would exceed `max_steps`.
+    StepBudgetExceeded,
     /// The run's wall-clock timeout passed.
     Timeout,
     /// The run options were invalid (e.g. a reserved `with_context` name).
@@ -216,6 +237,7 @@ pub struct Machine {
     runs: Vec<u64>,
     global_runs: u64,
     max_runs: Option<u64>,
+    max_steps: u64,
     started: Instant,
     step_started: Instant,
     deadline: Instant,
@@ -230,6 +252,8 @@ pub struct Machine {
     /// The current step ran its post phase, so its `errors` are reset after it (§2.3).
     post_ran: bool,
     last_step_errors: Vec<String>,
+    /// The step whose errors `last_step_errors` holds.
+    last_errors_step: Option<StepId>,
     steps: u64,
     error: Option<RunError>,
 }
@@ -272,6 +296,7 @@ impl Machine {
             runs: vec![0; steps],
             global_runs: 0,
             max_runs: options.max_runs,
+            max_steps: options.max_steps,
             started: now,
             step_started: now,
             deadline: now
@@ -286,6 +311,7 @@ impl Machine {
             ledger: Ledger::default(),
             post_ran: false,
             last_step_errors: Vec::new(),
+            last_errors_step: None,
             steps: 0,
             error,
         }
@@ -333,7 +359,14 @@ impl Machine {
             };
             self.pc += 1;
             match instr {
-                Instr::EnterStep(step) => self.enter_step(step, now),
+                Instr::EnterStep(step) => {
+                    if self.steps >= self.max_steps {
+                        let message = format!("Step budget exceeded: {} steps", self.max_steps);
+                        self.fail(RunErrorKind::StepBudgetExceeded, message);
+                        return Action::Done;
+                    }
+                    self.enter_step(step, now)
+                }
                 Instr::RenderPre(t) => {
                     self.update_times(now);
                     self.render_phase(t);
@@ -744,6 +777,7 @@ impl Machine {
     /// one-step agent whose provider failed shows the failure.
     fn snapshot(&mut self) {
         self.store.snapshot();
+        self.last_errors_step = self.step;
         self.last_step_errors = self
             .store
             .get("errors")
@@ -795,7 +829,15 @@ impl Machine {
     }
 
     /// Ends the run with an error.
-    fn fail(&mut self, kind: RunErrorKind, message: String) {
+    fn fail(&mut self, kind: RunErrorKind, mut message: String) {
+        // The errors that led here, before the ones that closing a tool round adds.
+        if matches!(
+            kind,
+            RunErrorKind::Timeout | RunErrorKind::BudgetExceeded | RunErrorKind::StepBudgetExceeded
+        ) {
+            message.push_str(&self.recent_errors());
+        }
+        self.close_tool_round();
         let bundle = self.program.bundle();
         let step = self.step.map(|s| bundle.steps[s.index()].name.clone());
         let span = bundle.code_spans.get(self.pc.saturating_sub(1)).copied();
@@ -806,6 +848,79 @@ impl Machine {
             span,
         });
         self.state = State::Done;
+    }
+
+    /// Stores the results of a tool round the run is ending in the middle of. The calls
+    /// that already ran may have had side effects, so their results (and errors) must
+    /// reach the final context; the call that was running and those never started get a
+    /// failed entry each, so `result_tool_calls` still has one entry per call.
+    fn close_tool_round(&mut self) {
+        let Some(mut round) = self.tool_round.take() else {
+            return;
+        };
+        let mut unfinished = Vec::new();
+        if round.running.take().is_some() {
+            // `next` was advanced past the running call when it started.
+            unfinished.push((
+                round.next.saturating_sub(1),
+                "the run ended while the tool was running",
+            ));
+        }
+        unfinished
+            .extend((round.next..round.calls.len()).map(|i| (i, "the run ended before the call")));
+        for (i, reason) in unfinished {
+            let Some(call) = round.calls.get(i) else {
+                continue;
+            };
+            let message = format!("tool execution failed: `{}`: {reason}", call.name);
+            self.store.push_error(message.clone());
+            round
+                .results
+                .push(tool_result(&call.id, Value::from(message), true, false));
+        }
+        self.store
+            .set("result_tool_calls", Value::from(round.results));
+    }
+
+    /// Why a run that hit a budget or the timeout was probably stuck: the errors of the
+    /// running step, or of the step that finished last when the running one has none yet,
+    /// as `` (last errors in step `name`: …)``. Bounded: at most [`FAILURE_ERRORS`]
+    /// errors, the latest ones, each cut to [`FAILURE_ERROR_CHARS`] characters, with
+    /// control characters escaped (the text comes from providers and tools).
+    fn recent_errors(&self) -> String {
+        let current: Vec<String> = self
+            .store
+            .get("errors")
+            .and_then(|e| {
+                e.try_iter()
+                    .ok()
+                    .map(|it| it.map(|v| v.to_string()).collect())
+            })
+            .unwrap_or_default();
+        let (errors, step) = if current.is_empty() {
+            (&self.last_step_errors, self.last_errors_step)
+        } else {
+            (&current, self.step)
+        };
+        if errors.is_empty() {
+            return String::new();
+        }
+        let name = step.map_or("?", |s| self.program.step_name(s));
+        let shown = &errors[errors.len().saturating_sub(FAILURE_ERRORS)..];
+        let count = if shown.len() < errors.len() {
+            format!(", {} of {}", shown.len(), errors.len())
+        } else {
+            String::new()
+        };
+        let texts: Vec<String> = shown
+            .iter()
+            .map(|e| escape_control(&truncate_chars(e, FAILURE_ERROR_CHARS)).into_owned())
+            .collect();
+        format!(
+            " (last errors in step `{}`{count}: {})",
+            escape_control(name),
+            texts.join("; ")
+        )
     }
 }
 

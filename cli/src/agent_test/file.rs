@@ -50,8 +50,7 @@ pub(crate) struct Case<'env> {
     pub max_runs: Option<u64>,
     pub timeout: Duration,
     pub toolbox: Toolbox,
-    /// Parsed and validated; applied to the run once `RunOptions::max_steps` exists (see
-    /// `run_case`).
+    /// The run's step budget; `None` is the default (`DEFAULT_MAX_STEPS`).
     pub max_steps: Option<u64>,
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use aplc_vm::driver::{self, Scripted};
 use aplc_vm::minijinja::value::Value;
 use aplc_vm::minijinja::{Environment, Expression};
-use aplc_vm::{Limits, RunOptions, RunOutcome, template_env};
+use aplc_vm::{DEFAULT_MAX_STEPS, Limits, RunOptions, RunOutcome, template_env};
 use clap::{Args, ValueEnum};
 
 use crate::Failure;
@@ -116,10 +116,10 @@ fn run_case(
     let options = RunOptions {
         timeout: case.timeout,
         max_runs: case.max_runs,
+        max_steps: case.max_steps.unwrap_or(DEFAULT_MAX_STEPS),
         ..RunOptions::default()
     }
     .with_context_json(&case.context);
-    let _ = case.max_steps; // MERGE(#9 step budget): `options.max_steps = case.max_steps;` (and `let mut options`)
     let provider = Scripted::new(case.responses.clone());
     let started = Instant::now();
     let outcome = runtime.block_on(driver::run_with_tools(
