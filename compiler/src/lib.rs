@@ -118,6 +118,11 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     let (file, parse_diags) = parser::parse(source, lines);
     diagnostics.extend(parse_diags);
     let ir = lower::lower(source, &file, options, &mut diagnostics);
+    // Every span must fall on character boundaries (spans from minijinja are snapped
+    // where they are made; this keeps any other slip from reaching a renderer).
+    for label in diagnostics.iter_mut().flat_map(|d| d.labels.iter_mut()) {
+        label.span = label.span.snap(source);
+    }
     if options.deny_warnings {
         deny_warnings(&mut diagnostics);
     }

@@ -557,7 +557,9 @@ impl Lowerer<'_, '_> {
                 .unwrap_or(0);
             (start, start)
         });
-        let span = map.span(start, end.max(start));
+        // minijinja may report a position inside a multi-byte character (`{{ café }}`).
+        let snapped = Span::new(start, end).snap(source);
+        let span = map.span(snapped.start, snapped.end);
         self.diags.push(
             Diagnostic::error(
                 Code::TemplateSyntax,
