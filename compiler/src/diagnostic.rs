@@ -114,6 +114,8 @@ pub enum Code {
     UndefinedVariable,
     /// APL0019: a malformed `{# inputs: … #}` declaration.
     InvalidInputs,
+    /// APL0020: a template expression nested deeper than the VM loads.
+    ExpressionTooDeep,
 }
 
 impl Code {
@@ -139,11 +141,12 @@ impl Code {
             Code::CycleWithoutExit => "APL0017",
             Code::UndefinedVariable => "APL0018",
             Code::InvalidInputs => "APL0019",
+            Code::ExpressionTooDeep => "APL0020",
         }
     }
 
     /// Every code, in numeric order.
-    pub const ALL: [Code; 19] = [
+    pub const ALL: [Code; 20] = [
         Code::InvalidStepHeading,
         Code::DuplicateStep,
         Code::ReservedStep,
@@ -163,6 +166,7 @@ impl Code {
         Code::CycleWithoutExit,
         Code::UndefinedVariable,
         Code::InvalidInputs,
+        Code::ExpressionTooDeep,
     ];
 }
 
@@ -383,7 +387,13 @@ mod tests {
         for start in 0..source.len() + 2 {
             for end in start..source.len() + 2 {
                 let d = Diagnostic::error(Code::TemplateSyntax, "x", Span { start, end })
-                    .with_secondary(Span { start: end, end: start }, "y");
+                    .with_secondary(
+                        Span {
+                            start: end,
+                            end: start,
+                        },
+                        "y",
+                    );
                 let _ = render(&[d], "t.apl", source, false);
             }
         }

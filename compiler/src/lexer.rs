@@ -174,7 +174,10 @@ mod tests {
         use LineKind::*;
         let src = "\u{feff}# prompt: a\nhi\n";
         let (lines, _) = lex(src);
-        assert_eq!(lines.iter().map(|l| l.kind).collect::<Vec<_>>(), [PhaseHeading, Text]);
+        assert_eq!(
+            lines.iter().map(|l| l.kind).collect::<Vec<_>>(),
+            [PhaseHeading, Text]
+        );
         assert_eq!(lines[0].span.start, 3);
         assert_eq!(&src[lines[1].span.range()], "hi\n");
         // Only a leading one: anywhere else it is text.

@@ -149,3 +149,86 @@ proptest! {
         let _ = outcome.context_json();
     }
 }
+
+/// Expressions at the depth limit, in every shape that makes the analysis recurse.
+fn deepest_templates() -> Vec<String> {
+    let n = aplc_vm::MAX_EXPRESSION_DEPTH;
+    let half = n / 2;
+    vec![
+        format!("{{{{ 1{} }}}}", "+1".repeat(n)),
+        format!("{{{{ {}x }}}}", "not ".repeat(n)),
+        format!("{{{{ {}1 }}}}", "- ".repeat(n)),
+        format!("{{{{ x{} }}}}", ".a".repeat(n)),
+        format!("{{{{ x{} }}}}", "|string".repeat(n)),
+        format!("{{{{ x{} }}}}", " is defined".repeat(n)),
+        format!("{{{{ 1{} }}}}", " if x else 1".repeat(half)),
+        format!("{{% if x{} %}}y{{% endif %}}", " and x".repeat(n - 1)),
+        format!("{{{{ {}1{} }}}}", "x[".repeat(half), "]".repeat(half)),
+        format!("{{{{ {}1{} }}}}", "(1+".repeat(half), ")".repeat(half)),
+        format!("{{{{ {}1{} }}}}", "range(".repeat(half), ")".repeat(half)),
+        format!(
+            "{{{{ set_context('k', {}1{}) }}}}",
+            "[".repeat(n - 2),
+            "]".repeat(n - 2)
+        ),
+        format!(
+            "{}{{{{ 1{} }}}}{}",
+            "{% if x %}".repeat(140),
+            "+1".repeat(n),
+            "{% endif %}".repeat(140)
+        ),
+        format!(
+            "{}{{{{ x }}}}{}",
+            "{% for x in y %}".repeat(140),
+            "{% endfor %}".repeat(140)
+        ),
+    ]
+}
+
+/// F2: the deepest expressions the compiler accepts go through the whole front end
+/// (minijinja's parser, the analysis, the VM's template compilation) on a 2 MiB stack.
+#[test]
+fn the_deepest_accepted_expressions_compile_on_a_2_mib_stack() {
+    let worker = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(|| {
+            for template in deepest_templates() {
+                for relaxed in [false, true] {
+                    let source = format!("{{# inputs: x, y #}}\n# prompt: a\n## user\n{template}\n# post: a\n{template}\n");
+                    let c = compile(&source, "deep.apl", &Options { relaxed, ..Options::default() });
+                    assert!(
+                        c.diagnostics.iter().all(|d| d.code != aplc_compiler::Code::ExpressionTooDeep),
+                        "{}: {:?}",
+                        &template[..40],
+                        c.diagnostics
+                    );
+                    if let Some(bundle) = c.bundle {
+                        Program::from_bundle(bundle, Limits::default()).expect("compiler output loads");
+                    }
+                }
+            }
+        })
+        .expect("spawn a 2 MiB thread");
+    worker.join().expect("no stack overflow on a 2 MiB stack");
+}
+
+/// F2: one level more is APL0020 at the template, and nothing overflows, however long.
+#[test]
+fn deeper_expressions_are_refused_with_apl0020() {
+    let n = aplc_vm::MAX_EXPRESSION_DEPTH;
+    for template in [
+        format!("{{{{ 1{} }}}}", "+1".repeat(n + 1)),
+        format!("{{{{ x{} }}}}", ".a".repeat(50_000)),
+        format!("{{{{ {}x }}}}", "not ".repeat(50_000)),
+    ] {
+        let source = format!("# prompt: a\n## user\nhi\n{template}\n");
+        let c = compile(&source, "deep.apl", &Options::default());
+        let d = c
+            .diagnostics
+            .iter()
+            .find(|d| d.code == aplc_compiler::Code::ExpressionTooDeep)
+            .expect("APL0020");
+        assert!(d.span().start >= source.find("{{").unwrap_or(0));
+        assert!(c.bundle.is_none());
+    }
+}

@@ -20,6 +20,7 @@ mod program;
 mod provider;
 mod response;
 mod store;
+mod template_check;
 
 #[cfg(feature = "driver")]
 pub mod driver;
@@ -39,6 +40,9 @@ pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, Program};
 pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
 pub use store::{Snapshot, Store, Vars, value_from_json};
+pub use template_check::{
+    MAX_EXPRESSION_DEPTH, TemplateFault, check_depth, check_statements, check_template,
+};
 
 /// Re-exported so embedders and the compiler use the exact same template engine.
 pub use minijinja;

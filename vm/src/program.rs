@@ -10,8 +10,12 @@ use minijinja::Environment;
 
 use crate::bundle::{self, Bundle, BundleError, StepId, TemplateId, TemplateKind};
 use crate::env::{Limits, template_env};
+use crate::template_check::check_template;
 
 /// A decoded, validated bundle with its templates compiled.
+///
+/// Every template passes [`check_template`](crate::check_template) before minijinja
+/// parses it.
 pub struct Program {
     bundle: Bundle,
     env: Environment<'static>,
@@ -52,13 +56,17 @@ impl Program {
         let mut env = template_env(&limits);
         let mut names = Vec::with_capacity(bundle.templates.len());
         for (index, template) in bundle.templates.iter().enumerate() {
+            let refused = |message: String| LoadError::Template {
+                index,
+                what: describe(&bundle, TemplateId(index as u32)),
+                message,
+            };
+            // Before minijinja sees it: its parser recurses on deep expressions, and
+            // the compiler's rules on statements must hold for crafted bundles too.
+            check_template(&template.source).map_err(|e| refused(e.to_string()))?;
             let name = index.to_string();
             env.add_template_owned(name.clone(), template.source.clone())
-                .map_err(|e| LoadError::Template {
-                    index,
-                    what: describe(&bundle, TemplateId(index as u32)),
-                    message: e.to_string(),
-                })?;
+                .map_err(|e| refused(e.to_string()))?;
             names.push(name);
         }
         let steps_by_name = bundle

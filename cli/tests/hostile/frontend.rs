@@ -43,3 +43,97 @@ fn f17_a_byte_order_mark_is_accepted() {
     assert!(out.stderr.contains("APL0009"), "{}", out.stderr);
     assert!(out.stderr.contains("bad.apl:3:"), "{}", out.stderr);
 }
+
+/// Long chains that once overflowed the stack: 50,000 terms of each kind.
+fn long_chains() -> Vec<(&'static str, String)> {
+    const TERMS: usize = 50_000;
+    vec![
+        ("plus", format!("{{{{ 1{} }}}}", "+1".repeat(TERMS))),
+        ("not", format!("{{{{ {}x }}}}", "not ".repeat(TERMS))),
+        ("attr", format!("{{{{ x{} }}}}", ".a".repeat(TERMS))),
+        ("filter", format!("{{{{ x{} }}}}", "|lower".repeat(TERMS))),
+        ("neg", format!("{{{{ {}1 }}}}", "-".repeat(TERMS))),
+        (
+            "ifelse",
+            format!("{{{{ 1{} }}}}", " if x else 1".repeat(TERMS)),
+        ),
+    ]
+}
+
+/// F2: `check` reports an over-long expression as a diagnostic, not a stack overflow.
+#[test]
+fn f2_long_chains_in_source_are_a_diagnostic() {
+    let dir = scratch("f2-source");
+    for (name, template) in long_chains() {
+        let file = write(
+            &dir,
+            &format!("{name}.apl"),
+            format!("# prompt: a\n## user\n{template}\n"),
+        );
+        let out = aplc(&["check", &file], Caps::default());
+        out.assert_clean_exit();
+        assert_eq!(out.code, Some(2), "{name}: {}", out.stderr);
+        assert!(out.stderr.contains("APL0020"), "{name}: {}", out.stderr);
+    }
+}
+
+/// Builds a valid bundle for a one-step program, then replaces its prompt template with
+/// `template`: what a crafted bundle can do that the compiler would refuse.
+fn crafted_bundle(dir: &std::path::Path, name: &str, template: &str) -> String {
+    let compiled = aplc_compiler::compile(
+        "# prompt: a\n## user\nhi\n",
+        "crafted.apl",
+        &aplc_compiler::Options::default(),
+    );
+    let mut bundle = compiled.bundle.expect("the seed program compiles");
+    bundle.templates[0].source = template.to_string();
+    let bytes = aplc_vm::bundle::encode(&bundle).expect("the crafted bundle encodes");
+    write(dir, name, bytes)
+}
+
+/// F2: a crafted bundle with an over-long expression is refused at load, not a stack
+/// overflow (the bundle is about 100 KB).
+#[test]
+fn f2_long_chains_in_a_bundle_are_refused_at_load() {
+    let dir = scratch("f2-bundle");
+    let mock = write(&dir, "mock.json", r#"["ok"]"#);
+    for (name, template) in long_chains() {
+        let bundle = crafted_bundle(&dir, &format!("{name}.aplb"), &template);
+        let out = aplc(&["run", &bundle, "--mock", &mock], Caps::default());
+        out.assert_clean_exit();
+        assert_eq!(out.code, Some(1), "{name}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("unreadable bundle") && out.stderr.contains("nested too deeply"),
+            "{name}: {}",
+            out.stderr
+        );
+    }
+}
+
+/// F21: a crafted bundle whose template includes, imports or extends another template is
+/// refused at load, as the compiler refuses the source.
+#[test]
+fn f21_include_import_extends_in_a_bundle_are_refused_at_load() {
+    let dir = scratch("f21");
+    let mock = write(&dir, "mock.json", r#"["ok"]"#);
+    let cases = [
+        ("include", "{% include '0' %}"),
+        ("include-ignore", "{% include 'x' ignore missing %}"),
+        ("import", "{% import '0' as m %}"),
+        ("from", "{% from '0' import x %}"),
+        ("extends", "{% extends '0' %}"),
+        ("block", "{% block b %}x{% endblock %}"),
+        ("ws", "{%- include '0' -%}"),
+    ];
+    for (name, template) in cases {
+        let bundle = crafted_bundle(&dir, &format!("{name}.aplb"), template);
+        let out = aplc(&["run", &bundle, "--mock", &mock], Caps::default());
+        out.assert_clean_exit();
+        assert_eq!(out.code, Some(1), "{name}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("unreadable bundle") && out.stderr.contains("not supported"),
+            "{name}: {}",
+            out.stderr
+        );
+    }
+}
