@@ -123,6 +123,18 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     for label in diagnostics.iter_mut().flat_map(|d| d.labels.iter_mut()) {
         label.span = label.span.snap(source);
     }
+    let templates = ir.templates.iter().map(|t| t.source.as_str());
+    if let Err(err) = aplc_vm::check_size(ir.steps.len(), templates) {
+        // The VM would refuse to load the bundle (each template costs memory to load).
+        diagnostics.push(
+            Diagnostic::error(
+                Code::SourceTooLarge,
+                format!("the program is too large to load: {err}"),
+                Span::new(0, 0),
+            )
+            .with_note("every phase and every role section of a prompt is a template"),
+        );
+    }
     if options.deny_warnings {
         deny_warnings(&mut diagnostics);
     }

@@ -37,7 +37,7 @@ pub use machine::{
     Action, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions, RunOutcome, run_scripted,
 };
 pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
-pub use program::{LoadError, Program};
+pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
 pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
 pub use store::{Snapshot, Store, Vars, value_from_json};
 pub use template_check::{

@@ -151,34 +151,84 @@ fn f21_include_import_extends_in_a_bundle_are_refused_at_load() {
     }
 }
 
-/// F7: `graph` and `inspect` are linear in the number of steps. A chain of 60,000 steps
-/// took about 9 s a pass per 20,000 steps squared before (steps × templates); now each
-/// command is a few seconds even in a debug build.
+/// A bundle of a chain of `steps` steps, each with a prompt and a post template that
+/// jumps to the next step, built directly (the compiler refuses programs this large,
+/// but `graph` and `inspect` describe any valid bundle).
+fn chain_bundle(steps: usize) -> aplc_vm::bundle::Bundle {
+    use aplc_vm::bundle::{Edge, EdgeTarget, Instr, StepId, TemplateId};
+    let seed = aplc_compiler::compile(
+        "# prompt: s\n## user\nhi\n# post: s\n{{ set_context('next_step', 'NEXT') }}\n",
+        "chain.apl",
+        &aplc_compiler::Options::for_run(false),
+    )
+    .bundle
+    .expect("the seed program compiles");
+    let mut bundle = seed.clone();
+    bundle.steps.clear();
+    bundle.templates.clear();
+    bundle.messages.clear();
+    bundle.code.clear();
+    bundle.code_spans.clear();
+    bundle.edges.clear();
+    for i in 0..steps {
+        let id = StepId(i as u32);
+        let t0 = bundle.templates.len() as u32;
+        let m0 = bundle.messages.len() as u32;
+        let mut step = seed.steps[0].clone();
+        step.name = format!("s{i}");
+        step.entry = bundle.code.len() as u32;
+        bundle.steps.push(step);
+        for t in &seed.templates {
+            let mut t = t.clone();
+            t.step = id;
+            t.source = t.source.replace("NEXT", &format!("s{}", i + 1));
+            bundle.templates.push(t);
+        }
+        for m in &seed.messages {
+            let mut m = m.clone();
+            m.template = TemplateId(m.template.0 + t0);
+            bundle.messages.push(m);
+        }
+        for instr in &seed.code {
+            bundle.code.push(match instr.clone() {
+                Instr::EnterStep(_) => Instr::EnterStep(id),
+                Instr::RenderPre(t) => Instr::RenderPre(TemplateId(t.0 + t0)),
+                Instr::RenderPost(t) => Instr::RenderPost(TemplateId(t.0 + t0)),
+                Instr::BuildPrompts { first, count } => Instr::BuildPrompts {
+                    first: first + m0,
+                    count,
+                },
+                other => other,
+            });
+        }
+        bundle.code_spans.extend(seed.code_spans.iter().copied());
+        bundle.edges.push(Edge {
+            from: id,
+            to: if i + 1 < steps {
+                EdgeTarget::Step(StepId(i as u32 + 1))
+            } else {
+                EdgeTarget::Return
+            },
+            span: seed.steps[0].span,
+        });
+    }
+    bundle
+}
+
+/// F7: `graph` and `inspect` are linear in the size of the bundle. On a chain of 60,000
+/// steps they cost steps × templates before and ran past the cap; now each takes a few
+/// seconds even in a debug build.
 #[test]
 fn f7_graph_and_inspect_are_linear() {
-    const STEPS: usize = 60_000;
     let dir = scratch("f7");
-    let mut source = String::with_capacity(STEPS * 80);
-    for i in 0..STEPS {
-        source.push_str(&format!("# prompt: s{i}\nhi\n"));
-        if i + 1 < STEPS {
-            source.push_str(&format!(
-                "# post: s{i}\n{{{{ set_context('next_step', 's{}') }}}}\n",
-                i + 1
-            ));
-        }
-    }
-    let file = write(&dir, "chain.apl", &source);
-    let bundle = dir.join("chain.aplb").to_string_lossy().into_owned();
+    let bytes = aplc_vm::bundle::encode(&chain_bundle(60_000)).expect("the chain encodes");
+    let bundle = write(&dir, "chain.aplb", bytes);
     let caps = Caps {
         time: std::time::Duration::from_secs(15),
         ..Caps::default()
     };
-    let built = aplc(&["build", &file, "-o", &bundle], caps);
-    built.assert_clean_exit();
-    assert_eq!(built.code, Some(0), "{}", built.stderr);
     for args in [
-        vec!["graph", file.as_str()],
+        vec!["graph", bundle.as_str()],
         vec!["graph", bundle.as_str(), "--format", "mermaid"],
         vec!["inspect", bundle.as_str()],
     ] {
@@ -186,4 +236,65 @@ fn f7_graph_and_inspect_are_linear() {
         out.assert_clean_exit();
         assert_eq!(out.code, Some(0), "{args:?}: {}", out.stderr);
     }
+}
+
+/// F8: loading a bundle of a million empty templates (8 MB) once took about 800 times
+/// its size in memory; now the loader refuses more than `MAX_TEMPLATES` templates,
+/// `MAX_STEPS` steps or `MAX_TEMPLATE_BYTES` of template source with a clear error,
+/// well within a 1 GiB address-space cap.
+#[test]
+fn f8_absurd_template_and_step_counts_are_refused_at_load() {
+    let dir = scratch("f8");
+    let mock = write(&dir, "mock.json", r#"["ok"]"#);
+    let caps = Caps {
+        memory: 1 << 30,
+        ..Caps::default()
+    };
+
+    let mut many_templates = chain_bundle(1);
+    let template = many_templates.templates[0].clone();
+    many_templates.templates = vec![template; 1_000_000];
+    for t in &mut many_templates.templates {
+        t.source.clear();
+    }
+    let steps = chain_bundle(aplc_vm::MAX_STEPS + 1);
+    let mut long = chain_bundle(1);
+    long.templates[0].source = "{{ x }}".repeat(aplc_vm::MAX_TEMPLATE_BYTES / 7 + 1);
+    for (name, bundle, what) in [
+        ("templates", many_templates, "templates"),
+        ("steps", steps, "steps"),
+        ("bytes", long, "bytes of template source"),
+    ] {
+        let bytes = aplc_vm::bundle::encode(&bundle).expect("encodes");
+        let file = write(&dir, &format!("{name}.aplb"), bytes);
+        let out = aplc(&["run", &file, "--mock", &mock], caps);
+        out.assert_clean_exit();
+        assert_eq!(out.code, Some(1), "{name}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(&format!("{what}; aplc loads at most")),
+            "{name}: {}",
+            out.stderr
+        );
+    }
+}
+
+/// F8: the compiler refuses to build a program the VM would refuse to load.
+#[test]
+fn f8_the_compiler_refuses_programs_too_large_to_load() {
+    let dir = scratch("f8-source");
+    let source = format!(
+        "# prompt: a\n{}",
+        "## user\nhi\n".repeat(aplc_vm::MAX_TEMPLATES + 1)
+    );
+    let file = write(&dir, "sections.apl", source);
+    let bundle = dir.join("out.aplb").to_string_lossy().into_owned();
+    let out = aplc(&["build", &file, "-o", &bundle], Caps::default());
+    out.assert_clean_exit();
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("APL0013") && out.stderr.contains("too large to load"),
+        "{}",
+        out.stderr
+    );
+    assert!(!std::path::Path::new(&bundle).exists());
 }
