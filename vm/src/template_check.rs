@@ -111,11 +111,9 @@ pub fn check_depth(source: &str) -> Result<(), TemplateFault> {
                 depth += 1;
                 levels.push(0);
             }
-            Token::ParenClose | Token::BracketClose | Token::BraceClose => {
-                // An unbalanced closer is the parser's to report; keep the base level.
-                if levels.len() > 1 {
-                    depth -= levels.pop().unwrap_or(0);
-                }
+            // An unbalanced closer is the parser's to report; the base level stays.
+            Token::ParenClose | Token::BracketClose | Token::BraceClose if levels.len() > 1 => {
+                depth -= levels.pop().unwrap_or(0);
             }
             token if deepens(&token) => {
                 if let Some(top) = levels.last_mut() {

@@ -185,12 +185,12 @@ fn chain_bundle(steps: usize) -> aplc_vm::bundle::Bundle {
             bundle.templates.push(t);
         }
         for m in &seed.messages {
-            let mut m = m.clone();
+            let mut m = *m;
             m.template = TemplateId(m.template.0 + t0);
             bundle.messages.push(m);
         }
         for instr in &seed.code {
-            bundle.code.push(match instr.clone() {
+            bundle.code.push(match *instr {
                 Instr::EnterStep(_) => Instr::EnterStep(id),
                 Instr::RenderPre(t) => Instr::RenderPre(TemplateId(t.0 + t0)),
                 Instr::RenderPost(t) => Instr::RenderPost(TemplateId(t.0 + t0)),
