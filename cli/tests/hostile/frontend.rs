@@ -24,6 +24,8 @@ fn f1_syntax_error_at_a_non_ascii_character_is_a_diagnostic() {
         assert_eq!(out.code, Some(2), "{name}: {}", out.stderr);
         assert!(out.stderr.contains("APL0009"), "{name}: {}", out.stderr);
     }
+    // The bundles here are megabytes; keep only a failing test's files.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// F17: a UTF-8 byte-order mark before a valid file is accepted, and diagnostics still
@@ -42,6 +44,8 @@ fn f17_a_byte_order_mark_is_accepted() {
     assert_eq!(out.code, Some(2), "{}", out.stderr);
     assert!(out.stderr.contains("APL0009"), "{}", out.stderr);
     assert!(out.stderr.contains("bad.apl:3:"), "{}", out.stderr);
+    // The bundles here are megabytes; keep only a failing test's files.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Long chains that once overflowed the stack: 50,000 terms of each kind.
@@ -75,6 +79,8 @@ fn f2_long_chains_in_source_are_a_diagnostic() {
         assert_eq!(out.code, Some(2), "{name}: {}", out.stderr);
         assert!(out.stderr.contains("APL0020"), "{name}: {}", out.stderr);
     }
+    // The bundles here are megabytes; keep only a failing test's files.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Builds a valid bundle for a one-step program with a prompt and a post phase, then
@@ -121,6 +127,8 @@ fn f2_long_chains_in_a_bundle_are_refused_at_load() {
             assert_eq!(out.code, Some(0), "{name} {args:?}: {}", out.stderr);
         }
     }
+    // The bundles here are megabytes; keep only a failing test's files.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// F21: a crafted bundle whose template includes, imports or extends another template is
@@ -149,6 +157,8 @@ fn f21_include_import_extends_in_a_bundle_are_refused_at_load() {
             out.stderr
         );
     }
+    // The bundles here are megabytes; keep only a failing test's files.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A bundle of a chain of `steps` steps, each with a prompt and a post template that
@@ -236,6 +246,8 @@ fn f7_graph_and_inspect_are_linear() {
         out.assert_clean_exit();
         assert_eq!(out.code, Some(0), "{args:?}: {}", out.stderr);
     }
+    // The bundles here are megabytes; keep only a failing test's files.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// F8: loading a bundle of a million empty templates (8 MB) once took about 800 times
@@ -276,6 +288,8 @@ fn f8_absurd_template_and_step_counts_are_refused_at_load() {
             out.stderr
         );
     }
+    // The bundles here are megabytes; keep only a failing test's files.
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// F8: the compiler refuses to build a program the VM would refuse to load.
@@ -297,4 +311,6 @@ fn f8_the_compiler_refuses_programs_too_large_to_load() {
         out.stderr
     );
     assert!(!std::path::Path::new(&bundle).exists());
+    // The bundles here are megabytes; keep only a failing test's files.
+    let _ = std::fs::remove_dir_all(&dir);
 }
