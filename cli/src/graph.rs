@@ -10,7 +10,7 @@
 //! `unknown: <name>` (only a bundle compiled with `Options::for_run` can have one:
 //! `build` and `graph` reject such source). `spec/graph.md` documents the output.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -113,8 +113,8 @@ pub(crate) fn dot(graph: &StepGraph, title: &str) -> String {
         );
     }
     let unknown = unknown_targets(graph);
-    let unknown_id = |name: &str| unknown.iter().position(|u| *u == name).unwrap_or(0);
-    for (k, name) in unknown.iter().enumerate() {
+    let unknown_id = |name: &str| unknown.get(name).copied().unwrap_or(0);
+    for (name, k) in &unknown {
         let _ = writeln!(
             out,
             "  u{k} [label={}, shape=octagon, color=red];",
@@ -156,8 +156,8 @@ pub(crate) fn mermaid(graph: &StepGraph) -> String {
         let _ = writeln!(out, "  any((\"*\"))");
     }
     let unknown = unknown_targets(graph);
-    let unknown_id = |name: &str| unknown.iter().position(|u| *u == name).unwrap_or(0);
-    for (k, name) in unknown.iter().enumerate() {
+    let unknown_id = |name: &str| unknown.get(name).copied().unwrap_or(0);
+    for (name, k) in &unknown {
         let _ = writeln!(
             out,
             "  u{k}{{{{{}}}}}",
@@ -223,10 +223,11 @@ fn mermaid_string(s: &str) -> String {
     out
 }
 
-/// The names of unknown jump targets, sorted, each once: one node per name in both
-/// formats.
-fn unknown_targets(graph: &StepGraph) -> BTreeSet<&str> {
-    graph
+/// The names of unknown jump targets, sorted, each once, with their node numbers: one
+/// node per name in both formats. A map, so that looking a name up stays cheap however
+/// many there are.
+fn unknown_targets(graph: &StepGraph) -> BTreeMap<&str, usize> {
+    let names: BTreeSet<&str> = graph
         .steps
         .iter()
         .flat_map(|s| &s.jumps)
@@ -234,5 +235,6 @@ fn unknown_targets(graph: &StepGraph) -> BTreeSet<&str> {
             Jump::Unknown(name) => Some(name.as_str()),
             _ => None,
         })
-        .collect()
+        .collect();
+    names.into_iter().enumerate().map(|(k, n)| (n, k)).collect()
 }

@@ -34,6 +34,23 @@ impl Span {
     pub fn cover(self, other: Span) -> Span {
         Span::new(self.start.min(other.start), self.end.max(other.end))
     }
+
+    /// The span clamped to `text` and widened to whole characters: the start moves back
+    /// and the end forward to the nearest UTF-8 character boundary. Positions reported by
+    /// other parsers (minijinja's) may fall inside a multi-byte character, and slicing
+    /// there panics.
+    pub fn snap(self, text: &str) -> Span {
+        let end = self.end.min(text.len());
+        let mut start = self.start.min(end);
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        let mut end = end;
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        Span { start, end }
+    }
 }
 
 /// How serious a diagnostic is.
@@ -97,6 +114,8 @@ pub enum Code {
     UndefinedVariable,
     /// APL0019: a malformed `{# inputs: … #}` declaration.
     InvalidInputs,
+    /// APL0020: a template expression nested deeper than the VM loads.
+    ExpressionTooDeep,
 }
 
 impl Code {
@@ -122,11 +141,12 @@ impl Code {
             Code::CycleWithoutExit => "APL0017",
             Code::UndefinedVariable => "APL0018",
             Code::InvalidInputs => "APL0019",
+            Code::ExpressionTooDeep => "APL0020",
         }
     }
 
     /// Every code, in numeric order.
-    pub const ALL: [Code; 19] = [
+    pub const ALL: [Code; 20] = [
         Code::InvalidStepHeading,
         Code::DuplicateStep,
         Code::ReservedStep,
@@ -146,6 +166,7 @@ impl Code {
         Code::CycleWithoutExit,
         Code::UndefinedVariable,
         Code::InvalidInputs,
+        Code::ExpressionTooDeep,
     ];
 }
 
@@ -263,11 +284,9 @@ pub fn render(diagnostics: &[Diagnostic], file_name: &str, source: &str, color: 
 
     let mut out = Vec::new();
     let mut cache = (file_name, Source::from(source));
-    let clamp = |span: Span| {
-        let end = span.end.min(source.len());
-        let start = span.start.min(end);
-        start..end
-    };
+    // Stages snap their spans already; snapping again here means no span, however it
+    // was made, can make ariadne slice inside a character.
+    let clamp = |span: Span| span.snap(source).range();
     for diag in diagnostics {
         let kind = match diag.severity {
             Severity::Error => ReportKind::Error,
@@ -345,5 +364,38 @@ impl LineIndex {
     /// Byte offset of the start of 1-based `line`, if it exists.
     pub fn line_start(&self, line: usize) -> Option<usize> {
         self.starts.get(line.checked_sub(1)?).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snap_widens_to_whole_characters_and_clamps() {
+        let text = "a é b";
+        // `é` is bytes 2..4; a span ending inside it grows to cover it.
+        assert_eq!(Span::new(2, 3).snap(text), Span::new(2, 4));
+        assert_eq!(Span::new(3, 3).snap(text), Span::new(2, 4));
+        assert_eq!(Span::new(3, 99).snap(text), Span::new(2, 6));
+        assert_eq!(Span::new(50, 99).snap(text), Span::new(6, 6));
+    }
+
+    #[test]
+    fn render_survives_spans_inside_characters() {
+        let source = "{{ café }}\n";
+        for start in 0..source.len() + 2 {
+            for end in start..source.len() + 2 {
+                let d = Diagnostic::error(Code::TemplateSyntax, "x", Span { start, end })
+                    .with_secondary(
+                        Span {
+                            start: end,
+                            end: start,
+                        },
+                        "y",
+                    );
+                let _ = render(&[d], "t.apl", source, false);
+            }
+        }
     }
 }

@@ -10,9 +10,9 @@
 //!
 //! Not in here: rendering the graph as DOT or Mermaid (the CLI does that).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use aplc_vm::bundle::{Bundle, EdgeTarget, TemplateKind};
+use aplc_vm::bundle::{Bundle, Edge, EdgeTarget, TemplateKind};
 
 use crate::analyze::{self, Facts, TSpan, Target};
 use crate::diagnostic::{Code, Diagnostic, Span};
@@ -81,30 +81,51 @@ impl StepGraph {
 
     /// Builds the graph of a (validated) bundle from its post templates.
     ///
-    /// A post template that does not parse (which a validated bundle from this compiler
-    /// never has) falls back to the bundle's stored edges, and is taken to possibly leave
-    /// `next_step` unset.
+    /// A post template that does not parse or is too deep (which a bundle from this
+    /// compiler never has) falls back to the bundle's stored edges, and is taken to
+    /// possibly leave `next_step` unset.
+    ///
+    /// Linear in the size of the bundle: `aplc graph` and `aplc inspect` run it on
+    /// bundles of any size.
     pub fn from_bundle(bundle: &Bundle) -> StepGraph {
         let names: Vec<&str> = bundle.steps.iter().map(|s| s.name.as_str()).collect();
         let index = name_index(names.iter().copied());
+        // Each step's first post template, found in one pass: a search per step made
+        // `graph` and `inspect` cost steps × templates.
+        let mut posts: Vec<Option<&str>> = vec![None; names.len()];
+        for t in &bundle.templates {
+            if t.kind == TemplateKind::Post
+                && let Some(slot @ None) = posts.get_mut(t.step.index())
+            {
+                *slot = Some(t.source.as_str());
+            }
+        }
+        let mut edges_from: Vec<Vec<&Edge>> = vec![Vec::new(); names.len()];
+        for e in &bundle.edges {
+            if let Some(from) = edges_from.get_mut(e.from.index()) {
+                from.push(e);
+            }
+        }
         let steps = names
             .iter()
+            .zip(posts)
             .enumerate()
-            .map(|(id, name)| {
-                let post = bundle
-                    .templates
-                    .iter()
-                    .find(|t| t.kind == TemplateKind::Post && t.step.index() == id);
-                let flow = match post.map(|t| analyze::analyze(&t.source)) {
+            .map(|(id, (name, post))| {
+                // A bundle is untrusted: the depth check comes before the parser, as
+                // when the VM loads it.
+                let facts = post.map(|source| {
+                    aplc_vm::check_depth(source)
+                        .ok()
+                        .and_then(|()| analyze::analyze(source).ok())
+                });
+                let flow = match facts {
                     None => Flow::default(),
-                    Some(Ok(facts)) => Flow::of_post(&facts, &index, |_| Span::default()),
-                    Some(Err(_)) => Flow {
+                    Some(Some(facts)) => Flow::of_post(&facts, &index, |_| Span::default()),
+                    Some(None) => Flow {
                         post: true,
                         always: false,
-                        jumps: bundle
-                            .edges
+                        jumps: edges_from[id]
                             .iter()
-                            .filter(|e| e.from.index() == id)
                             .map(|e| FlowJump {
                                 to: match &e.to {
                                     EdgeTarget::Step(s) => To::Step(s.index()),
@@ -190,6 +211,8 @@ impl Flow {
 
     fn graph_step(&self, name: &str) -> GraphStep {
         let mut jumps: Vec<Jump> = Vec::new();
+        // A set beside the list: a post phase may write `next_step` any number of times.
+        let mut seen = HashSet::new();
         for j in &self.jumps {
             let jump = match &j.to {
                 To::Step(s) => Jump::Step(*s),
@@ -197,7 +220,7 @@ impl Flow {
                 To::Dynamic => Jump::Dynamic,
                 To::Unknown(name) => Jump::Unknown(name.clone()),
             };
-            if !jumps.contains(&jump) {
+            if seen.insert(jump.clone()) {
                 jumps.push(jump);
             }
         }

@@ -49,12 +49,25 @@ impl std::fmt::Display for Line<'_> {
     }
 }
 
+/// U+FEFF, which some editors put at the start of a UTF-8 file.
+const BYTE_ORDER_MARK: char = '\u{feff}';
+
 /// Splits `source` into lines and classifies them, fences resolved.
+///
+/// One leading UTF-8 byte-order mark is skipped: editors on Windows write one, and it
+/// would otherwise hide the first heading. It belongs to no line, so every span still
+/// counts bytes from the start of the file.
 pub(crate) fn lex(source: &str) -> (Vec<Line<'_>>, Vec<Diagnostic>) {
+    let base = if source.starts_with(BYTE_ORDER_MARK) {
+        BYTE_ORDER_MARK.len_utf8()
+    } else {
+        0
+    };
     let mut lines = Vec::new();
-    let mut lexer = LineKind::lexer(source);
+    let mut lexer = LineKind::lexer(&source[base..]);
     while let Some(token) = lexer.next() {
         let range = lexer.span();
+        let range = base + range.start..base + range.end;
         // Every byte sequence is some kind of line, so the lexer cannot fail; treat a
         // failure as text all the same rather than trusting that.
         let kind = token.unwrap_or(LineKind::Text);
@@ -154,6 +167,21 @@ mod tests {
         use LineKind::*;
         let src = "````\n```\n# pre: x\n````\n# pre: y\n";
         assert_eq!(kinds(src), vec![Text, Text, Text, Text, PhaseHeading]);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped_and_spans_count_it() {
+        use LineKind::*;
+        let src = "\u{feff}# prompt: a\nhi\n";
+        let (lines, _) = lex(src);
+        assert_eq!(
+            lines.iter().map(|l| l.kind).collect::<Vec<_>>(),
+            [PhaseHeading, Text]
+        );
+        assert_eq!(lines[0].span.start, 3);
+        assert_eq!(&src[lines[1].span.range()], "hi\n");
+        // Only a leading one: anywhere else it is text.
+        assert_eq!(kinds("\u{feff}\u{feff}# prompt: a\n"), [Text]);
     }
 
     #[test]

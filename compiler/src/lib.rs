@@ -118,6 +118,23 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     let (file, parse_diags) = parser::parse(source, lines);
     diagnostics.extend(parse_diags);
     let ir = lower::lower(source, &file, options, &mut diagnostics);
+    // Every span must fall on character boundaries (spans from minijinja are snapped
+    // where they are made; this keeps any other slip from reaching a renderer).
+    for label in diagnostics.iter_mut().flat_map(|d| d.labels.iter_mut()) {
+        label.span = label.span.snap(source);
+    }
+    let templates = ir.templates.iter().map(|t| t.source.as_str());
+    if let Err(err) = aplc_vm::check_size(ir.steps.len(), templates) {
+        // The VM would refuse to load the bundle (each template costs memory to load).
+        diagnostics.push(
+            Diagnostic::error(
+                Code::SourceTooLarge,
+                format!("the program is too large to load: {err}"),
+                Span::new(0, 0),
+            )
+            .with_note("every phase and every role section of a prompt is a template"),
+        );
+    }
     if options.deny_warnings {
         deny_warnings(&mut diagnostics);
     }

@@ -521,26 +521,13 @@ impl Lowerer<'_, '_> {
         map: TemplateMap,
         span: Span,
     ) -> usize {
-        let facts = match analyze::analyze(&source) {
-            Ok(facts) => {
-                // The VM compiles with this same environment at load time; a template the
-                // parser accepts but the code generator rejects must fail here, not there.
-                if let Err(err) = self.env.add_template_owned("check", source.clone()) {
-                    self.template_error(
-                        &source,
-                        &map,
-                        err.detail().unwrap_or("invalid template"),
-                        err.range().map(|r| (r.start, r.end)),
-                        err.line(),
-                    );
-                }
-                self.env.remove_template("check");
-                facts
-            }
-            Err(err) => {
-                self.template_error(&source, &map, &err.message, err.span, err.line);
-                Facts::default()
-            }
+        // Before anything parses it: minijinja's parser and the analysis recurse once per
+        // level of an expression, and the VM refuses to load what this refuses.
+        let facts = if let Err(fault) = aplc_vm::check_depth(&source) {
+            self.too_deep(&source, &map, fault);
+            Facts::default()
+        } else {
+            self.checked_facts(&source, &map)
         };
         for (name, (start, end)) in &facts.reserved {
             self.diags.push(
@@ -574,6 +561,51 @@ impl Lowerer<'_, '_> {
         self.templates.len() - 1
     }
 
+    /// Parses a template that passed the depth check and collects its facts; a syntax
+    /// error is reported and gives no facts.
+    fn checked_facts(&mut self, source: &str, map: &TemplateMap) -> Facts {
+        match analyze::analyze(source) {
+            Ok(facts) => {
+                // The VM compiles with this same environment at load time; a template the
+                // parser accepts but the code generator rejects must fail here, not there.
+                if let Err(err) = self.env.add_template_owned("check", source.to_string()) {
+                    self.template_error(
+                        source,
+                        map,
+                        err.detail().unwrap_or("invalid template"),
+                        err.range().map(|r| (r.start, r.end)),
+                        err.line(),
+                    );
+                }
+                self.env.remove_template("check");
+                facts
+            }
+            Err(err) => {
+                self.template_error(source, map, &err.message, err.span, err.line);
+                Facts::default()
+            }
+        }
+    }
+
+    /// Reports a template expression nested deeper than the VM loads (APL0020).
+    fn too_deep(&mut self, source: &str, map: &TemplateMap, fault: aplc_vm::TemplateFault) {
+        let (start, end) = fault.span();
+        let span = Span::new(start, end).snap(source);
+        self.diags.push(
+            Diagnostic::error(
+                Code::ExpressionTooDeep,
+                format!(
+                    "expression nested too deeply: more than {} levels",
+                    aplc_vm::MAX_EXPRESSION_DEPTH
+                ),
+                map.span(span.start, span.end),
+            )
+            .with_label_message("the expression is this deep here")
+            .with_note("operators, attribute and item lookups, calls, filters and brackets each add a level; aplc refuses deeper expressions so that parsing them cannot overflow the stack")
+            .with_help("split the expression with `{% set %}` into shorter parts"),
+        );
+    }
+
     fn template_error(
         &mut self,
         source: &str,
@@ -595,7 +627,9 @@ impl Lowerer<'_, '_> {
                 .unwrap_or(0);
             (start, start)
         });
-        let span = map.span(start, end.max(start));
+        // minijinja may report a position inside a multi-byte character (`{{ café }}`).
+        let snapped = Span::new(start, end).snap(source);
+        let span = map.span(snapped.start, snapped.end);
         self.diags.push(
             Diagnostic::error(
                 Code::TemplateSyntax,

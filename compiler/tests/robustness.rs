@@ -1,10 +1,11 @@
-//! Property tests: the front end never panics, and whatever it accepts, the VM loads
-//! and runs without panicking.
+//! Property tests: the front end never panics (nor does rendering its diagnostics), and
+//! whatever it accepts, the VM loads and runs without panicking. Inputs include arbitrary
+//! text, generated non-ASCII templates and deep expressions (issue #9, F1, F2, F17).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aplc_compiler::{Options, compile};
+use aplc_compiler::{Options, compile, render};
 use aplc_vm::bundle::{decode, encode};
 use aplc_vm::{Limits, Program, RunOptions, ScriptedProvider, run_scripted};
 use proptest::prelude::*;
@@ -108,13 +109,44 @@ proptest! {
 
     #[test]
     fn arbitrary_text_never_panics(source in "\\PC{0,300}", relaxed: bool) {
-        let _ = compile(&source, "fuzz.apl", &Options { relaxed, ..Options::default() });
+        compile_and_render(&source, relaxed);
     }
 
     #[test]
     fn arbitrary_bytes_as_lossy_text_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
         let source = String::from_utf8_lossy(&bytes);
-        let _ = compile(&source, "fuzz.apl", &Options::default());
+        compile_and_render(&source, false);
+    }
+
+    /// F1: templates mixing Jinja syntax and non-ASCII characters, at every position a
+    /// syntax error can be reported; F17: sometimes behind a byte-order mark.
+    #[test]
+    fn non_ascii_templates_never_panic(
+        pieces in prop::collection::vec(non_ascii_piece(), 1..12),
+        bom: bool,
+        relaxed: bool,
+    ) {
+        let body = pieces.concat();
+        let bom = if bom { "\u{feff}" } else { "" };
+        let source = format!("{bom}# prompt: a\n## user\n{body}\n# post: a\n{body}\n");
+        compile_and_render(&source, relaxed);
+    }
+
+    /// F2: random chains of operators, lookups, filters and brackets, up to well past
+    /// the depth limit, never overflow the stack (a 2 MiB thread, as tokio's workers).
+    #[test]
+    fn deep_expressions_never_overflow(expr in deep_expression(), relaxed: bool) {
+        let source = format!("# prompt: a\n## user\n{{{{ {expr} }}}}\n# post: a\n{{% if {expr} %}}x{{% endif %}}\n");
+        let worker = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let c = compile_and_render(&source, relaxed);
+                if let Some(bundle) = c {
+                    Program::from_bundle(bundle, Limits::default()).expect("compiler output loads");
+                }
+            })
+            .expect("spawn a 2 MiB thread");
+        prop_assert!(worker.join().is_ok());
     }
 
     #[test]
@@ -148,4 +180,171 @@ proptest! {
         prop_assert!(outcome.steps > 0);
         let _ = outcome.context_json();
     }
+}
+
+/// Expressions at the depth limit, in every shape that makes the analysis recurse.
+fn deepest_templates() -> Vec<String> {
+    let n = aplc_vm::MAX_EXPRESSION_DEPTH;
+    let half = n / 2;
+    vec![
+        format!("{{{{ 1{} }}}}", "+1".repeat(n)),
+        format!("{{{{ {}x }}}}", "not ".repeat(n)),
+        format!("{{{{ {}1 }}}}", "- ".repeat(n)),
+        format!("{{{{ x{} }}}}", ".a".repeat(n)),
+        format!("{{{{ x{} }}}}", "|string".repeat(n)),
+        format!("{{{{ x{} }}}}", " is defined".repeat(n)),
+        format!("{{{{ 1{} }}}}", " if x else 1".repeat(half)),
+        format!("{{% if x{} %}}y{{% endif %}}", " and x".repeat(n - 1)),
+        format!("{{{{ {}1{} }}}}", "x[".repeat(half), "]".repeat(half)),
+        format!("{{{{ {}1{} }}}}", "(1+".repeat(half), ")".repeat(half)),
+        format!("{{{{ {}1{} }}}}", "range(".repeat(half), ")".repeat(half)),
+        format!(
+            "{{{{ set_context('k', {}1{}) }}}}",
+            "[".repeat(n - 2),
+            "]".repeat(n - 2)
+        ),
+        format!(
+            "{}{{{{ 1{} }}}}{}",
+            "{% if x %}".repeat(140),
+            "+1".repeat(n),
+            "{% endif %}".repeat(140)
+        ),
+        format!(
+            "{}{{{{ x }}}}{}",
+            "{% for x in y %}".repeat(140),
+            "{% endfor %}".repeat(140)
+        ),
+    ]
+}
+
+/// F2: the deepest expressions the compiler accepts go through the whole front end
+/// (minijinja's parser, the analysis, the VM's template compilation) on a 2 MiB stack.
+#[test]
+fn the_deepest_accepted_expressions_compile_on_a_2_mib_stack() {
+    let worker = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(|| {
+            for template in deepest_templates() {
+                for relaxed in [false, true] {
+                    let source = format!("{{# inputs: x, y #}}\n# prompt: a\n## user\n{template}\n# post: a\n{template}\n");
+                    let c = compile(&source, "deep.apl", &Options { relaxed, ..Options::default() });
+                    assert!(
+                        c.diagnostics.iter().all(|d| d.code != aplc_compiler::Code::ExpressionTooDeep),
+                        "{}: {:?}",
+                        &template[..40],
+                        c.diagnostics
+                    );
+                    if let Some(bundle) = c.bundle {
+                        Program::from_bundle(bundle, Limits::default()).expect("compiler output loads");
+                    }
+                }
+            }
+        })
+        .expect("spawn a 2 MiB thread");
+    worker.join().expect("no stack overflow on a 2 MiB stack");
+}
+
+/// F2: one level more is APL0020 at the template, and nothing overflows, however long.
+#[test]
+fn deeper_expressions_are_refused_with_apl0020() {
+    let n = aplc_vm::MAX_EXPRESSION_DEPTH;
+    for template in [
+        format!("{{{{ 1{} }}}}", "+1".repeat(n + 1)),
+        format!("{{{{ x{} }}}}", ".a".repeat(50_000)),
+        format!("{{{{ {}x }}}}", "not ".repeat(50_000)),
+    ] {
+        let source = format!("# prompt: a\n## user\nhi\n{template}\n");
+        let c = compile(&source, "deep.apl", &Options::default());
+        let d = c
+            .diagnostics
+            .iter()
+            .find(|d| d.code == aplc_compiler::Code::ExpressionTooDeep)
+            .expect("APL0020");
+        assert!(d.span().start >= source.find("{{").unwrap_or(0));
+        assert!(c.bundle.is_none());
+    }
+}
+
+/// Compiles `source`, renders every diagnostic (the printer must not panic on any span),
+/// checks that every span falls on character boundaries, and returns the bundle.
+fn compile_and_render(source: &str, relaxed: bool) -> Option<aplc_compiler::Bundle> {
+    let c = compile(
+        source,
+        "fuzz.apl",
+        &Options {
+            relaxed,
+            ..Options::default()
+        },
+    );
+    for label in c.diagnostics.iter().flat_map(|d| &d.labels) {
+        assert!(
+            source.is_char_boundary(label.span.start) && source.is_char_boundary(label.span.end),
+            "span {:?} splits a character in {source:?}",
+            label.span
+        );
+    }
+    let _ = render(&c.diagnostics, "fuzz.apl", source, false);
+    let _ = render(&c.diagnostics, "fuzz.apl", source, true);
+    c.bundle
+}
+
+/// Jinja fragments, valid and broken, mixed with multi-byte characters.
+fn non_ascii_piece() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("{{ ".to_string()),
+        Just(" }}".to_string()),
+        Just("{% if ".to_string()),
+        Just(" %}".to_string()),
+        Just("{% endif %}".to_string()),
+        Just("{# ".to_string()),
+        Just(" #}".to_string()),
+        Just("'".to_string()),
+        Just("|".to_string()),
+        Just(".".to_string()),
+        Just("(".to_string()),
+        Just("name".to_string()),
+        Just("café".to_string()),
+        Just("—".to_string()),
+        Just("\u{a0}".to_string()),
+        Just("🦀".to_string()),
+        Just("\u{feff}".to_string()),
+        Just("\u{301}".to_string()),
+        "\\PC{1,4}",
+    ]
+}
+
+/// One expression: a chain of random length (up to four times the depth limit) of
+/// random links, some wrapped in brackets.
+fn deep_expression() -> impl Strategy<Value = String> {
+    let link = prop_oneof![
+        Just("+1"),
+        Just("~'a'"),
+        Just(" and x"),
+        Just(" or x"),
+        Just(".a"),
+        Just("[0]"),
+        Just("|string"),
+        Just(" is defined"),
+        Just(" if x else 1"),
+        Just("**2"),
+    ];
+    let max = 4 * aplc_vm::MAX_EXPRESSION_DEPTH;
+    (
+        prop::collection::vec(link, 0..max),
+        0..aplc_vm::MAX_EXPRESSION_DEPTH,
+        prop_oneof![Just("not "), Just("-"), Just("("), Just("[")],
+    )
+        .prop_map(|(links, prefix, opener)| {
+            let closer = match opener {
+                "(" => ")",
+                "[" => "]",
+                _ => "",
+            };
+            format!(
+                "{}x{}{}",
+                opener.repeat(prefix),
+                links.concat(),
+                closer.repeat(prefix)
+            )
+        })
 }

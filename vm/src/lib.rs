@@ -22,6 +22,7 @@ mod provider;
 mod redact;
 mod response;
 mod store;
+mod template_check;
 pub mod text;
 
 #[cfg(feature = "driver")]
@@ -42,9 +43,12 @@ pub use machine::{
     RunOutcome, run_scripted,
 };
 pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
-pub use program::{LoadError, Program};
+pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
 pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
 pub use store::{Snapshot, Store, Vars, value_from_json};
+pub use template_check::{
+    MAX_EXPRESSION_DEPTH, TemplateFault, check_depth, check_statements, check_template,
+};
 
 /// Re-exported so embedders and the compiler use the exact same template engine.
 pub use minijinja;

@@ -10,8 +10,12 @@ use minijinja::Environment;
 
 use crate::bundle::{self, Bundle, BundleError, StepId, TemplateId, TemplateKind};
 use crate::env::{Limits, template_env};
+use crate::template_check::check_template;
 
 /// A decoded, validated bundle with its templates compiled.
+///
+/// Every template passes [`check_template`](crate::check_template) before minijinja
+/// parses it.
 pub struct Program {
     bundle: Bundle,
     env: Environment<'static>,
@@ -21,6 +25,21 @@ pub struct Program {
     limits: Limits,
 }
 
+/// The most templates a program may have. minijinja allocates about 12 KiB for every
+/// compiled template however short (its instruction buffers start with room for 256
+/// instructions), so a count limit, not the bundle's size, is what bounds the memory
+/// of loading: at this limit, about 200 MiB. Real agents have tens of templates.
+pub const MAX_TEMPLATES: usize = 16_384;
+
+/// The most steps a program may have; each costs a few hundred bytes to load.
+pub const MAX_STEPS: usize = 16_384;
+
+/// The most template source a program may have, in bytes, all templates together.
+/// Compiled, a template costs up to about 32 bytes per byte of source (measured on
+/// `{{ x }}` repeated), so this bounds that part of loading to about 512 MiB. Source
+/// files are at most 8 MiB, and only relaxed syntax on very short lines grows them.
+pub const MAX_TEMPLATE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Why a program could not be loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -28,6 +47,16 @@ pub enum LoadError {
     /// The bytes are not a valid bundle.
     #[error("{0}")]
     Bundle(#[from] BundleError),
+    /// The bundle has more templates or steps than a program may have.
+    #[error("the bundle has {count} {what}; aplc loads at most {limit}")]
+    TooLarge {
+        /// `steps`, `templates` or `bytes of template source`.
+        what: &'static str,
+        /// How many the bundle has.
+        count: usize,
+        /// [`MAX_STEPS`], [`MAX_TEMPLATES`] or [`MAX_TEMPLATE_BYTES`].
+        limit: usize,
+    },
     /// A template in the bundle does not compile.
     #[error("template {index} ({what}) does not compile: {message}")]
     Template {
@@ -49,16 +78,24 @@ impl Program {
     /// Loads an in-memory bundle (validated again here: it may not come from `decode`).
     pub fn from_bundle(bundle: Bundle, limits: Limits) -> Result<Program, LoadError> {
         bundle.validate()?;
+        check_size(
+            bundle.steps.len(),
+            bundle.templates.iter().map(|t| t.source.as_str()),
+        )?;
         let mut env = template_env(&limits);
         let mut names = Vec::with_capacity(bundle.templates.len());
         for (index, template) in bundle.templates.iter().enumerate() {
+            let refused = |message: String| LoadError::Template {
+                index,
+                what: describe(&bundle, TemplateId(index as u32)),
+                message,
+            };
+            // Before minijinja sees it: its parser recurses on deep expressions, and
+            // the compiler's rules on statements must hold for crafted bundles too.
+            check_template(&template.source).map_err(|e| refused(e.to_string()))?;
             let name = index.to_string();
             env.add_template_owned(name.clone(), template.source.clone())
-                .map_err(|e| LoadError::Template {
-                    index,
-                    what: describe(&bundle, TemplateId(index as u32)),
-                    message: e.to_string(),
-                })?;
+                .map_err(|e| refused(e.to_string()))?;
             names.push(name);
         }
         let steps_by_name = bundle
@@ -125,6 +162,31 @@ const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Program>();
 };
+
+/// Refuses more steps, templates or template source than [`MAX_STEPS`],
+/// [`MAX_TEMPLATES`] and [`MAX_TEMPLATE_BYTES`] allow; the compiler runs the same check
+/// so that it never builds a bundle this would refuse.
+pub fn check_size<'a>(
+    steps: usize,
+    templates: impl ExactSizeIterator<Item = &'a str>,
+) -> Result<(), LoadError> {
+    let too_large = |what, count, limit| LoadError::TooLarge { what, count, limit };
+    if steps > MAX_STEPS {
+        return Err(too_large("steps", steps, MAX_STEPS));
+    }
+    if templates.len() > MAX_TEMPLATES {
+        return Err(too_large("templates", templates.len(), MAX_TEMPLATES));
+    }
+    let bytes = templates.map(str::len).sum();
+    if bytes > MAX_TEMPLATE_BYTES {
+        return Err(too_large(
+            "bytes of template source",
+            bytes,
+            MAX_TEMPLATE_BYTES,
+        ));
+    }
+    Ok(())
+}
 
 fn describe(bundle: &Bundle, template: TemplateId) -> String {
     let Some(t) = bundle.templates.get(template.index()) else {

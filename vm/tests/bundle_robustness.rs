@@ -1,5 +1,7 @@
 //! Property tests: `bundle::decode` on untrusted bytes never panics, and whatever it
-//! accepts passes `Bundle::validate`.
+//! accepts passes `Bundle::validate`; `Program::from_bundle` on bundles with hostile
+//! templates (deep expressions, `include` and friends, non-ASCII) never panics nor
+//! overflows the stack (issue #9, F2, F21).
 //!
 //! Case counts are kept modest so the suite runs in seconds in a debug build.
 
@@ -7,6 +9,7 @@ use aplc_vm::bundle::{
     Bundle, BundleError, Edge, EdgeTarget, FORMAT_VERSION, Instr, MAGIC, MessageEntry, Role,
     SourceSpan, StepEntry, StepId, TemplateEntry, TemplateId, TemplateKind, decode, encode,
 };
+use aplc_vm::{Limits, LoadError, Program, check_template};
 use proptest::prelude::*;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -73,6 +76,31 @@ proptest! {
         }
     }
 
+    /// A bundle's templates are checked before minijinja parses them: loading never
+    /// overflows a 2 MiB stack, and a template that loads passed every check.
+    #[test]
+    fn hostile_templates_never_crash_the_loader(
+        bundle in valid_bundle(),
+        sources in prop::collection::vec(hostile_template(), 1..4),
+    ) {
+        let mut bundle = bundle;
+        for (t, source) in bundle.templates.iter_mut().zip(sources.iter().cycle()) {
+            t.source = source.clone();
+        }
+        let worker = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let checks: Vec<_> = bundle.templates.iter().map(|t| check_template(&t.source)).collect();
+                match Program::from_bundle(bundle, Limits::default()) {
+                    Ok(_) => assert!(checks.iter().all(Result::is_ok)),
+                    Err(LoadError::Template { index, .. }) => assert!(index < checks.len()),
+                    Err(other) => panic!("unexpected load error: {other}"),
+                }
+            })
+            .expect("spawn a 2 MiB thread");
+        prop_assert!(worker.join().is_ok());
+    }
+
     #[test]
     fn truncating_never_panics_and_always_fails(
         bundle in valid_bundle(),
@@ -82,6 +110,34 @@ proptest! {
         let len = index.index(bytes.len());
         prop_assert!(decode(&bytes[..len]).is_err());
     }
+}
+
+/// Templates an attacker might put in a bundle: long operator chains, deep brackets,
+/// statements that pull in other templates, non-ASCII, all mixed with random pieces.
+fn hostile_template() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        (1usize..60_000).prop_map(|n| format!("{{{{ 1{} }}}}", "+1".repeat(n))),
+        (1usize..60_000).prop_map(|n| format!("{{{{ {}x }}}}", "not ".repeat(n))),
+        (1usize..60_000).prop_map(|n| format!("{{{{ x{} }}}}", ".a".repeat(n))),
+        (1usize..60_000).prop_map(|n| format!("{{{{ x{} }}}}", "|e".repeat(n))),
+        (1usize..400).prop_map(|n| format!("{{{{ {}1{} }}}}", "(".repeat(n), ")".repeat(n))),
+        (1usize..400).prop_map(|n| format!(
+            "{}x{}",
+            "{% if x %}".repeat(n),
+            "{% endif %}".repeat(n)
+        )),
+        Just("{% include '0' %}".to_string()),
+        Just("{% import '0' as m %}{{ m }}".to_string()),
+        Just("{% from '0' import x %}".to_string()),
+        Just("{% extends '0' %}".to_string()),
+        Just("{% block b %}x{% endblock %}".to_string()),
+        Just("{% macro m() %}{{ caller() }}{% endmacro %}".to_string()),
+        Just("{{ café }}".to_string()),
+        Just("{{ x\u{a0}}}".to_string()),
+        "[{}%#a-z|.()+ ]{0,24}",
+        "\\PC{0,12}",
+    ];
+    prop::collection::vec(piece, 1..4).prop_map(|p| p.concat())
 }
 
 /// Wraps `payload` in a version-1 header with a correct length and checksum.
