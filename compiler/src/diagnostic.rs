@@ -97,6 +97,14 @@ pub enum Code {
     UndefinedVariable,
     /// APL0019: a malformed `{# inputs: … #}` declaration.
     InvalidInputs,
+    /// APL0020: a role heading (`## system`) before the first phase heading.
+    RoleHeadingBeforePhase,
+    /// APL0021: a phase heading indented by one to three spaces, which is text.
+    IndentedHeading,
+    /// APL0022: a call of a function the template environment does not have.
+    UnknownFunction,
+    /// APL0023: a filter or test the template environment does not have.
+    UnknownFilter,
 }
 
 impl Code {
@@ -122,11 +130,15 @@ impl Code {
             Code::CycleWithoutExit => "APL0017",
             Code::UndefinedVariable => "APL0018",
             Code::InvalidInputs => "APL0019",
+            Code::RoleHeadingBeforePhase => "APL0020",
+            Code::IndentedHeading => "APL0021",
+            Code::UnknownFunction => "APL0022",
+            Code::UnknownFilter => "APL0023",
         }
     }
 
     /// Every code, in numeric order.
-    pub const ALL: [Code; 19] = [
+    pub const ALL: [Code; 23] = [
         Code::InvalidStepHeading,
         Code::DuplicateStep,
         Code::ReservedStep,
@@ -146,6 +158,10 @@ impl Code {
         Code::CycleWithoutExit,
         Code::UndefinedVariable,
         Code::InvalidInputs,
+        Code::RoleHeadingBeforePhase,
+        Code::IndentedHeading,
+        Code::UnknownFunction,
+        Code::UnknownFilter,
     ];
 }
 

@@ -118,6 +118,7 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     let (file, parse_diags) = parser::parse(source, lines);
     diagnostics.extend(parse_diags);
     let ir = lower::lower(source, &file, options, &mut diagnostics);
+    drop_follow_on_errors(&mut diagnostics);
     if options.deny_warnings {
         deny_warnings(&mut diagnostics);
     }
@@ -131,6 +132,24 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
         bundle,
         diagnostics,
     }
+}
+
+/// A role heading before any phase (APL0020) already says that a phase heading is
+/// missing above it: "no steps" (APL0008) and "text before the first step heading"
+/// (APL0007) from that line on would repeat it.
+fn drop_follow_on_errors(diagnostics: &mut Vec<Diagnostic>) {
+    let Some(at) = diagnostics
+        .iter()
+        .find(|d| d.code == Code::RoleHeadingBeforePhase)
+        .map(|d| d.span().start)
+    else {
+        return;
+    };
+    diagnostics.retain(|d| match d.code {
+        Code::NoSteps => false,
+        Code::TextBeforeFirstStep => d.span().start < at,
+        _ => true,
+    });
 }
 
 /// Turns every warning into an error, saying why.

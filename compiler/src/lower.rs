@@ -21,7 +21,7 @@ use crate::ast::{File, Phase, PhaseKind};
 use crate::diagnostic::{Code, Diagnostic, Severity, Span};
 use crate::graph::{self, CheckedStep, Flow, To};
 use crate::ir::{Edge, EdgeTo, Ir, Step, Template};
-use crate::parser::{find_jinja, suggest};
+use crate::parser::{find_jinja, indented_phase_heading, suggest};
 use crate::relaxed::{self, TemplateMap};
 use crate::variables;
 
@@ -46,8 +46,14 @@ pub(crate) fn lower(
         steps: Vec::new(),
         templates: Vec::new(),
     };
-    for group in group_steps(file, lowerer.diags) {
-        lowerer.lower_step(group);
+    let groups = group_steps(file, lowerer.diags);
+    let prompted: Vec<String> = groups
+        .iter()
+        .filter(|g| g.phases.iter().any(|&(k, _)| k == PhaseKind::Prompt))
+        .map(|g| g.name.clone())
+        .collect();
+    for group in groups {
+        lowerer.lower_step(group, &prompted);
     }
     if file.phases.is_empty() {
         lowerer.diags.push(
@@ -85,6 +91,22 @@ pub(crate) fn lower(
         templates: lowerer.templates,
         edges,
     }
+}
+
+/// The first line that would be a phase heading of step `name` were it not indented
+/// (APL0021). Code fences are not tracked: a fenced match is still worth pointing at.
+fn indented_heading_of(source: &str, name: &str) -> Option<Span> {
+    let mut at = 0;
+    for line in source.split_inclusive('\n') {
+        let start = at;
+        at += line.len();
+        let text = line.trim_end_matches(['\n', '\r']);
+        if indented_phase_heading(text).is_some_and(|(_, n)| n == name) {
+            let lead = text.len() - text.trim_start().len();
+            return Some(Span::new(start + lead, start + text.trim_end().len()));
+        }
+    }
+    None
 }
 
 /// The bundle's edges: every known target of every post phase.
@@ -343,7 +365,9 @@ struct Lowerer<'a, 'src> {
 }
 
 impl Lowerer<'_, '_> {
-    fn lower_step(&mut self, group: Group<'_, '_>) {
+    /// `prompted` names every step that has a prompt phase, for a did-you-mean when a
+    /// phase heading misspells its step's name.
+    fn lower_step(&mut self, group: Group<'_, '_>, prompted: &[String]) {
         let step = self.steps.len();
         let mut pre = None;
         let mut post = None;
@@ -363,18 +387,33 @@ impl Lowerer<'_, '_> {
         }
         let Some(prompt_span) = prompt_span else {
             if group.valid && !group.rejected_prompt {
-                self.diags.push(
-                    Diagnostic::error(
-                        Code::MissingPrompt,
-                        format!("step `{}` has no prompt phase", group.name),
-                        group.span,
-                    )
-                    .with_label_message("the step starts here")
-                    .with_help(format!(
+                let mut diag = Diagnostic::error(
+                    Code::MissingPrompt,
+                    format!("step `{}` has no prompt phase", group.name),
+                    group.span,
+                )
+                .with_label_message("the step starts here");
+                let indented = indented_heading_of(self.source, &group.name);
+                if let Some(at) = indented {
+                    diag = diag.with_secondary(at, "this heading is indented, so it is text");
+                }
+                diag = match suggest(&group.name, prompted.iter().map(String::as_str)) {
+                    // `# post: clasify` next to a step `classify`: a typo, not a new step.
+                    Some(s) => diag
+                        .with_note(format!(
+                            "a phase heading with another name starts another step: `{}` is not `{s}`",
+                            group.name
+                        ))
+                        .with_help(format!("did you mean `{s}`?")),
+                    None if indented.is_some() => diag.with_help(
+                        "remove the indentation of the `# prompt:` heading",
+                    ),
+                    None => diag.with_help(format!(
                         "add a `# prompt: {}` phase after this one",
                         group.name
                     )),
-                );
+                };
+                self.diags.push(diag);
             }
             return;
         };
@@ -640,6 +679,14 @@ impl Lowerer<'_, '_> {
             } else {
                 "if `next_step` still holds this value when the post phase ends, the run fails with this error"
             });
+            let indented = indented_heading_of(self.source, name);
+            if let Some(at) = indented {
+                diag = diag
+                    .with_secondary(at, format!("a heading for `{name}` exists here, but it is indented, so it is text"))
+                    .with_help("remove the indentation: a heading counts only at column 0 (§1.3)");
+                self.diags.push(diag);
+                continue;
+            }
             diag = match suggest(name, self.steps.iter().map(|s| s.name.as_str())) {
                 Some(s) => diag.with_help(format!("did you mean `{s}`?")),
                 None => diag.with_help(format!(
