@@ -27,6 +27,7 @@ pub mod graph;
 mod ir;
 mod lexer;
 mod lower;
+mod names;
 mod parser;
 mod relaxed;
 mod variables;

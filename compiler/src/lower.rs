@@ -23,7 +23,7 @@ use crate::graph::{self, CheckedStep, Flow, To};
 use crate::ir::{Edge, EdgeTo, Ir, Step, Template};
 use crate::parser::{find_jinja, indented_phase_heading, suggest};
 use crate::relaxed::{self, TemplateMap};
-use crate::variables;
+use crate::{names, variables};
 
 /// Lowers a parsed file, appending diagnostics.
 pub(crate) fn lower(
@@ -68,6 +68,19 @@ pub(crate) fn lower(
         );
     }
     let had_errors = lowerer.diags.iter().any(Diagnostic::is_error);
+    let defined: Vec<&str> = lowerer
+        .templates
+        .iter()
+        .flat_map(|t| t.facts.writes.iter().map(String::as_str))
+        .chain(inputs.iter().map(String::as_str))
+        .collect();
+    names::check(
+        &lowerer.env,
+        &lowerer.templates,
+        &globals,
+        &defined,
+        lowerer.diags,
+    );
     lowerer.next_step_outside_post();
     let flows = lowerer.flows();
     lowerer.unknown_steps(&flows, options.unknown_step_is_error);
