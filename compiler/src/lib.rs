@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 mod analyze;
+mod blocks;
 mod ast;
 mod codegen;
 pub mod diagnostic;

@@ -17,6 +17,7 @@ use aplc_vm::{Limits, RESERVED_VARIABLES, minijinja, template_env};
 
 use crate::Options;
 use crate::analyze::{self, Facts};
+use crate::blocks::{self, Unclosed};
 use crate::ast::{File, Phase, PhaseKind};
 use crate::diagnostic::{Code, Diagnostic, Severity, Span};
 use crate::graph::{self, CheckedStep, Flow, To};
@@ -410,7 +411,10 @@ impl Lowerer<'_, '_> {
                 if let Some(at) = indented {
                     diag = diag.with_secondary(at, "this heading is indented, so it is text");
                 }
-                diag = match suggest(&group.name, prompted.iter().map(String::as_str)) {
+                // One- and two-letter names are all one edit apart: no guess there.
+                let guess = suggest(&group.name, prompted.iter().map(String::as_str))
+                    .filter(|_| group.name.chars().count() > 2);
+                diag = match guess {
                     // `# post: clasify` next to a step `classify`: a typo, not a new step.
                     Some(s) => diag
                         .with_note(format!(
@@ -552,7 +556,13 @@ impl Lowerer<'_, '_> {
                 facts
             }
             Err(err) => {
-                self.template_error(&source, &map, &err.message, err.span, err.line);
+                match blocks::unclosed(&source).filter(|_| {
+                    err.message.contains("end of input")
+                        || err.message.starts_with("unknown statement end")
+                }) {
+                    Some(unclosed) => self.unclosed_block(&source, &map, unclosed),
+                    None => self.template_error(&source, &map, &err.message, err.span, err.line),
+                }
                 Facts::default()
             }
         };
@@ -586,6 +596,33 @@ impl Lowerer<'_, '_> {
             facts,
         });
         self.templates.len() - 1
+    }
+
+    /// A block tag without its end tag (APL0009): name the missing end tag and point at
+    /// the opening one.
+    fn unclosed_block(&mut self, source: &str, map: &TemplateMap, unclosed: Unclosed) {
+        let keyword = &unclosed.keyword;
+        let open = map.span(unclosed.open.0, unclosed.open.1);
+        let mut diag = Diagnostic::error(
+            Code::TemplateSyntax,
+            format!("template syntax error: `{{% {keyword} %}}` is never closed: `{{% end{keyword} %}}` is missing"),
+            open,
+        )
+        .with_label_message(format!("this `{{% {keyword} %}}` has no `{{% end{keyword} %}}`"));
+        diag = match &unclosed.closed_by {
+            Some((end, (start, stop))) => diag
+                .with_secondary(
+                    map.span(*start, *stop),
+                    format!("`{{% {end} %}}` closes an outer block while `{keyword}` is still open"),
+                )
+                .with_help(format!("add `{{% end{keyword} %}}` before this `{{% {end} %}}`")),
+            None => {
+                let end = source.trim_end().len();
+                diag.with_secondary(map.span(end, end), "the template ends here")
+                    .with_help(format!("add `{{% end{keyword} %}}` where the block should end"))
+            }
+        };
+        self.diags.push(diag);
     }
 
     fn template_error(
