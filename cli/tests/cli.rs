@@ -56,7 +56,12 @@ fn check_valid_and_invalid() {
     );
 
     // JSON Lines on stdout, and nothing on stderr for a valid file.
-    let json = aplc(&["check", "--format", "json", &fixture("check/spec_1_2_2_simple.apl")]);
+    let json = aplc(&[
+        "check",
+        "--format",
+        "json",
+        &fixture("check/spec_1_2_2_simple.apl"),
+    ]);
     assert_eq!(json.status.code(), Some(0));
     assert!(stdout(&json).is_empty() && stderr(&json).is_empty());
 
@@ -388,5 +393,10 @@ fn no_api_key_warning_only_when_the_run_needs_it() {
     // A valid agent does need the key: the warning comes, once.
     let ok = write(&dir, "ok.apl", "# prompt: a\nhi\n");
     let o = run(&ok);
-    assert_eq!(stderr(&o).matches("no API key").count(), 1, "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o).matches("no API key").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
 }

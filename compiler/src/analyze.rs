@@ -418,9 +418,7 @@ impl<'a> Walker<'a> {
                 self.args(&f.args);
             }
             Expr::Test(t) => {
-                self.facts
-                    .tests
-                    .push((t.name.to_string(), tspan(t.span())));
+                self.facts.tests.push((t.name.to_string(), tspan(t.span())));
                 self.expr(&t.expr, Use::Test);
                 self.args(&t.args);
             }
@@ -806,6 +804,23 @@ mod tests {
         assert!(!f.dynamic_writes);
         assert!(analyze("{{ set_context(k, 1) }}").unwrap().dynamic_writes);
         assert!(!analyze("{{ get_context(k) }}").unwrap().dynamic_writes);
+    }
+
+    #[test]
+    fn calls_sets_filters_and_tests() {
+        let f = analyze(
+            "{% set a = 1 %}{% set b %}x{% endset %}{% macro m() %}{% endmacro %}\
+             {{ set('x', 1) }}{{ m() }}{{ range(2) }}{{ y | upper | foo }}{{ y is odd }}",
+        )
+        .unwrap();
+        let calls: Vec<&str> = f.calls.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(calls, ["set", "range"]);
+        assert_eq!(f.sets, ["a", "b"]);
+        let filters: Vec<&str> = f.filters.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(filters, ["foo", "upper"]);
+        assert_eq!(f.tests.len(), 1);
+        // The callee of a call is not a read.
+        assert_eq!(reads("{{ set('x', 1) }}"), Vec::<String>::new());
     }
 
     #[test]

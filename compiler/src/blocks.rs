@@ -126,7 +126,10 @@ mod tests {
 
     #[test]
     fn closed_blocks_are_fine() {
-        assert_eq!(unclosed("{% if x %}{% elif y %}{% else %}{% endif %}"), None);
+        assert_eq!(
+            unclosed("{% if x %}{% elif y %}{% else %}{% endif %}"),
+            None
+        );
         assert_eq!(unclosed("{% raw %}{% if %}{% endraw %}"), None);
         assert_eq!(unclosed("{% set x = 1 %}"), None);
         assert_eq!(unclosed("{% endif %}"), None);

@@ -20,8 +20,8 @@
 #![deny(missing_docs)]
 
 mod analyze;
-mod blocks;
 mod ast;
+mod blocks;
 mod codegen;
 pub mod diagnostic;
 pub mod graph;

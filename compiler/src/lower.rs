@@ -17,8 +17,8 @@ use aplc_vm::{Limits, RESERVED_VARIABLES, minijinja, template_env};
 
 use crate::Options;
 use crate::analyze::{self, Facts};
-use crate::blocks::{self, Unclosed};
 use crate::ast::{File, Phase, PhaseKind};
+use crate::blocks::{self, Unclosed};
 use crate::diagnostic::{Code, Diagnostic, Severity, Span};
 use crate::graph::{self, CheckedStep, Flow, To};
 use crate::ir::{Edge, EdgeTo, Ir, Step, Template};
@@ -613,13 +613,19 @@ impl Lowerer<'_, '_> {
             Some((end, (start, stop))) => diag
                 .with_secondary(
                     map.span(*start, *stop),
-                    format!("`{{% {end} %}}` closes an outer block while `{keyword}` is still open"),
+                    format!(
+                        "`{{% {end} %}}` closes an outer block while `{keyword}` is still open"
+                    ),
                 )
-                .with_help(format!("add `{{% end{keyword} %}}` before this `{{% {end} %}}`")),
+                .with_help(format!(
+                    "add `{{% end{keyword} %}}` before this `{{% {end} %}}`"
+                )),
             None => {
                 let end = source.trim_end().len();
                 diag.with_secondary(map.span(end, end), "the template ends here")
-                    .with_help(format!("add `{{% end{keyword} %}}` where the block should end"))
+                    .with_help(format!(
+                        "add `{{% end{keyword} %}}` where the block should end"
+                    ))
             }
         };
         self.diags.push(diag);
@@ -732,7 +738,12 @@ impl Lowerer<'_, '_> {
             let indented = indented_heading_of(self.source, name);
             if let Some(at) = indented {
                 diag = diag
-                    .with_secondary(at, format!("a heading for `{name}` exists here, but it is indented, so it is text"))
+                    .with_secondary(
+                        at,
+                        format!(
+                            "a heading for `{name}` exists here, but it is indented, so it is text"
+                        ),
+                    )
                     .with_help("remove the indentation: a heading counts only at column 0 (§1.3)");
                 self.diags.push(diag);
                 continue;

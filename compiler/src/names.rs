@@ -19,21 +19,103 @@ use crate::parser::suggest;
 /// Jinja2's built-in filter names, and minijinja's additions, as suggestion candidates.
 /// Only those the environment has are ever suggested.
 const FILTER_CANDIDATES: &[&str] = &[
-    "abs", "attr", "batch", "bool", "capitalize", "center", "count", "d", "default",
-    "dictsort", "e", "escape", "filesizeformat", "first", "float", "forceescape", "format",
-    "groupby", "indent", "int", "items", "join", "last", "length", "lines", "list", "lower",
-    "map", "max", "min", "pprint", "random", "reject", "rejectattr", "replace", "reverse",
-    "round", "safe", "select", "selectattr", "slice", "sort", "split", "string", "striptags",
-    "sum", "title", "tojson", "trim", "truncate", "unique", "upper", "urlencode", "urlize",
-    "wordcount", "wordwrap", "xmlattr",
+    "abs",
+    "attr",
+    "batch",
+    "bool",
+    "capitalize",
+    "center",
+    "count",
+    "d",
+    "default",
+    "dictsort",
+    "e",
+    "escape",
+    "filesizeformat",
+    "first",
+    "float",
+    "forceescape",
+    "format",
+    "groupby",
+    "indent",
+    "int",
+    "items",
+    "join",
+    "last",
+    "length",
+    "lines",
+    "list",
+    "lower",
+    "map",
+    "max",
+    "min",
+    "pprint",
+    "random",
+    "reject",
+    "rejectattr",
+    "replace",
+    "reverse",
+    "round",
+    "safe",
+    "select",
+    "selectattr",
+    "slice",
+    "sort",
+    "split",
+    "string",
+    "striptags",
+    "sum",
+    "title",
+    "tojson",
+    "trim",
+    "truncate",
+    "unique",
+    "upper",
+    "urlencode",
+    "urlize",
+    "wordcount",
+    "wordwrap",
+    "xmlattr",
 ];
 
 /// Jinja2's built-in test names, and minijinja's additions.
 const TEST_CANDIDATES: &[&str] = &[
-    "boolean", "callable", "containing", "defined", "divisibleby", "endingwith", "eq",
-    "equalto", "escaped", "even", "false", "filter", "float", "ge", "greaterthan", "gt", "in",
-    "integer", "iterable", "le", "lessthan", "lower", "lt", "mapping", "ne", "none", "number",
-    "odd", "safe", "sameas", "sequence", "startingwith", "string", "test", "true", "undefined",
+    "boolean",
+    "callable",
+    "containing",
+    "defined",
+    "divisibleby",
+    "endingwith",
+    "eq",
+    "equalto",
+    "escaped",
+    "even",
+    "false",
+    "filter",
+    "float",
+    "ge",
+    "greaterthan",
+    "gt",
+    "in",
+    "integer",
+    "iterable",
+    "le",
+    "lessthan",
+    "lower",
+    "lt",
+    "mapping",
+    "ne",
+    "none",
+    "number",
+    "odd",
+    "safe",
+    "sameas",
+    "sequence",
+    "startingwith",
+    "string",
+    "test",
+    "true",
+    "undefined",
     "upper",
 ];
 
@@ -107,7 +189,10 @@ pub(crate) fn check(
                 diags.push(unknown_function(name, t.map.span(*start, *end), globals));
             }
         }
-        for (kind, uses) in [(Kind::Filter, &t.facts.filters), (Kind::Test, &t.facts.tests)] {
+        for (kind, uses) in [
+            (Kind::Filter, &t.facts.filters),
+            (Kind::Test, &t.facts.tests),
+        ] {
             for (name, (start, end)) in uses {
                 if known.has(kind, name) {
                     continue;
@@ -159,14 +244,10 @@ fn unknown_filter(kind: Kind, name: &str, span: Span, suggestion: Option<&str>) 
         Kind::Filter => "filter",
         Kind::Test => "test",
     };
-    let diag = Diagnostic::error(
-        Code::UnknownFilter,
-        format!("Unknown {what}: {name}"),
-        span,
-    )
-    .with_label_message(format!(
-        "no {what} `{name}` exists, so the render fails when it gets here"
-    ));
+    let diag = Diagnostic::error(Code::UnknownFilter, format!("Unknown {what}: {name}"), span)
+        .with_label_message(format!(
+            "no {what} `{name}` exists, so the render fails when it gets here"
+        ));
     match suggestion {
         Some(s) => diag.with_help(format!("did you mean `{s}`?")),
         None => diag.with_note(format!(
@@ -186,16 +267,11 @@ fn name_span(source: &str, span: (usize, usize), name: &str, kind: Kind) -> (usi
     for (i, _) in text.match_indices(name) {
         let before = text[..i].trim_end();
         let after = &text[i + name.len()..];
-        if before.ends_with(word) && !before.ends_with("is") && !before.ends_with("filter")
-            || after.starts_with(word)
-        {
-            continue;
-        }
         let fits = match kind {
             Kind::Filter => before.ends_with('|') || before.ends_with("filter"),
             Kind::Test => before.ends_with("is") || before.ends_with("not"),
         };
-        if fits {
+        if fits && !after.starts_with(word) {
             return (span.0 + i, span.0 + i + name.len());
         }
     }
@@ -220,10 +296,7 @@ mod tests {
         assert!(!known.has(Kind::Filter, "regex_replace"));
         assert!(known.has(Kind::Test, "defined"));
         assert!(!known.has(Kind::Test, "regex"));
-        assert_eq!(
-            known.suggestion(Kind::Filter, "uppper"),
-            Some("upper")
-        );
+        assert_eq!(known.suggestion(Kind::Filter, "uppper"), Some("upper"));
     }
 
     #[test]

@@ -29,13 +29,13 @@ pub(crate) fn parse<'src>(
 
     let (raw, errors) = structure().parse(tokens).into_output_errors();
     diagnostics.extend(errors.into_iter().map(|e| {
-            // The structure grammar accepts every sequence of lines; this is a safety net.
-            Diagnostic::error(
-                Code::InvalidStepHeading,
-                e.to_string(),
-                Span::new(e.span().start, e.span().end),
-            )
-        }));
+        // The structure grammar accepts every sequence of lines; this is a safety net.
+        Diagnostic::error(
+            Code::InvalidStepHeading,
+            e.to_string(),
+            Span::new(e.span().start, e.span().end),
+        )
+    }));
 
     let Some((preamble, raw_phases)) = raw else {
         return (
@@ -316,11 +316,7 @@ fn starts_with_phase_keyword(text: &str) -> bool {
 
 /// A level-1 line that is no phase heading at all, such as a Markdown title
 /// (`# Support agent`): say what a phase heading is, and how to keep a title (§1.3).
-fn not_a_phase(
-    text: &str,
-    span: Span,
-    invalid: impl Fn(&str, Span) -> Diagnostic,
-) -> Diagnostic {
+fn not_a_phase(text: &str, span: Span, invalid: impl Fn(&str, Span) -> Diagnostic) -> Diagnostic {
     let title = text.trim_start_matches('#').trim();
     invalid("this is not a phase heading", span)
         .with_note("a `#` at the start of a line begins a phase: `# pre: <step>`, `# prompt: <step>` or `# post: <step>`")
@@ -438,6 +434,60 @@ mod tests {
     fn typo_gets_a_suggestion() {
         let (_, diags) = parse_src("# promt: a\n");
         assert_eq!(diags[0].help.as_deref(), Some("did you mean `prompt`?"));
+    }
+
+    #[test]
+    fn role_heading_before_any_phase_is_one_error() {
+        let (file, diags) = parse_src("## system\nbe kind\n## user\nhi\n");
+        assert_eq!(diags.len(), 1);
+        assert_eq!(diags[0].code, Code::RoleHeadingBeforePhase);
+        assert_eq!(diags[0].span(), Span::new(0, 9));
+        assert!(file.phases.is_empty());
+        let (_, diags) = parse_src("# prompt: a\n## system\nx\n");
+        assert!(diags.is_empty());
+    }
+
+    #[test]
+    fn titles_are_not_phase_headings() {
+        for src in ["# Support agent\n", "# Introduction\n"] {
+            let (_, diags) = parse_src(src);
+            assert_eq!(
+                diags[0].labels[0].message, "this is not a phase heading",
+                "{src}"
+            );
+            assert!(
+                diags[0].help.as_deref().unwrap_or("").contains("{#"),
+                "{src}"
+            );
+        }
+        // A phase keyword without its colon keeps the precise message.
+        let (_, diags) = parse_src("# prompt foo\n");
+        assert_eq!(
+            diags[0].labels[0].message,
+            "expected `:` after the phase keyword"
+        );
+    }
+
+    #[test]
+    fn indented_phase_headings() {
+        assert_eq!(
+            indented_phase_heading("  # prompt: answer"),
+            Some((PhaseKind::Prompt, "answer"))
+        );
+        assert_eq!(
+            indented_phase_heading(" #POST:x "),
+            Some((PhaseKind::Post, "x"))
+        );
+        for text in [
+            "# prompt: a",
+            "    # prompt: code block",
+            "\t# prompt: tab",
+            "  # A title",
+            "  ## user",
+            "  # promptly: x",
+        ] {
+            assert_eq!(indented_phase_heading(text), None, "{text}");
+        }
     }
 
     #[test]

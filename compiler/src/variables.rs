@@ -93,7 +93,9 @@ pub(crate) fn check(
              reading its attributes fails the render",
         );
         // `{% set x %}` in one phase, `{{ x }}` in another: the newcomer's mistake.
-        let set_elsewhere = templates.iter().any(|t| t.facts.sets.iter().any(|s| s == name));
+        let set_elsewhere = templates
+            .iter()
+            .any(|t| t.facts.sets.iter().any(|s| s == name));
         if set_elsewhere {
             diag = diag.with_note(format!(
                 "`{{% set {name} = … %}}` is local to the phase that runs it: the variable is gone when that phase ends"
