@@ -99,7 +99,7 @@ pub(crate) fn unclosed(source: &str) -> Option<Unclosed> {
 mod tests {
     use super::*;
 
-    fn at<'a>(src: &'a str, span: TSpan) -> &'a str {
+    fn at(src: &str, span: TSpan) -> &str {
         &src[span.0..span.1]
     }
 
