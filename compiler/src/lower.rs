@@ -42,6 +42,7 @@ pub(crate) fn lower(
     let mut lowerer = Lowerer {
         source,
         relaxed: options.relaxed,
+        indented: indented_headings(source),
         env,
         diags,
         steps: Vec::new(),
@@ -107,20 +108,25 @@ pub(crate) fn lower(
     }
 }
 
-/// The first line that would be a phase heading of step `name` were it not indented
-/// (APL0021). Code fences are not tracked: a fenced match is still worth pointing at.
-fn indented_heading_of(source: &str, name: &str) -> Option<Span> {
+/// Every line that would be a phase heading were it not indented (APL0021), by step
+/// name: the first such line of each. Code fences are not tracked: a fenced match is
+/// still worth pointing at when a step of that name is missing.
+fn indented_headings(source: &str) -> HashMap<&str, Span> {
+    let mut found = HashMap::new();
     let mut at = 0;
     for line in source.split_inclusive('\n') {
         let start = at;
         at += line.len();
         let text = line.trim_end_matches(['\n', '\r']);
-        if indented_phase_heading(text).is_some_and(|(_, n)| n == name) {
+        if let Some((_, name)) = indented_phase_heading(text) {
             let lead = text.len() - text.trim_start().len();
-            return Some(Span::new(start + lead, start + text.trim_end().len()));
+            let span = Span::new(start + lead, start + text.trim_end().len());
+            // `# prompt:` without a name is the step `default`.
+            let name = if name.is_empty() { "default" } else { name };
+            found.entry(name).or_insert(span);
         }
     }
-    None
+    found
 }
 
 /// The bundle's edges: every known target of every post phase.
@@ -372,6 +378,8 @@ fn group_steps<'a, 'src>(
 struct Lowerer<'a, 'src> {
     source: &'src str,
     relaxed: bool,
+    /// Step names of indented phase headings (APL0021) and where the first of each is.
+    indented: HashMap<&'src str, Span>,
     env: minijinja::Environment<'static>,
     diags: &'a mut Vec<Diagnostic>,
     steps: Vec<Step>,
@@ -407,7 +415,7 @@ impl Lowerer<'_, '_> {
                     group.span,
                 )
                 .with_label_message("the step starts here");
-                let indented = indented_heading_of(self.source, &group.name);
+                let indented = self.indented.get(group.name.as_str()).copied();
                 if let Some(at) = indented {
                     diag = diag.with_secondary(at, "this heading is indented, so it is text");
                 }
@@ -735,7 +743,7 @@ impl Lowerer<'_, '_> {
             } else {
                 "if `next_step` still holds this value when the post phase ends, the run fails with this error"
             });
-            let indented = indented_heading_of(self.source, name);
+            let indented = self.indented.get(name.as_str()).copied();
             if let Some(at) = indented {
                 diag = diag
                     .with_secondary(
