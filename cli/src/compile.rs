@@ -51,11 +51,39 @@ pub(crate) fn check(
         &check_options(args, report.deny_warnings),
     );
     report_diagnostics(&compilation.diagnostics, file, &source, report.format);
+    if let (Some(bundle), DiagnosticFormat::Human) = (&compilation.bundle, report.format) {
+        eprintln!("{}", summary(bundle, &compilation.diagnostics));
+    }
     Ok(if compilation.has_errors() {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The line `check` prints on success, so that a valid file does not look like nothing
+/// happened: `ok: 4 steps, 9 templates` (`, 1 warning` when there are warnings).
+///
+/// Human format only: with `--format json` stdout is JSON Lines for tools, and stderr
+/// stays reserved for failures that are not about the source.
+fn summary(bundle: &aplc_compiler::Bundle, diagnostics: &[Diagnostic]) -> String {
+    let plural = |n: usize, one: &str| {
+        if n == 1 {
+            format!("1 {one}")
+        } else {
+            format!("{n} {one}s")
+        }
+    };
+    let mut line = format!(
+        "ok: {}, {}",
+        plural(bundle.steps.len(), "step"),
+        plural(bundle.templates.len(), "template")
+    );
+    // Errors mean no bundle, so every diagnostic left is a warning.
+    if !diagnostics.is_empty() {
+        line.push_str(&format!(", {}", plural(diagnostics.len(), "warning")));
+    }
+    line
 }
 
 pub(crate) fn build(

@@ -40,7 +40,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Check an .apl file and print its diagnostics (exit 0 when valid, 2 otherwise).
+    /// Check an .apl file and print its diagnostics, then a summary line when it is valid
+    /// (exit 0 when valid, 2 otherwise).
     Check {
         /// The .apl file.
         file: PathBuf,

@@ -74,10 +74,8 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     } else {
         None
     };
-    let provider = Recorder::new(
-        select_provider(&args, http.as_ref())?,
-        args.record.is_some(),
-    );
+    let (provider, no_key) = select_provider(&args, http.as_ref())?;
+    let provider = Recorder::new(provider, args.record.is_some());
     let toolbox = match (&args.tools, &http) {
         (Some(path), Some(http)) => {
             let text = read_text(path)?;
@@ -96,6 +94,14 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     };
     let options = context_options(options, args.context.as_deref())?;
     let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
+    // Only now is it certain that the run will call the HTTP provider: an unreadable or
+    // invalid agent fails above without a warning about a key it never needed.
+    if no_key {
+        eprintln!(
+            "warning: no API key: set OPENAI_API_KEY or pass --api-key \
+             (or --mock RESPONSES.json to run without a model)"
+        );
+    }
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -172,11 +178,13 @@ fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCod
 }
 
 /// The provider a run uses: `--mock`, `--providers`, or the OpenAI-compatible HTTP
-/// provider configured by `--base-url` and `--api-key` / `OPENAI_API_KEY`.
+/// provider configured by `--base-url` and `--api-key` / `OPENAI_API_KEY`. The flag is
+/// true when that HTTP provider has no key for api.openai.com: the caller warns once the
+/// agent has loaded.
 fn select_provider(
     args: &RunArgs,
     http: Option<&HttpClient>,
-) -> Result<Box<dyn Provider>, Failure> {
+) -> Result<(Box<dyn Provider>, bool), Failure> {
     let http_flags = args.api_key.is_some() || args.base_url.is_some();
     match (&args.mock, &args.providers) {
         (Some(_), Some(_)) => Err(Failure::usage(
@@ -188,7 +196,7 @@ fn select_provider(
             if http_flags {
                 eprintln!("warning: --api-key and --base-url are not used with --mock");
             }
-            Ok(Box::new(Scripted::new(script)))
+            Ok((Box::new(Scripted::new(script)), false))
         }
         (None, Some(path)) => {
             if http_flags {
@@ -204,7 +212,7 @@ fn select_provider(
                 None => Router::from_config_json(&text, &env),
             }
             .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-            Ok(Box::new(router))
+            Ok((Box::new(router), false))
         }
         (None, None) => {
             let mut config = OpenAiConfig::new();
@@ -225,16 +233,13 @@ fn select_provider(
                     }
                     Err(std::env::VarError::NotPresent) => None,
                 });
-            match key.filter(|k| !k.trim().is_empty()) {
-                Some(key) => config = config.api_key(key),
-                None if args.base_url.is_none() => eprintln!(
-                    "warning: no API key: set OPENAI_API_KEY or pass --api-key \
-                     (or --mock RESPONSES.json to run without a model)"
-                ),
-                None => {}
+            let key = key.filter(|k| !k.trim().is_empty());
+            let no_key = key.is_none() && args.base_url.is_none();
+            if let Some(key) = key {
+                config = config.api_key(key);
             }
             let provider = OpenAiProvider::new(config).map_err(Failure::usage)?;
-            Ok(Box::new(provider))
+            Ok((Box::new(provider), no_key))
         }
     }
 }

@@ -44,7 +44,26 @@ fn stderr(o: &Output) -> String {
 fn check_valid_and_invalid() {
     let ok = aplc(&["check", &fixture("check/spec_1_2_2_simple.apl")]);
     assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
-    assert!(stderr(&ok).is_empty());
+    // Success is one summary line on stderr (issue #10: `check` was silent).
+    assert_eq!(stderr(&ok), "ok: 1 step, 1 template\n");
+
+    let warned = aplc(&["check", &fixture("check/warn_unreachable_step.apl")]);
+    assert_eq!(warned.status.code(), Some(0), "{}", stderr(&warned));
+    assert!(
+        stderr(&warned).ends_with(", 1 warning\n"),
+        "{}",
+        stderr(&warned)
+    );
+
+    // JSON Lines on stdout, and nothing on stderr for a valid file.
+    let json = aplc(&[
+        "check",
+        "--format",
+        "json",
+        &fixture("check/spec_1_2_2_simple.apl"),
+    ]);
+    assert_eq!(json.status.code(), Some(0));
+    assert!(stdout(&json).is_empty() && stderr(&json).is_empty());
 
     let bad = aplc(&["check", &fixture("check/err_multiple_errors.apl")]);
     assert_eq!(bad.status.code(), Some(2));
@@ -343,6 +362,40 @@ fn providers_route_models() {
     assert_eq!(o.status.code(), Some(2));
     assert!(
         stderr(&o).contains("APLC_TEST_UNSET_VARIABLE"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// The "no API key" warning belongs to runs that will call the HTTP provider: a file
+/// that cannot be read (or does not compile) gets its own error only.
+#[test]
+fn no_api_key_warning_only_when_the_run_needs_it() {
+    let dir = scratch("nokey");
+    let run = |file: &str| {
+        Command::new(env!("CARGO_BIN_EXE_aplc"))
+            .args(["run", file, "--timeout", "1"])
+            .env("NO_COLOR", "1")
+            .env_remove("OPENAI_API_KEY")
+            .output()
+            .expect("aplc runs")
+    };
+    let o = run(&dir.join("missing.apl").to_string_lossy());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cannot read"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("API key"), "{}", stderr(&o));
+
+    let bad = write(&dir, "bad.apl", "## user\nhi\n");
+    let o = run(&bad);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!stderr(&o).contains("API key"), "{}", stderr(&o));
+
+    // A valid agent does need the key: the warning comes, once.
+    let ok = write(&dir, "ok.apl", "# prompt: a\nhi\n");
+    let o = run(&ok);
+    assert_eq!(
+        stderr(&o).matches("no API key").count(),
+        1,
         "{}",
         stderr(&o)
     );

@@ -50,6 +50,15 @@ pub(crate) struct Facts {
     /// Variables read from the run's context (not bound by the template itself and not
     /// only tested for definedness), in source order.
     pub reads: Vec<(String, TSpan)>,
+    /// Calls of a name the template does not bind (`set_context(…)`, `set(…)`): the
+    /// name and the call. The callee is not also a read.
+    pub calls: Vec<(String, TSpan)>,
+    /// Names assigned with `{% set %}`, which live only as long as this render.
+    pub sets: Vec<String>,
+    /// Every filter applied (`x | name`, `{% filter name %}`): the name and where.
+    pub filters: Vec<(String, TSpan)>,
+    /// Every test applied (`x is name`): the name and where.
+    pub tests: Vec<(String, TSpan)>,
 }
 
 /// A call that writes `next_step`.
@@ -229,9 +238,11 @@ impl<'a> Walker<'a> {
             }
             Stmt::Set(s) => {
                 self.statement_expr(&s.expr);
+                self.record_set(&s.target);
                 self.bind_target(&s.target);
             }
             Stmt::SetBlock(s) => {
+                self.record_set(&s.target);
                 self.bind_target(&s.target);
                 if let Some(f) = &s.filter {
                     self.expr(f, Use::Value);
@@ -292,6 +303,12 @@ impl<'a> Walker<'a> {
         match expr {
             Expr::Call(c) => self.call(c, c.span(), true),
             other => self.expr(other, Use::Value),
+        }
+    }
+
+    fn record_set(&mut self, target: &Expr<'a>) {
+        if let Expr::Var(v) = target {
+            self.facts.sets.push(v.id.to_string());
         }
     }
 
@@ -387,6 +404,9 @@ impl<'a> Walker<'a> {
                 self.pop();
             }
             Expr::Filter(f) => {
+                self.facts
+                    .filters
+                    .push((f.name.to_string(), tspan(f.span())));
                 if let Some(e) = &f.expr {
                     let inner = if matches!(f.name, "default" | "d") {
                         Use::Test
@@ -398,6 +418,7 @@ impl<'a> Walker<'a> {
                 self.args(&f.args);
             }
             Expr::Test(t) => {
+                self.facts.tests.push((t.name.to_string(), tspan(t.span())));
                 self.expr(&t.expr, Use::Test);
                 self.args(&t.args);
             }
@@ -439,7 +460,12 @@ impl<'a> Walker<'a> {
         {
             self.helper_call(f.id, call, span, statement);
         }
-        self.expr(&call.expr, Use::Value);
+        match &call.expr {
+            Expr::Var(f) if !self.is_bound(f.id) && !RESERVED_VARIABLES.contains(&f.id) => {
+                self.facts.calls.push((f.id.to_string(), tspan(span)));
+            }
+            callee => self.expr(callee, Use::Value),
+        }
         self.args(&call.args);
     }
 
@@ -778,6 +804,23 @@ mod tests {
         assert!(!f.dynamic_writes);
         assert!(analyze("{{ set_context(k, 1) }}").unwrap().dynamic_writes);
         assert!(!analyze("{{ get_context(k) }}").unwrap().dynamic_writes);
+    }
+
+    #[test]
+    fn calls_sets_filters_and_tests() {
+        let f = analyze(
+            "{% set a = 1 %}{% set b %}x{% endset %}{% macro m() %}{% endmacro %}\
+             {{ set('x', 1) }}{{ m() }}{{ range(2) }}{{ y | upper | foo }}{{ y is odd }}",
+        )
+        .unwrap();
+        let calls: Vec<&str> = f.calls.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(calls, ["set", "range"]);
+        assert_eq!(f.sets, ["a", "b"]);
+        let filters: Vec<&str> = f.filters.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(filters, ["foo", "upper"]);
+        assert_eq!(f.tests.len(), 1);
+        // The callee of a call is not a read.
+        assert_eq!(reads("{{ set('x', 1) }}"), Vec::<String>::new());
     }
 
     #[test]

@@ -114,7 +114,15 @@ pub enum Code {
     UndefinedVariable,
     /// APL0019: a malformed `{# inputs: … #}` declaration.
     InvalidInputs,
-    /// APL0020: a template expression nested deeper than the VM loads.
+    /// APL0020: a role heading (`## system`) before the first phase heading.
+    RoleHeadingBeforePhase,
+    /// APL0021: a phase heading indented by one to three spaces, which is text.
+    IndentedHeading,
+    /// APL0022: a call of a function the template environment does not have.
+    UnknownFunction,
+    /// APL0023: a filter or test the template environment does not have.
+    UnknownFilter,
+    /// APL0024: a template expression nested deeper than the VM loads.
     ExpressionTooDeep,
 }
 
@@ -141,12 +149,16 @@ impl Code {
             Code::CycleWithoutExit => "APL0017",
             Code::UndefinedVariable => "APL0018",
             Code::InvalidInputs => "APL0019",
-            Code::ExpressionTooDeep => "APL0020",
+            Code::RoleHeadingBeforePhase => "APL0020",
+            Code::IndentedHeading => "APL0021",
+            Code::UnknownFunction => "APL0022",
+            Code::UnknownFilter => "APL0023",
+            Code::ExpressionTooDeep => "APL0024",
         }
     }
 
     /// Every code, in numeric order.
-    pub const ALL: [Code; 20] = [
+    pub const ALL: [Code; 24] = [
         Code::InvalidStepHeading,
         Code::DuplicateStep,
         Code::ReservedStep,
@@ -166,6 +178,10 @@ impl Code {
         Code::CycleWithoutExit,
         Code::UndefinedVariable,
         Code::InvalidInputs,
+        Code::RoleHeadingBeforePhase,
+        Code::IndentedHeading,
+        Code::UnknownFunction,
+        Code::UnknownFilter,
         Code::ExpressionTooDeep,
     ];
 }

@@ -8,6 +8,7 @@
 use logos::Logos;
 
 use crate::diagnostic::{Code, Diagnostic, Span};
+use crate::parser::indented_phase_heading;
 
 /// The kind of one source line.
 #[derive(Logos, Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,10 +91,13 @@ pub(crate) fn lex(source: &str) -> (Vec<Line<'_>>, Vec<Diagnostic>) {
 /// file, which hides every heading after it, so it gets a warning.
 fn resolve_fences(lines: &mut [Line<'_>]) -> Vec<Diagnostic> {
     let mut open: Option<(char, usize, Span)> = None;
+    let mut indented = Vec::new();
     for line in lines.iter_mut() {
         if line.kind != LineKind::Fence {
             if open.is_some() {
                 line.kind = LineKind::Text;
+            } else if let Some((kind, name)) = indented_phase_heading(line.text) {
+                indented.push(indented_heading(line, kind.as_str(), name));
             }
             continue;
         }
@@ -107,15 +111,35 @@ fn resolve_fences(lines: &mut [Line<'_>]) -> Vec<Diagnostic> {
             Some(_) => {}
         }
     }
-    match open {
-        Some((_, _, span)) => vec![
+    if let Some((_, _, span)) = open {
+        indented.push(
             Diagnostic::warning(Code::UnclosedFence, "code fence is never closed", span)
                 .with_label_message("this fence runs to the end of the file")
                 .with_note("headings inside a code fence are text, so no step heading after this line counts")
                 .with_help("close the fence with a matching line of backticks or tildes"),
-        ],
-        None => Vec::new(),
+        );
     }
+    indented
+}
+
+/// APL0021: `  # prompt: answer` looks like a heading but is text of the phase above.
+fn indented_heading(line: &Line<'_>, kind: &str, name: &str) -> Diagnostic {
+    let lead = line.text.len() - line.text.trim_start().len();
+    let start = line.span.start + lead;
+    let span = Span::new(start, start + line.text.trim().len());
+    let step = if name.is_empty() {
+        String::new()
+    } else {
+        format!(" of step `{name}`")
+    };
+    Diagnostic::warning(
+        Code::IndentedHeading,
+        format!("indented `{kind}` heading{step} is text, not a heading"),
+        span,
+    )
+    .with_label_message("this line is text of the phase above")
+    .with_note("a heading counts only at column 0 (§1.3)")
+    .with_help("remove the indentation to start the phase; to show the line as text on purpose, indent it by four spaces or put it in a code fence")
 }
 
 /// The fence character, its run length and what follows the run.

@@ -21,12 +21,14 @@
 
 mod analyze;
 mod ast;
+mod blocks;
 mod codegen;
 pub mod diagnostic;
 pub mod graph;
 mod ir;
 mod lexer;
 mod lower;
+mod names;
 mod parser;
 mod relaxed;
 mod variables;
@@ -118,6 +120,7 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     let (file, parse_diags) = parser::parse(source, lines);
     diagnostics.extend(parse_diags);
     let ir = lower::lower(source, &file, options, &mut diagnostics);
+    drop_follow_on_errors(&mut diagnostics);
     // Every span must fall on character boundaries (spans from minijinja are snapped
     // where they are made; this keeps any other slip from reaching a renderer).
     for label in diagnostics.iter_mut().flat_map(|d| d.labels.iter_mut()) {
@@ -148,6 +151,24 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
         bundle,
         diagnostics,
     }
+}
+
+/// A role heading before any phase (APL0020) already says that a phase heading is
+/// missing above it: "no steps" (APL0008) and "text before the first step heading"
+/// (APL0007) from that line on would repeat it.
+fn drop_follow_on_errors(diagnostics: &mut Vec<Diagnostic>) {
+    let Some(at) = diagnostics
+        .iter()
+        .find(|d| d.code == Code::RoleHeadingBeforePhase)
+        .map(|d| d.span().start)
+    else {
+        return;
+    };
+    diagnostics.retain(|d| match d.code {
+        Code::NoSteps => false,
+        Code::TextBeforeFirstStep => d.span().start < at,
+        _ => true,
+    });
 }
 
 /// Turns every warning into an error, saying why.

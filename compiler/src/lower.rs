@@ -18,12 +18,13 @@ use aplc_vm::{Limits, RESERVED_VARIABLES, minijinja, template_env};
 use crate::Options;
 use crate::analyze::{self, Facts};
 use crate::ast::{File, Phase, PhaseKind};
+use crate::blocks::{self, Unclosed};
 use crate::diagnostic::{Code, Diagnostic, Severity, Span};
 use crate::graph::{self, CheckedStep, Flow, To};
 use crate::ir::{Edge, EdgeTo, Ir, Step, Template};
-use crate::parser::{find_jinja, suggest};
+use crate::parser::{find_jinja, indented_phase_heading, suggest};
 use crate::relaxed::{self, TemplateMap};
-use crate::variables;
+use crate::{names, variables};
 
 /// Lowers a parsed file, appending diagnostics.
 pub(crate) fn lower(
@@ -47,13 +48,20 @@ pub(crate) fn lower(
     let mut lowerer = Lowerer {
         source,
         relaxed: options.relaxed,
+        indented: indented_headings(source),
         env,
         diags,
         steps: Vec::new(),
         templates: Vec::new(),
     };
-    for group in group_steps(file, lowerer.diags) {
-        lowerer.lower_step(group);
+    let groups = group_steps(file, lowerer.diags);
+    let prompted: Vec<String> = groups
+        .iter()
+        .filter(|g| g.phases.iter().any(|&(k, _)| k == PhaseKind::Prompt))
+        .map(|g| g.name.clone())
+        .collect();
+    for group in groups {
+        lowerer.lower_step(group, &prompted);
     }
     if file.phases.is_empty() {
         lowerer.diags.push(
@@ -68,6 +76,19 @@ pub(crate) fn lower(
         );
     }
     let had_errors = lowerer.diags.iter().any(Diagnostic::is_error);
+    let defined: Vec<&str> = lowerer
+        .templates
+        .iter()
+        .flat_map(|t| t.facts.writes.iter().map(String::as_str))
+        .chain(inputs.iter().map(String::as_str))
+        .collect();
+    names::check(
+        &lowerer.env,
+        &lowerer.templates,
+        &globals,
+        &defined,
+        lowerer.diags,
+    );
     lowerer.next_step_outside_post();
     let flows = lowerer.flows();
     lowerer.unknown_steps(&flows, options.unknown_step_is_error);
@@ -92,6 +113,27 @@ pub(crate) fn lower(
         templates: lowerer.templates,
         edges,
     }
+}
+
+/// Every line that would be a phase heading were it not indented (APL0021), by step
+/// name: the first such line of each. Code fences are not tracked: a fenced match is
+/// still worth pointing at when a step of that name is missing.
+fn indented_headings(source: &str) -> HashMap<&str, Span> {
+    let mut found = HashMap::new();
+    let mut at = 0;
+    for line in source.split_inclusive('\n') {
+        let start = at;
+        at += line.len();
+        let text = line.trim_end_matches(['\n', '\r']);
+        if let Some((_, name)) = indented_phase_heading(text) {
+            let lead = text.len() - text.trim_start().len();
+            let span = Span::new(start + lead, start + text.trim_end().len());
+            // `# prompt:` without a name is the step `default`.
+            let name = if name.is_empty() { "default" } else { name };
+            found.entry(name).or_insert(span);
+        }
+    }
+    found
 }
 
 /// The bundle's edges: every known target of every post phase.
@@ -374,6 +416,8 @@ fn duplicate_step(name: &str, here: Span, first: Span) -> Diagnostic {
 struct Lowerer<'a, 'src> {
     source: &'src str,
     relaxed: bool,
+    /// Step names of indented phase headings (APL0021) and where the first of each is.
+    indented: HashMap<&'src str, Span>,
     env: minijinja::Environment<'static>,
     diags: &'a mut Vec<Diagnostic>,
     steps: Vec<Step>,
@@ -381,7 +425,9 @@ struct Lowerer<'a, 'src> {
 }
 
 impl Lowerer<'_, '_> {
-    fn lower_step(&mut self, group: Group<'_, '_>) {
+    /// `prompted` names every step that has a prompt phase, for a did-you-mean when a
+    /// phase heading misspells its step's name.
+    fn lower_step(&mut self, group: Group<'_, '_>, prompted: &[String]) {
         let step = self.steps.len();
         let mut pre = None;
         let mut post = None;
@@ -401,18 +447,36 @@ impl Lowerer<'_, '_> {
         }
         let Some(prompt_span) = prompt_span else {
             if group.valid && !group.rejected_prompt {
-                self.diags.push(
-                    Diagnostic::error(
-                        Code::MissingPrompt,
-                        format!("step `{}` has no prompt phase", group.name),
-                        group.span,
-                    )
-                    .with_label_message("the step starts here")
-                    .with_help(format!(
+                let mut diag = Diagnostic::error(
+                    Code::MissingPrompt,
+                    format!("step `{}` has no prompt phase", group.name),
+                    group.span,
+                )
+                .with_label_message("the step starts here");
+                let indented = self.indented.get(group.name.as_str()).copied();
+                if let Some(at) = indented {
+                    diag = diag.with_secondary(at, "this heading is indented, so it is text");
+                }
+                // One- and two-letter names are all one edit apart: no guess there.
+                let guess = suggest(&group.name, prompted.iter().map(String::as_str))
+                    .filter(|_| group.name.chars().count() > 2);
+                diag = match guess {
+                    // `# post: clasify` next to a step `classify`: a typo, not a new step.
+                    Some(s) => diag
+                        .with_note(format!(
+                            "a phase heading with another name starts another step: `{}` is not `{s}`",
+                            group.name
+                        ))
+                        .with_help(format!("did you mean `{s}`?")),
+                    None if indented.is_some() => diag.with_help(
+                        "remove the indentation of the `# prompt:` heading",
+                    ),
+                    None => diag.with_help(format!(
                         "add a `# prompt: {}` phase after this one",
                         group.name
                     )),
-                );
+                };
+                self.diags.push(diag);
             }
             return;
         };
@@ -581,13 +645,19 @@ impl Lowerer<'_, '_> {
                 facts
             }
             Err(err) => {
-                self.template_error(source, map, &err.message, err.span, err.line);
+                match blocks::unclosed(source).filter(|_| {
+                    err.message.contains("end of input")
+                        || err.message.starts_with("unknown statement end")
+                }) {
+                    Some(unclosed) => self.unclosed_block(source, map, unclosed),
+                    None => self.template_error(source, map, &err.message, err.span, err.line),
+                }
                 Facts::default()
             }
         }
     }
 
-    /// Reports a template expression nested deeper than the VM loads (APL0020).
+    /// Reports a template expression nested deeper than the VM loads (APL0024).
     fn too_deep(&mut self, source: &str, map: &TemplateMap, fault: aplc_vm::TemplateFault) {
         let (start, end) = fault.span();
         let span = Span::new(start, end).snap(source);
@@ -604,6 +674,39 @@ impl Lowerer<'_, '_> {
             .with_note("operators, attribute and item lookups, calls, filters and brackets each add a level; aplc refuses deeper expressions so that parsing them cannot overflow the stack")
             .with_help("split the expression with `{% set %}` into shorter parts"),
         );
+    }
+
+    /// A block tag without its end tag (APL0009): name the missing end tag and point at
+    /// the opening one.
+    fn unclosed_block(&mut self, source: &str, map: &TemplateMap, unclosed: Unclosed) {
+        let keyword = &unclosed.keyword;
+        let open = map.span(unclosed.open.0, unclosed.open.1);
+        let mut diag = Diagnostic::error(
+            Code::TemplateSyntax,
+            format!("template syntax error: `{{% {keyword} %}}` is never closed: `{{% end{keyword} %}}` is missing"),
+            open,
+        )
+        .with_label_message(format!("this `{{% {keyword} %}}` has no `{{% end{keyword} %}}`"));
+        diag = match &unclosed.closed_by {
+            Some((end, (start, stop))) => diag
+                .with_secondary(
+                    map.span(*start, *stop),
+                    format!(
+                        "`{{% {end} %}}` closes an outer block while `{keyword}` is still open"
+                    ),
+                )
+                .with_help(format!(
+                    "add `{{% end{keyword} %}}` before this `{{% {end} %}}`"
+                )),
+            None => {
+                let end = source.trim_end().len();
+                diag.with_secondary(map.span(end, end), "the template ends here")
+                    .with_help(format!(
+                        "add `{{% end{keyword} %}}` where the block should end"
+                    ))
+            }
+        };
+        self.diags.push(diag);
     }
 
     fn template_error(
@@ -712,6 +815,19 @@ impl Lowerer<'_, '_> {
             } else {
                 "if `next_step` still holds this value when the post phase ends, the run fails with this error"
             });
+            let indented = self.indented.get(name.as_str()).copied();
+            if let Some(at) = indented {
+                diag = diag
+                    .with_secondary(
+                        at,
+                        format!(
+                            "a heading for `{name}` exists here, but it is indented, so it is text"
+                        ),
+                    )
+                    .with_help("remove the indentation: a heading counts only at column 0 (§1.3)");
+                self.diags.push(diag);
+                continue;
+            }
             diag = match suggest(name, self.steps.iter().map(|s| s.name.as_str())) {
                 Some(s) => diag.with_help(format!("did you mean `{s}`?")),
                 None => diag.with_help(format!(

@@ -18,6 +18,8 @@ pub(crate) fn parse<'src>(
     source: &'src str,
     lines: Vec<Line<'src>>,
 ) -> (File<'src>, Vec<Diagnostic>) {
+    let mut lines = lines;
+    let mut diagnostics = roles_before_first_phase(&mut lines);
     let eoi = SimpleSpan::from(source.len()..source.len());
     let tokens = Stream::from_iter(lines.into_iter().map(|l| {
         let span = SimpleSpan::from(l.span.range());
@@ -26,17 +28,14 @@ pub(crate) fn parse<'src>(
     .map(eoi, |(l, s): (Line<'src>, SimpleSpan)| (l, s));
 
     let (raw, errors) = structure().parse(tokens).into_output_errors();
-    let mut diagnostics: Vec<Diagnostic> = errors
-        .into_iter()
-        .map(|e| {
-            // The structure grammar accepts every sequence of lines; this is a safety net.
-            Diagnostic::error(
-                Code::InvalidStepHeading,
-                e.to_string(),
-                Span::new(e.span().start, e.span().end),
-            )
-        })
-        .collect();
+    diagnostics.extend(errors.into_iter().map(|e| {
+        // The structure grammar accepts every sequence of lines; this is a safety net.
+        Diagnostic::error(
+            Code::InvalidStepHeading,
+            e.to_string(),
+            Span::new(e.span().start, e.span().end),
+        )
+    }));
 
     let Some((preamble, raw_phases)) = raw else {
         return (
@@ -108,6 +107,40 @@ where
     lines
         .then(phase.repeated().collect::<Vec<_>>())
         .then_ignore(end())
+}
+
+/// A role heading before the first phase heading (`## system` in a file that forgot its
+/// `# prompt:` line) belongs to no phase. One error at the first such line says so
+/// (APL0020); every such line becomes text, so the structure parses and no parser
+/// internals reach the user. `lib.rs` drops the follow-on "text before the first step"
+/// and "no steps" errors.
+fn roles_before_first_phase(lines: &mut [Line<'_>]) -> Vec<Diagnostic> {
+    let mut first = None;
+    for line in lines.iter_mut() {
+        match line.kind {
+            LineKind::PhaseHeading => break,
+            LineKind::RoleHeading => {
+                first.get_or_insert((line.text, line.span.start));
+                line.kind = LineKind::Text;
+            }
+            _ => {}
+        }
+    }
+    let Some((text, start)) = first else {
+        return Vec::new();
+    };
+    let heading = text.trim_end();
+    let span = Span::new(start, start + heading.len());
+    let message = match role_heading(text) {
+        Some(role) => format!("role heading `## {}` outside any phase", role.as_str()),
+        None => format!("`{heading}` before the first phase heading"),
+    };
+    vec![
+        Diagnostic::error(Code::RoleHeadingBeforePhase, message, span)
+            .with_label_message("role sections belong inside a `# prompt:` phase")
+            .with_note("an APL file is a list of steps; each starts with a phase heading such as `# prompt: answer`, and the prompt's `## system` / `## user` sections go below it")
+            .with_help("add a phase heading above this line, e.g. `# prompt: answer`"),
+    ]
 }
 
 /// The span covered by `lines`, or an empty span at `at` when there are none.
@@ -197,6 +230,10 @@ fn phase_heading<'src>(line: Line<'src>, diagnostics: &mut Vec<Diagnostic>) -> H
                     )
                 })
                 .unwrap_or(span);
+            if !starts_with_phase_keyword(text) {
+                diagnostics.push(not_a_phase(text, span, invalid));
+                return heading(None);
+            }
             diagnostics.push(
                 invalid(
                     "expected `:` after the phase keyword",
@@ -227,7 +264,8 @@ fn phase_heading<'src>(line: Line<'src>, diagnostics: &mut Vec<Diagnostic>) -> H
         );
         diag = match suggest(word, PHASES.iter().map(|(k, _)| *k)) {
             Some(s) => diag.with_help(format!("did you mean `{s}`?")),
-            None => diag.with_help(LITERAL_HELP),
+            // Not a typo of a phase: most likely a Markdown title such as `# Introduction`.
+            None => not_a_phase(text, span, invalid),
         };
         diagnostics.push(diag);
         return heading(None);
@@ -263,6 +301,47 @@ fn phase_heading<'src>(line: Line<'src>, diagnostics: &mut Vec<Diagnostic>) -> H
         }
     };
     heading(Some(PhaseHeader { kind, name }))
+}
+
+/// True when the first word after `#` is `pre`, `prompt` or `post` (any case).
+fn starts_with_phase_keyword(text: &str) -> bool {
+    let word: String = text
+        .trim_start_matches('#')
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    PHASES.iter().any(|(k, _)| k.eq_ignore_ascii_case(&word))
+}
+
+/// A level-1 line that is no phase heading at all, such as a Markdown title
+/// (`# Support agent`): say what a phase heading is, and how to keep a title (§1.3).
+fn not_a_phase(text: &str, span: Span, invalid: impl Fn(&str, Span) -> Diagnostic) -> Diagnostic {
+    let title = text.trim_start_matches('#').trim();
+    invalid("this is not a phase heading", span)
+        .with_note("a `#` at the start of a line begins a phase: `# pre: <step>`, `# prompt: <step>` or `# post: <step>`")
+        .with_help(format!(
+            "for a title or a comment, write `{{# {title} #}}`, or indent the line so that it stays text (§1.3)"
+        ))
+}
+
+/// The phase keyword and step name of a line that would be a valid phase heading were it
+/// not indented by one to three spaces (`  # prompt: answer`), for APL0021. Four spaces
+/// or a tab make a Markdown code block: clearly text on purpose.
+pub(crate) fn indented_phase_heading(text: &str) -> Option<(PhaseKind, &str)> {
+    let trimmed = text.trim_start_matches(' ');
+    let indent = text.len() - trimmed.len();
+    if !(1..=3).contains(&indent) || !trimmed.starts_with('#') || trimmed.starts_with("##") {
+        return None;
+    }
+    let raw = heading_grammar().parse(trimmed).into_output()?;
+    let (word, _) = raw.keyword?;
+    let kind = PHASES
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(word))
+        .map(|&(_, kind)| kind)?;
+    let name = raw.name.map_or("", |(n, _)| n.trim());
+    Some((kind, name))
 }
 
 const LITERAL_HELP: &str = "a `#` at column 0 starts a phase; to keep this line as text, indent it or put it in a code fence";
@@ -355,6 +434,60 @@ mod tests {
     fn typo_gets_a_suggestion() {
         let (_, diags) = parse_src("# promt: a\n");
         assert_eq!(diags[0].help.as_deref(), Some("did you mean `prompt`?"));
+    }
+
+    #[test]
+    fn role_heading_before_any_phase_is_one_error() {
+        let (file, diags) = parse_src("## system\nbe kind\n## user\nhi\n");
+        assert_eq!(diags.len(), 1);
+        assert_eq!(diags[0].code, Code::RoleHeadingBeforePhase);
+        assert_eq!(diags[0].span(), Span::new(0, 9));
+        assert!(file.phases.is_empty());
+        let (_, diags) = parse_src("# prompt: a\n## system\nx\n");
+        assert!(diags.is_empty());
+    }
+
+    #[test]
+    fn titles_are_not_phase_headings() {
+        for src in ["# Support agent\n", "# Introduction\n"] {
+            let (_, diags) = parse_src(src);
+            assert_eq!(
+                diags[0].labels[0].message, "this is not a phase heading",
+                "{src}"
+            );
+            assert!(
+                diags[0].help.as_deref().unwrap_or("").contains("{#"),
+                "{src}"
+            );
+        }
+        // A phase keyword without its colon keeps the precise message.
+        let (_, diags) = parse_src("# prompt foo\n");
+        assert_eq!(
+            diags[0].labels[0].message,
+            "expected `:` after the phase keyword"
+        );
+    }
+
+    #[test]
+    fn indented_phase_headings() {
+        assert_eq!(
+            indented_phase_heading("  # prompt: answer"),
+            Some((PhaseKind::Prompt, "answer"))
+        );
+        assert_eq!(
+            indented_phase_heading(" #POST:x "),
+            Some((PhaseKind::Post, "x"))
+        );
+        for text in [
+            "# prompt: a",
+            "    # prompt: code block",
+            "\t# prompt: tab",
+            "  # A title",
+            "  ## user",
+            "  # promptly: x",
+        ] {
+            assert_eq!(indented_phase_heading(text), None, "{text}");
+        }
     }
 
     #[test]

@@ -92,7 +92,19 @@ pub(crate) fn check(
              neither an executor variable nor a declared input; printing it, iterating it or \
              reading its attributes fails the render",
         );
+        // `{% set x %}` in one phase, `{{ x }}` in another: the newcomer's mistake.
+        let set_elsewhere = templates
+            .iter()
+            .any(|t| t.facts.sets.iter().any(|s| s == name));
+        if set_elsewhere {
+            diag = diag.with_note(format!(
+                "`{{% set {name} = … %}}` is local to the phase that runs it: the variable is gone when that phase ends"
+            ));
+        }
         diag = match suggest(name, candidates.iter().copied()) {
+            _ if set_elsewhere => diag.with_help(format!(
+                "to keep the value for later phases and steps, write it with `set_context('{name}', …)`, then read it as `{{{{ {name} }}}}`"
+            )),
             Some(s) => diag.with_help(format!("did you mean `{s}`?")),
             None => diag.with_help(format!(
                 "if `{name}` is passed in with `with_context`, declare it before the first step: `{{# inputs: {name} #}}`; to test whether it is set, use `{name} is defined` or `{name} | default(…)`"

@@ -244,9 +244,9 @@ fn the_deepest_accepted_expressions_compile_on_a_2_mib_stack() {
     worker.join().expect("no stack overflow on a 2 MiB stack");
 }
 
-/// F2: one level more is APL0020 at the template, and nothing overflows, however long.
+/// F2: one level more is APL0024 at the template, and nothing overflows, however long.
 #[test]
-fn deeper_expressions_are_refused_with_apl0020() {
+fn deeper_expressions_are_refused_with_apl0024() {
     let n = aplc_vm::MAX_EXPRESSION_DEPTH;
     for template in [
         format!("{{{{ 1{} }}}}", "+1".repeat(n + 1)),
@@ -259,7 +259,7 @@ fn deeper_expressions_are_refused_with_apl0020() {
             .diagnostics
             .iter()
             .find(|d| d.code == aplc_compiler::Code::ExpressionTooDeep)
-            .expect("APL0020");
+            .expect("APL0024");
         assert!(d.span().start >= source.find("{{").unwrap_or(0));
         assert!(c.bundle.is_none());
     }

@@ -14,7 +14,8 @@ use crate::bundle::Role;
 /// Builds the message for one rendered role section, or `None` when it is empty.
 ///
 /// Every line that is a whole attachment directive (§1.2.1: column 0, `https` only) is
-/// removed from the text and becomes a content part. What remains, trimmed, is the text.
+/// removed from the text and becomes a content part. What remains, trimmed and with CRLF
+/// line endings turned into `\n`, is the text.
 /// Without attachments the message is `{"role", "content": "<text>"}`; with attachments
 /// `content` is a list of parts: the text part first (when the text is not empty), then
 /// the attachments in the order they appear. A section with no text and no attachments
@@ -22,7 +23,9 @@ use crate::bundle::Role;
 #[allow(dead_code)]
 pub(crate) fn build_message(role: Role, rendered: &str) -> Option<Value> {
     let (text, attachments) = split_attachments(rendered);
-    let text = text.trim();
+    // A file saved with CRLF line endings renders CRLF text; the model gets `\n` only.
+    let text = text.trim().replace("\r\n", "\n");
+    let text = text.as_str();
     let content = if attachments.is_empty() {
         if text.is_empty() {
             return None;
@@ -221,7 +224,7 @@ mod tests {
             )
             .as_deref(),
             Some(
-                r#"{"role":"assistant","content":[{"type":"text","text":"One\r\nTwo"},{"type":"image_url","image_url":{"url":"https://e.com/a.png"}}]}"#
+                r#"{"role":"assistant","content":[{"type":"text","text":"One\nTwo"},{"type":"image_url","image_url":{"url":"https://e.com/a.png"}}]}"#
             )
         );
     }

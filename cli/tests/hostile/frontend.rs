@@ -77,7 +77,7 @@ fn f2_long_chains_in_source_are_a_diagnostic() {
         let out = aplc(&["check", &file], Caps::default());
         out.assert_clean_exit();
         assert_eq!(out.code, Some(2), "{name}: {}", out.stderr);
-        assert!(out.stderr.contains("APL0020"), "{name}: {}", out.stderr);
+        assert!(out.stderr.contains("APL0024"), "{name}: {}", out.stderr);
     }
     // The bundles here are megabytes; keep only a failing test's files.
     let _ = std::fs::remove_dir_all(&dir);
