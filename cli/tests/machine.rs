@@ -303,6 +303,7 @@ async fn declared_inputs_are_required_by_every_runner() {
     let outcome = aplc_vm::run_scripted(p, all, &mut script, || start);
     assert!(outcome.error.is_none(), "{:?}", outcome.error);
     assert_eq!(outcome.result_text(), "done");
+}
 
 /// Issue #9, runaway loops: a post phase that retries on errors against a provider that
 /// fails for good never counts towards `max_runs`; the step budget ends it, and the
