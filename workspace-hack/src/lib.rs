@@ -1,0 +1,1 @@
+//! Empty on purpose: this crate only unifies dependency features (see its Cargo.toml).
