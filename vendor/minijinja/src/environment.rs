@@ -81,7 +81,13 @@ pub struct Environment<'source> {
     #[cfg(feature = "fuel")]
     fuel: Option<u64>,
     recursion_limit: usize,
+    // aplc patch (APLC-PATCH.md): value limits and the interrupt callback.
+    value_limits: crate::value::limits::ValueLimits,
+    pub(crate) interrupt_callback: Option<Arc<InterruptFunc>>,
 }
+
+/// aplc patch: the type of the interrupt callback (see `set_interrupt_callback`).
+type InterruptFunc = dyn Fn() -> bool + Sync + Send;
 
 impl Default for Environment<'_> {
     fn default() -> Self {
@@ -123,6 +129,8 @@ impl<'source> Environment<'source> {
             #[cfg(feature = "fuel")]
             fuel: None,
             recursion_limit: MAX_RECURSION,
+            value_limits: crate::value::limits::ValueLimits::UNLIMITED,
+            interrupt_callback: None,
         }
     }
 
@@ -146,6 +154,8 @@ impl<'source> Environment<'source> {
             #[cfg(feature = "fuel")]
             fuel: None,
             recursion_limit: MAX_RECURSION,
+            value_limits: crate::value::limits::ValueLimits::UNLIMITED,
+            interrupt_callback: None,
         }
     }
 
@@ -591,6 +601,28 @@ impl<'source> Environment<'source> {
     #[cfg_attr(docsrs, doc(cfg(feature = "fuel")))]
     pub fn set_fuel(&mut self, fuel: Option<u64>) {
         self.fuel = fuel;
+    }
+
+    /// aplc patch: sets the limits on the size and nesting of any one value a render
+    /// builds (strings, lists, maps).  Operators, filters, functions and methods fail
+    /// with [`ErrorKind::ValueTooLarge`] rather than build a larger value.
+    pub fn set_value_limits(&mut self, limits: crate::value::limits::ValueLimits) {
+        self.value_limits = limits;
+    }
+
+    /// aplc patch: the limits set with [`set_value_limits`](Self::set_value_limits).
+    pub fn value_limits(&self) -> crate::value::limits::ValueLimits {
+        self.value_limits
+    }
+
+    /// aplc patch: sets a callback the engine calls every few hundred instructions of a
+    /// render; when it returns `true` the render stops with
+    /// [`ErrorKind::Interrupted`].  It must be cheap (read a flag).
+    pub fn set_interrupt_callback<F>(&mut self, f: F)
+    where
+        F: Fn() -> bool + Send + Sync + 'static,
+    {
+        self.interrupt_callback = Some(Arc::new(f));
     }
 
     /// Returns the configured fuel.

@@ -140,6 +140,10 @@ pub enum ErrorKind {
     /// An unknown block was called
     #[cfg(feature = "multi_template")]
     UnknownBlock,
+    /// aplc patch: a value would exceed the environment's value limits.
+    ValueTooLarge,
+    /// aplc patch: the environment's interrupt callback stopped the render.
+    Interrupted,
 }
 
 impl ErrorKind {
@@ -170,6 +174,8 @@ impl ErrorKind {
             ErrorKind::InvalidDelimiter => "invalid custom delimiters",
             #[cfg(feature = "multi_template")]
             ErrorKind::UnknownBlock => "unknown block",
+            ErrorKind::ValueTooLarge => "value too large",
+            ErrorKind::Interrupted => "render interrupted",
         }
     }
 }
@@ -437,6 +443,10 @@ impl From<ErrorKind> for Error {
 
 impl From<fmt::Error> for Error {
     fn from(_: fmt::Error) -> Self {
+        // aplc patch: a write refused by a `CappedString` reports the limit it hit.
+        if let Some(err) = crate::value::limits::take_overflow() {
+            return err;
+        }
         Error::new(ErrorKind::WriteFailure, "formatting failed")
     }
 }

@@ -279,6 +279,10 @@ mod builtins {
     ) -> Result<Value, Error> {
         let safety_aware = !matches!(state.auto_escape(), AutoEscape::None)
             && (value.is_safe() || from.is_safe() || to.is_safe());
+        // aplc patch: the result within the value limits (APLC-PATCH.md).
+        ok!(crate::value::limits::check_string_bytes(
+            crate::value::limits::replaced_len(value.as_str(), from.as_str(), to.as_str(), None)
+        ));
 
         if safety_aware {
             let output = value
@@ -515,19 +519,22 @@ mod builtins {
         kwargs: Kwargs,
     ) -> Result<Value, Error> {
         fn join_plain(iter: impl Iterator<Item = Value>, joiner: &str) -> Result<String, Error> {
-            let mut output = String::new();
+            // aplc patch: the joined text within the value limits (APLC-PATCH.md).
+            let mut output = crate::value::limits::CappedString::new();
             for (idx, item) in iter.enumerate() {
                 ok!(item.check());
-                if idx > 0 {
-                    output.push_str(joiner);
+                if idx > 0 && output.write_str(joiner).is_err() {
+                    break;
                 }
-                if let Some(string) = item.as_str() {
-                    output.push_str(string);
-                } else {
-                    write!(output, "{item}").ok();
+                let written = match item.as_str() {
+                    Some(string) => output.write_str(string),
+                    None => write!(output, "{item}"),
+                };
+                if written.is_err() {
+                    break;
                 }
             }
-            Ok(output)
+            output.finish()
         }
 
         fn join_safe(
@@ -546,6 +553,8 @@ mod builtins {
                 } else {
                     output.push_str(&ok!(state.format(item)));
                 }
+                // aplc patch: the joined text within the value limits (APLC-PATCH.md).
+                ok!(crate::value::limits::check_string_bytes(output.len()));
             }
             Ok(output)
         }
@@ -1371,7 +1380,8 @@ mod builtins {
         Ok(if value.kind() == ValueKind::String {
             value.clone()
         } else {
-            value.to_string().into()
+            // aplc patch: within the value limits (APLC-PATCH.md).
+            ok!(crate::value::limits::to_string_capped(value)).into()
         })
     }
 
@@ -1418,6 +1428,8 @@ mod builtins {
         if count == 0 {
             return Err(Error::new(ErrorKind::InvalidOperation, "count cannot be 0"));
         }
+        // aplc patch: `count` lists are built whatever the input (APLC-PATCH.md).
+        ok!(crate::value::limits::check_items(count as u128));
         let items = ok!(ok!(state.undefined_behavior().try_iter_checked(value)).try_collect_vec());
         let len = items.len();
         let items_per_slice = len / count;
@@ -1474,6 +1486,10 @@ mod builtins {
     ) -> Result<Value, Error> {
         if count == 0 {
             return Err(Error::new(ErrorKind::InvalidOperation, "count cannot be 0"));
+        }
+        // aplc patch: a fill pads the last batch to `count` items (APLC-PATCH.md).
+        if fill_with.is_some() {
+            ok!(crate::value::limits::check_items(count as u128));
         }
         let mut rv = Vec::with_capacity(untrusted_size_hint(value.len().unwrap_or(0) / count));
         let mut tmp = Vec::with_capacity(untrusted_size_hint(count));
@@ -1550,6 +1566,10 @@ mod builtins {
         // When this filter is used the return value is safe for both HTML and JSON
         crate::json::to_json(value, style, true)
             .map_err(|err| {
+                // aplc patch: a limit error names the limit (APLC-PATCH.md).
+                if err.kind() == ErrorKind::ValueTooLarge {
+                    return err;
+                }
                 Error::new(ErrorKind::InvalidOperation, "cannot serialize to JSON").with_source(err)
             })
             .map(Value::from_safe_string)
@@ -1610,6 +1630,12 @@ mod builtins {
         ok!(kwargs.assert_all_used());
 
         let input = strip_trailing_newline(value.as_str());
+        // aplc patch: the indented text within the value limits (APLC-PATCH.md).
+        let lines = input.split('\n').count();
+        ok!(crate::value::limits::check_string_product(width, lines as u128));
+        ok!(crate::value::limits::check_string_bytes(
+            input.len().saturating_add(width.saturating_mul(lines))
+        ));
         let indent_with = " ".repeat(width);
         let mut output = String::new();
         let mut iterator = input.split('\n');

@@ -188,6 +188,11 @@ fn python_float_str(val: f64) -> String {
 impl FormatSpec {
     // Format the given value according to this spec
     fn format(&self, val: &Value) -> Result<String, Error> {
+        // aplc patch: a width or precision pads the output to that many bytes, so it
+        // must be within the value limits (APLC-PATCH.md).
+        ok!(crate::value::limits::check_string_bytes(
+            self.width.unwrap_or(0).max(self.precision.unwrap_or(0))
+        ));
         if let Ok(boolean) = bool::try_from(val.clone()) {
             self.format_bool(boolean)
         } else if let Some((number, is_negative)) = Self::cast_to_abs_integer(val) {
@@ -195,7 +200,7 @@ impl FormatSpec {
         } else if let Ok(fp) = f64::try_from(val.clone()) {
             self.format_float(fp)
         } else {
-            self.format_str(val.to_string())
+            self.format_str(ok!(crate::value::limits::to_string_capped(val)))
         }
     }
 
@@ -1260,9 +1265,12 @@ mod printf_style {
                         FormatConversion::Other
                     };
                     let transformed = ok!(transform(&arg, conversion));
-                    result.push_str(&ok!(
-                        format_spec.format(transformed.as_ref().unwrap_or(&arg))
+                    let piece = ok!(format_spec.format(transformed.as_ref().unwrap_or(&arg)));
+                    // aplc patch: the whole result within the value limits.
+                    ok!(crate::value::limits::check_string_bytes(
+                        result.len().saturating_add(piece.len())
                     ));
+                    result.push_str(&piece);
                 }
             }
         }
@@ -1651,7 +1659,12 @@ mod str_format_style {
 
                     // apply the spec to the replacement value, and insert the
                     // formatted result into final string
-                    result.push_str(&ok!(format_spec.format(&arg)));
+                    let piece = ok!(format_spec.format(&arg));
+                    // aplc patch: the whole result within the value limits.
+                    ok!(crate::value::limits::check_string_bytes(
+                        result.len().saturating_add(piece.len())
+                    ));
+                    result.push_str(&piece);
                 }
             }
         }

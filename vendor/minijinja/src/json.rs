@@ -48,6 +48,17 @@ struct JsonWriter {
 
 impl JsonWriter {
     fn write_value(&mut self, value: &Value) -> Result<(), Error> {
+        // aplc patch: the output within the value limits, checked before every value
+        // (so it overshoots by one scalar at most), and no recursion past the nesting
+        // limit even for embedder objects that were never checked (APLC-PATCH.md).
+        ok!(crate::value::limits::check_string_bytes(self.out.len()));
+        let max_depth = crate::value::limits::current().max_depth;
+        if self.depth > max_depth {
+            return Err(Error::new(
+                ErrorKind::ValueTooLarge,
+                format!("a value nested more than {max_depth} levels deep exceeds the limit of {max_depth} levels"),
+            ));
+        }
         match value.0 {
             ValueRepr::None | ValueRepr::Undefined(..) => self.out.push_str("null"),
             ValueRepr::Invalid(ref err) => return Err(err.internal_clone()),

@@ -22,7 +22,9 @@ pub enum CaptureMode {
 pub struct Output<'a> {
     w: *mut (dyn fmt::Write + 'a),
     target: *mut (dyn fmt::Write + 'a),
-    capture_stack: Vec<Option<String>>,
+    // aplc patch: captures (`{% set x %}`, `{% filter %}`, macro calls) are capped at
+    // the value limits (APLC-PATCH.md).
+    capture_stack: Vec<Option<crate::value::limits::CappedString>>,
 }
 
 impl<'a> Output<'a> {
@@ -50,7 +52,7 @@ impl<'a> Output<'a> {
     /// Begins capturing into a string or discard.
     pub(crate) fn begin_capture(&mut self, mode: CaptureMode) {
         self.capture_stack.push(match mode {
-            CaptureMode::Capture => Some(String::new()),
+            CaptureMode::Capture => Some(crate::value::limits::CappedString::new()),
             #[cfg(feature = "multi_template")]
             CaptureMode::Discard => None,
         });
@@ -60,6 +62,7 @@ impl<'a> Output<'a> {
     /// Ends capturing and returns the captured string as value.
     pub(crate) fn end_capture(&mut self, auto_escape: &AutoEscape) -> Value {
         let rv = if let Some(captured) = self.capture_stack.pop().unwrap() {
+            let captured = captured.into_string();
             if !matches!(auto_escape, AutoEscape::None) {
                 Value::from_safe_string(captured)
             } else {

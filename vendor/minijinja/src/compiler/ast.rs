@@ -212,6 +212,17 @@ impl Expr<'_> {
     }
 
     pub fn as_const(&self) -> Option<Value> {
+        // aplc patch (APLC-PATCH.md): constant folding runs outside any render, so it
+        // gets small fixed value limits of its own; anything bigger is not folded and is
+        // computed at render time, under the render's limits.
+        let _limits = crate::value::limits::enter(crate::value::limits::FOLDING);
+        let value = self.as_const_unchecked()?;
+        crate::value::limits::check_size(&value).ok()?;
+        crate::value::limits::check_depth(&value).ok()?;
+        Some(value)
+    }
+
+    fn as_const_unchecked(&self) -> Option<Value> {
         match self {
             Expr::Const(c) => Some(c.value.clone()),
             Expr::List(l) => l.as_const(),
@@ -252,7 +263,8 @@ fn eval_binop(op: BinOpKind, left: &Value, right: &Value) -> Option<Value> {
         BinOpKind::FloorDiv => ops::int_div(left, right).ok(),
         BinOpKind::Rem => ops::rem(left, right).ok(),
         BinOpKind::Pow => ops::pow(left, right).ok(),
-        BinOpKind::Concat => Some(ops::string_concat(left.clone(), right)),
+        // aplc patch: string_concat returns a Result (value limits).
+        BinOpKind::Concat => ops::string_concat(left.clone(), right).ok(),
         BinOpKind::Eq => Some(Value::from(left == right)),
         BinOpKind::Ne => Some(Value::from(left != right)),
         BinOpKind::Lt => Some(Value::from(left < right)),

@@ -675,7 +675,8 @@ fn value_to_string_cow(value: &Value) -> Result<Cow<'_, str>, Error> {
                     "cannot convert kwargs to string",
                 ));
             }
-            Cow::Owned(value.to_string())
+            // aplc patch: within the value limits (APLC-PATCH.md).
+            Cow::Owned(ok!(crate::value::limits::to_string_capped(value)))
         }
     })
 }
@@ -1340,7 +1341,8 @@ impl<'a> ArgType<'a> for String {
                         "cannot convert kwargs to string",
                     ));
                 }
-                Ok(value.to_string())
+                // aplc patch: within the value limits (APLC-PATCH.md).
+                crate::value::limits::to_string_capped(value)
             }
             None => Err(Error::from(ErrorKind::MissingArgument)),
         }

@@ -259,6 +259,8 @@ mod argtypes;
 #[cfg(feature = "serde")]
 mod deserialize;
 pub(crate) mod merge_object;
+// aplc patch: value size and nesting limits (APLC-PATCH.md).
+pub mod limits;
 pub(crate) mod namespace_object;
 mod object;
 pub(crate) mod ops;

@@ -29,4 +29,13 @@ impl Namespace {
     pub(crate) fn set_value(&self, key: &str, value: Value) {
         self.data.lock().unwrap().insert(key.into(), value);
     }
+
+    /// aplc patch: sets `key`, returning the previous value (to undo a refused set).
+    pub(crate) fn replace_value(&self, key: &str, value: Option<Value>) -> Option<Value> {
+        let mut data = self.data.lock().unwrap();
+        match value {
+            Some(value) => data.insert(key.into(), value),
+            None => data.remove(key),
+        }
+    }
 }

@@ -1,6 +1,9 @@
+use std::fmt::Write as _;
+
 use crate::error::{Error, ErrorKind};
 use crate::utils::{collect_untrusted, untrusted_size_hint};
 use crate::value::merge_object::MergeSeq;
+use crate::value::limits;
 use crate::value::{
     checked, DynObject, MaybeInvalid, ObjectRepr, Tuple, Value, ValueKind, ValueRepr,
 };
@@ -319,6 +322,8 @@ fn materialize_seq_concat(lhs: &Value, rhs: &Value, len: usize) -> Result<Value,
 pub fn add(lhs: &Value, rhs: &Value) -> Result<Value, Error> {
     if lhs.is_tuple() || rhs.is_tuple() {
         if lhs.is_tuple() && rhs.is_tuple() {
+            // aplc patch: value limits (APLC-PATCH.md).
+            ok!(check_concat_items(lhs, rhs));
             let mut values = Vec::with_capacity(untrusted_size_hint(
                 seq_concat_len(lhs, rhs).unwrap_or_default(),
             ));
@@ -336,6 +341,8 @@ pub fn add(lhs: &Value, rhs: &Value) -> Result<Value, Error> {
     if matches!(lhs.kind(), ValueKind::Seq | ValueKind::Iterable)
         && matches!(rhs.kind(), ValueKind::Seq | ValueKind::Iterable)
     {
+        // aplc patch: value limits (APLC-PATCH.md).
+        ok!(check_concat_items(lhs, rhs));
         let values = vec![lhs.clone(), rhs.clone()];
         let depth = MergeSeq::depth_for_values(&values);
 
@@ -359,7 +366,11 @@ pub fn add(lhs: &Value, rhs: &Value) -> Result<Value, Error> {
             .ok_or_else(|| failed_op("+", lhs, rhs))
             .map(int_as_value),
         Some(CoerceResult::F64(a, b)) => Ok((a + b).into()),
-        Some(CoerceResult::Str(a, b)) => Ok(Value::from([a, b].concat())),
+        Some(CoerceResult::Str(a, b)) => {
+            // aplc patch: value limits (APLC-PATCH.md).
+            ok!(limits::check_string_bytes(a.len().saturating_add(b.len())));
+            Ok(Value::from([a, b].concat()))
+        }
         _ => Err(impossible_op("+", lhs, rhs)),
     }
 }
@@ -428,6 +439,8 @@ pub fn mul(lhs: &Value, rhs: &Value) -> Result<Value, Error> {
                 "strings can only be multiplied with integers",
             )
         }));
+        // aplc patch: value limits (APLC-PATCH.md).
+        ok!(limits::check_string_product(s.len(), n as u128));
         if !matches!(s.len().checked_mul(n), Some(len) if len <= MAX_REPEATED_STRING_LEN) {
             return Err(Error::new(
                 ErrorKind::InvalidOperation,
@@ -468,6 +481,9 @@ fn repeat_iterable(n: &Value, seq: &DynObject) -> Result<Value, Error> {
             "cannot repeat unsized iterables",
         )
     }));
+
+    // aplc patch: value limits (APLC-PATCH.md).
+    ok!(limits::check_items((len as u128).saturating_mul(n as u128)));
 
     if len == 0 || n == 0 {
         return Ok(if seq.downcast_ref::<Tuple>().is_some() {
@@ -597,8 +613,28 @@ pub fn neg(val: &Value) -> Result<Value, Error> {
 }
 
 /// Attempts a string concatenation.
-pub fn string_concat(left: Value, right: &Value) -> Value {
-    Value::from(format!("{left}{right}"))
+///
+/// aplc patch: within the value limits (APLC-PATCH.md), hence the `Result`.
+pub fn string_concat(left: Value, right: &Value) -> Result<Value, Error> {
+    if let (Some(a), Some(b)) = (left.as_str(), right.as_str()) {
+        ok!(limits::check_string_bytes(a.len().saturating_add(b.len())));
+        return Ok(Value::from([a, b].concat()));
+    }
+    let mut out = limits::CappedString::new();
+    if write!(out, "{left}{right}").is_err() {
+        return Err(out
+            .overflow()
+            .unwrap_or_else(|| Error::new(ErrorKind::WriteFailure, "formatting failed")));
+    }
+    out.finish().map(Value::from)
+}
+
+/// aplc patch: the items of `lhs + rhs` must be within the value limits.
+fn check_concat_items(lhs: &Value, rhs: &Value) -> Result<(), Error> {
+    match (lhs.len(), rhs.len()) {
+        (Some(a), Some(b)) => limits::check_items(a as u128 + b as u128),
+        _ => Ok(()),
+    }
 }
 
 /// Implements a containment operation on values.
@@ -925,11 +961,11 @@ mod tests {
     #[test]
     fn test_concat() {
         assert_eq!(
-            string_concat(Value::from("foo"), &Value::from(42)),
+            string_concat(Value::from("foo"), &Value::from(42)).unwrap(),
             Value::from("foo42")
         );
         assert_eq!(
-            string_concat(Value::from(23), &Value::from(42)),
+            string_concat(Value::from(23), &Value::from(42)).unwrap(),
             Value::from("2342")
         );
     }

@@ -101,6 +101,11 @@ impl Stack {
         self.values[start..].reverse();
     }
 
+    /// aplc patch: the top `n` values, bottom first.
+    pub fn slice_top(&self, n: usize) -> &[Value] {
+        &self.values[self.values.len() - n..]
+    }
+
     pub fn get_call_args(&mut self, n: Option<u16>) -> &[Value] {
         let n = match n {
             Some(n) => n as usize,

@@ -31,6 +31,19 @@ type Closure<'env> = BTreeMap<&'env str, Value>;
 mod context;
 #[cfg(feature = "fuel")]
 mod fuel;
+
+/// aplc patch: how many instructions run between two calls of the environment's
+/// interrupt callback.  Small enough that even instructions that each copy a string at
+/// the size limit are interrupted within a fraction of a second; large enough that the
+/// callback costs nothing measurable.
+pub(crate) const INTERRUPT_INTERVAL: u32 = 256;
+
+/// aplc patch: the built-in filters, functions and methods whose result can nest deeper
+/// than their arguments (`[[x]]` from `[x]`); their results get the depth check.
+/// Embedders check their own (aplc does in `vm/src/helpers.rs`).
+const NESTING_FILTERS: &[&str] = &["batch", "slice", "groupby", "items", "dictsort", "zip"];
+const NESTING_FUNCTIONS: &[&str] = &["dict", "namespace"];
+const NESTING_METHODS: &[&str] = &["items"];
 mod loop_object;
 #[cfg(feature = "macros")]
 mod macro_object;
@@ -211,6 +224,9 @@ impl<'env> Executor<'env> {
         stack: Stack,
         pc: u32,
     ) -> Result<Option<Value>, Error> {
+        // aplc patch: make the environment's value limits visible to operators and
+        // filters for the duration of this evaluation.
+        let _limits = crate::value::limits::enter(state.env().value_limits());
         #[cfg(feature = "stacker")]
         {
             stacker::maybe_grow(32 * 1024, 1024 * 1024, || {
@@ -377,6 +393,18 @@ impl<'env> Executor<'env> {
                 ctx_ok!(tracker.track(instr));
             }
 
+            // aplc patch: let the embedder stop a render (a run's deadline, a
+            // cancellation) every INTERRUPT_INTERVAL instructions.
+            state.interrupt_countdown -= 1;
+            if state.interrupt_countdown == 0 {
+                state.interrupt_countdown = INTERRUPT_INTERVAL;
+                if let Some(ref callback) = state.env().interrupt_callback {
+                    if callback() {
+                        bail!(Error::from(ErrorKind::Interrupted));
+                    }
+                }
+            }
+
             match instr {
                 Instruction::Swap => {
                     a = stack.pop();
@@ -434,7 +462,13 @@ impl<'env> Executor<'env> {
                     b = stack.pop();
                     a = stack.pop();
                     if let Some(ns) = b.downcast_object_ref::<Namespace>() {
-                        ns.set_value(name, a);
+                        // aplc patch: a namespace is mutable, so the nesting check runs
+                        // after the assignment, which is undone if the check fails.
+                        let old = ns.replace_value(name, Some(a));
+                        if let Err(err) = crate::value::limits::check_depth(&b) {
+                            ns.replace_value(name, old);
+                            bail!(err);
+                        }
                     } else {
                         bail!(Error::new(
                             ErrorKind::InvalidOperation,
@@ -467,6 +501,10 @@ impl<'env> Executor<'env> {
                     stack.push(value.clone());
                 }
                 Instruction::BuildMap(pair_count) => {
+                    // aplc patch: nesting limit.
+                    ctx_ok!(crate::value::limits::check_new_container(
+                        stack.slice_top(*pair_count * 2)
+                    ));
                     let mut map = value_map_with_capacity(*pair_count);
                     stack.reverse_top(*pair_count * 2);
                     for _ in 0..*pair_count {
@@ -493,6 +531,10 @@ impl<'env> Executor<'env> {
                 }
                 Instruction::BuildList(n) => {
                     let count = n.unwrap_or_else(|| stack.pop().try_into().unwrap());
+                    // aplc patch: nesting limit.
+                    ctx_ok!(crate::value::limits::check_new_container(
+                        stack.slice_top(count)
+                    ));
                     let mut v = Vec::with_capacity(untrusted_size_hint(count));
                     for _ in 0..count {
                         v.push(stack.pop());
@@ -503,6 +545,10 @@ impl<'env> Executor<'env> {
                 Instruction::BuildTuple(n) => {
                     use crate::value::Tuple;
                     let count = n.unwrap_or_else(|| stack.pop().try_into().unwrap());
+                    // aplc patch: nesting limit.
+                    ctx_ok!(crate::value::limits::check_new_container(
+                        stack.slice_top(count)
+                    ));
                     let tuple = match count {
                         0 => Tuple::default(),
                         1 => Tuple::from([stack.pop()]),
@@ -558,7 +604,8 @@ impl<'env> Executor<'env> {
                     b = stack.pop();
                     ctx_ok!(undefined_behavior.assert_value_not_undefined(&b));
                     ctx_ok!(undefined_behavior.assert_value_not_undefined(&a));
-                    stack.push(ops::string_concat(b, &a));
+                    // aplc patch: the result is capped (string_concat returns a Result).
+                    stack.push(ctx_ok!(ops::string_concat(b, &a)));
                 }
                 Instruction::In => {
                     a = stack.pop();
@@ -724,6 +771,11 @@ impl<'env> Executor<'env> {
                     let args = stack.get_call_args(*arg_count);
                     let arg_count = args.len();
                     a = ctx_ok!(filter.call(state, args));
+                    // aplc patch: no filter result beyond the value limits.
+                    ctx_ok!(crate::value::limits::check_size(&a));
+                    if NESTING_FILTERS.contains(&normalized_name.as_ref()) {
+                        ctx_ok!(crate::value::limits::check_depth(&a));
+                    }
                     stack.drop_top(arg_count);
                     stack.push(a);
                 }
@@ -781,6 +833,11 @@ impl<'env> Executor<'env> {
                             format!("{name} is unknown"),
                         ));
                     };
+                    // aplc patch: no function result beyond the value limits.
+                    ctx_ok!(crate::value::limits::check_size(&rv));
+                    if NESTING_FUNCTIONS.contains(name) {
+                        ctx_ok!(crate::value::limits::check_depth(&rv));
+                    }
                     let arg_count = args.len();
                     stack.drop_top(arg_count);
                     stack.push(rv);
@@ -789,6 +846,11 @@ impl<'env> Executor<'env> {
                     let args = stack.get_call_args(*arg_count);
                     let arg_count = args.len();
                     a = ctx_ok!(args[0].call_method(state, name, &args[1..]));
+                    // aplc patch: no method result beyond the value limits.
+                    ctx_ok!(crate::value::limits::check_size(&a));
+                    if NESTING_METHODS.contains(name) {
+                        ctx_ok!(crate::value::limits::check_depth(&a));
+                    }
                     stack.drop_top(arg_count);
                     stack.push(a);
                 }
@@ -796,6 +858,8 @@ impl<'env> Executor<'env> {
                     let args = stack.get_call_args(*arg_count);
                     let arg_count = args.len();
                     a = ctx_ok!(args[0].call(state, &args[1..]));
+                    // aplc patch: no result beyond the value limits.
+                    ctx_ok!(crate::value::limits::check_size(&a));
                     stack.drop_top(arg_count);
                     stack.push(a);
                 }

@@ -68,6 +68,8 @@ pub struct State<'template, 'env> {
     pub(crate) macro_context_pool: Vec<Context<'env>>,
     #[cfg(feature = "fuel")]
     pub(crate) fuel_tracker: Option<FuelTracker>,
+    // aplc patch: instructions left before the next interrupt check (APLC-PATCH.md).
+    pub(crate) interrupt_countdown: u32,
     // Instruction streams that undefined values created during this render
     // point into.  Undefined values only carry an instruction id and a pc,
     // this is used to resolve them back into debug info when an error is
@@ -124,6 +126,7 @@ impl<'template, 'env> State<'template, 'env> {
             macro_context_pool: Default::default(),
             #[cfg(feature = "fuel")]
             fuel_tracker: ctx.env().fuel().map(FuelTracker::new),
+            interrupt_countdown: crate::vm::INTERRUPT_INTERVAL,
             #[cfg(feature = "debug")]
             undefined_origins: Default::default(),
             ctx,
