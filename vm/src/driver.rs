@@ -171,10 +171,10 @@ pub async fn run(
 /// Runs `program` to the end with `provider` and `toolbox`, enforcing the run timeout.
 ///
 /// The toolbox's descriptors replace `options.tools`. The timeout holds even inside a
-/// render: a watchdog thread sets `options.interrupt` at the deadline. Setting it from
-/// elsewhere ([`Interrupt::cancel`](crate::Interrupt::cancel)) stops the run at its next
-/// instruction, or within a few hundred template instructions mid-render, though not
-/// while the driver awaits a provider or a tool.
+/// render: a watchdog thread sets the run's [`Machine::deadline_flag`] at the deadline.
+/// Cancelling through `options.interrupt` ([`Interrupt::cancel`](crate::Interrupt::cancel))
+/// stops the run at its next instruction, or within a few hundred template instructions
+/// mid-render, though not while the driver awaits a provider or a tool.
 pub async fn run_with_tools(
     program: Arc<Program>,
     mut options: RunOptions,
@@ -188,7 +188,7 @@ pub async fn run_with_tools(
     // It counts on the real clock from now, so a test's paused tokio clock cannot make
     // it fire early or late by more than the test's own drift.
     let remaining = machine.deadline().saturating_duration_since(now());
-    let _watchdog = crate::watchdog::arm(Instant::now() + remaining, machine.interrupt());
+    let _watchdog = crate::watchdog::arm(Instant::now() + remaining, machine.deadline_flag());
     loop {
         match machine.poll(now()) {
             Action::CallProvider(request) => {

@@ -64,21 +64,29 @@ impl Interrupt {
     }
 }
 
+/// The flags of one run: its own deadline flag and the embedder's flag.
+type Flags = [Interrupt; 2];
+
 thread_local! {
-    /// The flag of the run whose template is rendering on this thread.
-    static RENDERING: RefCell<Option<Interrupt>> = const { RefCell::new(None) };
+    /// The flags of the run whose template is rendering on this thread.
+    static RENDERING: RefCell<Option<Flags>> = const { RefCell::new(None) };
 }
 
-/// Makes `flag` the one [`render_interrupted`] reads on this thread until the guard
-/// drops. The template environment is shared by every run of a program, so the flag
+/// Makes `flags` the ones [`render_interrupted`] reads on this thread until the guard
+/// drops. The template environment is shared by every run of a program, so the flags
 /// cannot live in it; a render runs on one thread from start to end.
-pub(crate) fn rendering(flag: &Interrupt) -> RenderGuard {
-    let previous = RENDERING.with(|r| r.replace(Some(flag.clone())));
+pub(crate) fn rendering(flags: &Flags) -> RenderGuard {
+    let previous = RENDERING.with(|r| r.replace(Some(flags.clone())));
     RenderGuard(previous)
 }
 
-/// Restores the flag that was current before [`rendering`].
-pub(crate) struct RenderGuard(Option<Interrupt>);
+/// Why a run with these flags is interrupted, if it is: the first flag set wins.
+pub(crate) fn reason(flags: &Flags) -> Option<InterruptReason> {
+    flags.iter().find_map(Interrupt::reason)
+}
+
+/// Restores the flags that were current before [`rendering`].
+pub(crate) struct RenderGuard(Option<Flags>);
 
 impl Drop for RenderGuard {
     fn drop(&mut self) {
@@ -91,7 +99,7 @@ impl Drop for RenderGuard {
 /// this thread is set. Renders outside a run (the compiler's checks) are never
 /// interrupted.
 pub(crate) fn render_interrupted() -> bool {
-    RENDERING.with(|r| r.borrow().as_ref().is_some_and(|f| f.reason().is_some()))
+    RENDERING.with(|r| r.borrow().as_ref().is_some_and(|f| reason(f).is_some()))
 }
 
 #[cfg(test)]
@@ -104,13 +112,12 @@ mod tests {
         assert_eq!(flag.reason(), None);
         assert!(!render_interrupted());
         {
-            let _outer = rendering(&flag);
+            let _outer = rendering(&[Interrupt::new(), flag.clone()]);
             assert!(!render_interrupted());
             flag.deadline();
             assert!(render_interrupted());
-            let other = Interrupt::new();
             {
-                let _inner = rendering(&other);
+                let _inner = rendering(&[Interrupt::new(), Interrupt::new()]);
                 assert!(!render_interrupted());
             }
             assert!(render_interrupted());

@@ -23,11 +23,12 @@
 //! time each call enforces the run timeout even in a loop that never calls the provider.
 //!
 //! Within a step, one render can run long (up to its fuel). The machine reads no clock,
-//! so it cannot notice the deadline there by itself: the run's [`Interrupt`]
-//! ([`RunOptions::interrupt`]) is the input for that. Whoever sets it (the tokio
-//! driver's watchdog at the deadline, an embedder to cancel) stops the render within a
-//! few hundred template instructions, and the run ends with a timeout (or
-//! [`RunErrorKind::Cancelled`]). Pure drivers such as [`run_scripted`] do not set it.
+//! so it cannot notice the deadline there by itself: two [`Interrupt`] flags are the
+//! inputs for that. The driver sets [`Machine::deadline_flag`] when the deadline passes
+//! (the tokio driver has a watchdog thread do it), an embedder cancels through
+//! [`RunOptions::interrupt`]. Either stops a render within a few hundred template
+//! instructions, and the run ends with a timeout (or [`RunErrorKind::Cancelled`]).
+//! Pure drivers such as [`run_scripted`] set neither.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,8 +61,9 @@ pub struct RunOptions {
     pub with_context: Vec<(String, Value)>,
     /// The tools the run may offer the model (`with_tools`; their descriptors).
     pub tools: Arc<ToolRegistry>,
-    /// Stops the run from outside, even in the middle of a render: the tokio driver sets
-    /// it at the deadline, an embedder may cancel with it. See [`Interrupt`].
+    /// Cancels the run from outside, even in the middle of a render
+    /// ([`Interrupt::cancel`]). Clones share the flag, so a flag set once stops every
+    /// run given a clone of it. See [`Interrupt`].
     pub interrupt: Interrupt,
 }
 
@@ -269,7 +271,8 @@ pub struct Machine {
     last_step_errors: Vec<String>,
     steps: u64,
     error: Option<RunError>,
-    interrupt: Interrupt,
+    /// This run's own deadline flag (set by the driver) and the embedder's flag.
+    interrupt: [Interrupt; 2],
 }
 
 impl Machine {
@@ -318,7 +321,7 @@ impl Machine {
             last_step_errors: Vec::new(),
             steps: 0,
             error,
-            interrupt: options.interrupt,
+            interrupt: [Interrupt::new(), options.interrupt],
         }
     }
 
@@ -327,10 +330,10 @@ impl Machine {
         self.deadline
     }
 
-    /// The run's interrupt flag (from [`RunOptions::interrupt`]), for the driver to set
-    /// at the deadline.
-    pub fn interrupt(&self) -> &Interrupt {
-        &self.interrupt
+    /// The flag a driver sets when [`Machine::deadline`] passes, to stop a render that
+    /// is still running: the machine reads no clock. Each run has its own.
+    pub fn deadline_flag(&self) -> &Interrupt {
+        &self.interrupt[0]
     }
 
     /// The run's live store (for embedders that inspect a run in progress).
@@ -356,7 +359,7 @@ impl Machine {
                 self.fail_timeout();
                 return Action::Done;
             }
-            if let Some(reason) = self.interrupt.reason() {
+            if let Some(reason) = crate::interrupt::reason(&self.interrupt) {
                 self.fail_interrupted(reason);
                 return Action::Done;
             }
@@ -537,7 +540,7 @@ impl Machine {
             Err(err) => {
                 // The flag, not the error, says why: an interrupted render fails with
                 // whatever error the engine was in the middle of.
-                if let Some(reason) = self.interrupt.reason() {
+                if let Some(reason) = crate::interrupt::reason(&self.interrupt) {
                     self.fail_interrupted(reason);
                 } else {
                     self.store.push_error(self.template_error(template, &err));
@@ -946,9 +949,8 @@ fn invalid_context_name(name: &str) -> Option<&'static str> {
 /// after every provider call. Tests pass a simulated clock; benchmarks pass
 /// `Instant::now`.
 ///
-/// Nothing here sets `options.interrupt`, so the timeout is enforced between
-/// instructions only: a caller that wants a slow render stopped at the deadline (or
-/// cancelled) sets the flag itself, from another thread.
+/// Nothing here sets [`Machine::deadline_flag`], so the timeout is enforced between
+/// instructions only; `options.interrupt` still cancels (set from another thread).
 pub fn run_scripted(
     program: Arc<Program>,
     options: RunOptions,
