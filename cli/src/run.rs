@@ -119,12 +119,112 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     }
 }
 
+/// Writes `value` as pretty JSON, like `serde_json::to_writer_pretty`, except that the
+/// indentation stops growing after [`MAX_INDENT_LEVELS`] levels: with ever deeper
+/// indentation the output grows with the square of the depth (400 MB for a value
+/// 10,000 deep, issue #9 F3); with this it stays linear in the value's size.
+fn write_json(out: &mut impl Write, value: &serde_json::Value) -> std::io::Result<()> {
+    use serde::Serialize;
+    let mut ser = serde_json::Serializer::with_formatter(
+        std::io::BufWriter::new(out),
+        ShallowPretty::default(),
+    );
+    value.serialize(&mut ser).map_err(std::io::Error::other)?;
+    ser.into_inner().flush()
+}
+
+/// Levels of nesting that are indented; deeper levels line up with the last one.
+const MAX_INDENT_LEVELS: usize = 32;
+
+/// serde_json's `PrettyFormatter` (two spaces per level), with bounded indentation.
+#[derive(Default)]
+struct ShallowPretty {
+    level: usize,
+    has_value: bool,
+}
+
+impl ShallowPretty {
+    fn indent<W: ?Sized + Write>(&self, w: &mut W) -> std::io::Result<()> {
+        for _ in 0..self.level.min(MAX_INDENT_LEVELS) {
+            w.write_all(b"  ")?;
+        }
+        Ok(())
+    }
+
+    fn open<W: ?Sized + Write>(&mut self, w: &mut W, bracket: &[u8]) -> std::io::Result<()> {
+        self.level += 1;
+        self.has_value = false;
+        w.write_all(bracket)
+    }
+
+    fn close<W: ?Sized + Write>(&mut self, w: &mut W, bracket: &[u8]) -> std::io::Result<()> {
+        self.level -= 1;
+        if self.has_value {
+            w.write_all(b"\n")?;
+            self.indent(w)?;
+        }
+        w.write_all(bracket)
+    }
+
+    fn item<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        w.write_all(if first { b"\n" } else { b",\n" })?;
+        self.indent(w)
+    }
+}
+
+impl serde_json::ser::Formatter for ShallowPretty {
+    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"[")
+    }
+
+    fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+
+    fn end_array_value<W: ?Sized + Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.open(w, b"{")
+    }
+
+    fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.item(w, first)
+    }
+
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+
+    fn end_object_value<W: ?Sized + Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+}
+
 /// Prints a run's output and picks the exit code.
 fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCode, Failure> {
     let mut stdout = std::io::stdout().lock();
     let printed = if json {
-        let text = serde_json::to_string_pretty(&outcome.context_json()).unwrap_or_default();
-        writeln!(stdout, "{text}")
+        write_json(&mut stdout, &outcome.context_json()).and_then(|_| writeln!(stdout))
     } else if outcome.error.is_none() {
         // `result_text` is the agent's output: piped, it stays byte for byte; on a
         // terminal, what the model wrote must not drive the terminal.

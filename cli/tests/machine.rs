@@ -451,4 +451,49 @@ fn a_timeout_during_a_tool_batch_keeps_the_finished_calls() {
         assert!(content.contains(want), "{content}");
     }
     assert_eq!(json["errors"].as_array().unwrap().len(), 3);
+
+/// A pre phase that runs for minutes within its fuel: each iteration copies 8 MB.
+const SLOW_RENDER: &str = "# pre: a\n{% set s = 'x' * 4000000 %}{% for i in range(100000) %}{% set t = s ~ s %}{% endfor %}\n# prompt: a\nhi\n";
+
+#[test]
+fn an_interrupt_stops_a_render_midway_and_cancels_the_run() {
+    let options = RunOptions::default();
+    let interrupt = options.interrupt.clone();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        interrupt.cancel();
+    });
+    let started = Instant::now();
+    let mut provider = ScriptedProvider::from_json(r#"["never"]"#).unwrap();
+    let outcome = aplc_vm::run_scripted(program(SLOW_RENDER), options, &mut provider, Instant::now);
+    canceller.join().unwrap();
+    let error = outcome.error.expect("cancelled");
+    assert_eq!(error.kind, RunErrorKind::Cancelled, "{}", error.message);
+    assert_eq!(error.message, "Run cancelled");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(outcome.history.is_empty(), "the step did not finish");
+}
+
+#[tokio::test]
+async fn the_tokio_driver_stops_a_slow_render_at_the_deadline() {
+    // A current-thread runtime, as the CLI's: no tokio timer can fire during the render,
+    // only the watchdog thread.
+    let provider = Scripted::new(ScriptedProvider::from_json(r#"["never"]"#).unwrap());
+    let options = RunOptions {
+        timeout: Duration::from_millis(300),
+        ..RunOptions::default()
+    };
+    let started = Instant::now();
+    let outcome = driver::run(program(SLOW_RENDER), options, &provider).await;
+    let error = outcome.error.expect("timed out");
+    assert_eq!(error.kind, RunErrorKind::Timeout, "{}", error.message);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
 }

@@ -170,7 +170,11 @@ pub async fn run(
 
 /// Runs `program` to the end with `provider` and `toolbox`, enforcing the run timeout.
 ///
-/// The toolbox's descriptors replace `options.tools`.
+/// The toolbox's descriptors replace `options.tools`. The timeout holds even inside a
+/// render: a watchdog thread sets the run's [`Machine::deadline_flag`] at the deadline.
+/// Cancelling through `options.interrupt` ([`Interrupt::cancel`](crate::Interrupt::cancel))
+/// stops the run at its next instruction, or within a few hundred template instructions
+/// mid-render, though not while the driver awaits a provider or a tool.
 pub async fn run_with_tools(
     program: Arc<Program>,
     mut options: RunOptions,
@@ -179,6 +183,12 @@ pub async fn run_with_tools(
 ) -> RunOutcome {
     options.tools = toolbox.registry();
     let mut machine = Machine::new(program, options, now());
+    // A render blocks this thread, and on a current-thread runtime no tokio timer can
+    // fire meanwhile: a watchdog thread sets the run's interrupt flag at the deadline.
+    // It counts on the real clock from now, so a test's paused tokio clock cannot make
+    // it fire early or late by more than the test's own drift.
+    let remaining = machine.deadline().saturating_duration_since(now());
+    let _watchdog = crate::watchdog::arm(Instant::now() + remaining, machine.deadline_flag());
     loop {
         match machine.poll(now()) {
             Action::CallProvider(request) => {

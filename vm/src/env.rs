@@ -44,13 +44,15 @@
 //!   characters, the space separators other than ` `, the format characters and the
 //!   private-use characters are escaped, but unassigned code points are printed as-is.
 //! * Text written by `{% set x %}...{% endset %}`, `{% filter %}` and macro calls is
-//!   buffered in memory before the output cap sees it; fuel bounds how much can pile up.
+//!   buffered in memory before the output cap sees it; the string limit
+//!   ([`Limits::max_string_bytes`]) bounds how much can pile up.
 
 use std::fmt;
 use std::io;
 
+use minijinja::value::limits::{self, CappedString, ValueLimits};
 use minijinja::value::{Value, ValueKind};
-use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, UndefinedBehavior};
 
 /// Limits applied to every render.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +65,15 @@ pub struct Limits {
     pub recursion: usize,
     /// Maximum size of one render's output, in bytes.
     pub max_output_bytes: usize,
+    /// Maximum length of any one string a template builds, in bytes (operators, filters,
+    /// functions and methods fail before they would build a longer one).
+    pub max_string_bytes: usize,
+    /// Maximum number of items of any one list, tuple or map a template builds.
+    pub max_items: usize,
+    /// Maximum nesting of lists, tuples and maps in a value a template builds or stores
+    /// (`[1]` is 1 deep). Every consumer that recurses (printing, `tojson`, equality,
+    /// serialization, drop) then stays within a bounded stack.
+    pub max_depth: usize,
 }
 
 impl Default for Limits {
@@ -71,6 +82,20 @@ impl Default for Limits {
             fuel: 5_000_000,
             recursion: 200,
             max_output_bytes: 4 * 1024 * 1024,
+            max_string_bytes: 16 * 1024 * 1024,
+            max_items: 1_000_000,
+            max_depth: 256,
+        }
+    }
+}
+
+impl Limits {
+    /// The value limits in minijinja's terms.
+    pub(crate) fn value_limits(&self) -> ValueLimits {
+        ValueLimits {
+            max_string_bytes: self.max_string_bytes,
+            max_items: self.max_items,
+            max_depth: self.max_depth,
         }
     }
 }
@@ -86,11 +111,14 @@ pub fn template_env(limits: &Limits) -> Environment<'static> {
     env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
     env.set_fuel(Some(limits.fuel));
     env.set_recursion_limit(limits.recursion);
+    env.set_value_limits(limits.value_limits());
+    // The run's interrupt flag, if the render runs inside a run (see `interrupt.rs`).
+    env.set_interrupt_callback(crate::interrupt::render_interrupted);
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_debug(true);
     // minijinja's default syntax already drops a template's trailing newline, like
     // Jinja2's `keep_trailing_newline=False`; a test below pins that down.
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(checked_method);
     env.set_formatter(|out, _state, value| {
         // Only the "silent" undefined of `{{ x if cond }}` without an else reaches the
         // formatter: SemiStrict rejects every other undefined before. Jinja2 prints it
@@ -148,19 +176,74 @@ pub(crate) fn write_py_str(out: &mut dyn fmt::Write, value: &Value) -> Result<()
     }
 }
 
-/// `str(value)` as a `String`; see [`write_py_str`].
+/// `str(value)` as a `String`, within the value limits; see [`write_py_str`].
 pub(crate) fn py_str(value: &Value) -> Result<String, Error> {
-    let mut s = String::new();
-    write_py_str(&mut s, value)?;
-    Ok(s)
+    let mut s = CappedString::new();
+    match write_py_str(&mut s, value) {
+        Ok(()) => s.finish(),
+        Err(err) => Err(s.overflow().unwrap_or(err)),
+    }
 }
 
 /// `repr(value)` as a `String`: like [`py_str`], but strings are quoted and escaped,
 /// and an undefined value is `Undefined`.
 pub(crate) fn py_repr(value: &Value) -> Result<String, Error> {
-    let mut s = String::new();
-    write_repr(&mut s, value, 0)?;
-    Ok(s)
+    let mut s = CappedString::new();
+    match write_repr(&mut s, value, 0) {
+        Ok(()) => s.finish(),
+        Err(err) => Err(s.overflow().unwrap_or(err)),
+    }
+}
+
+/// minijinja-contrib's Python methods, with the size of the result checked before the
+/// methods that can multiply their input build it (the engine checks every result
+/// afterwards, which bounds the others).
+fn checked_method(
+    state: &mut State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    match (method, value.as_str()) {
+        ("replace", Some(s)) => {
+            let old = args.first().and_then(Value::as_str).unwrap_or_default();
+            let new = args.get(1).and_then(Value::as_str).unwrap_or_default();
+            let count = args
+                .get(2)
+                .and_then(|c| i64::try_from(c.clone()).ok())
+                .and_then(|c| usize::try_from(c).ok());
+            limits::check_string_bytes(limits::replaced_len(s, old, new, count))?;
+        }
+        ("join", Some(sep)) => {
+            if let Some(items) = args.first() {
+                joined_len_within_limit(sep, items)?;
+            }
+        }
+        _ => {}
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Fails if `sep.join(items)` would exceed the string limit, before building it.
+pub(crate) fn joined_len_within_limit(sep: &str, items: &Value) -> Result<(), Error> {
+    let Ok(iter) = items.try_iter() else {
+        // Not iterable: the method itself reports that.
+        return Ok(());
+    };
+    let mut total = 0usize;
+    for (idx, item) in iter.enumerate() {
+        if idx > 0 {
+            total = total.saturating_add(sep.len());
+        }
+        total = total.saturating_add(match item.as_str() {
+            Some(s) => s.len(),
+            // Other items print at most about as long as their own text; a string
+            // would be the common case.
+            None => limits::to_string_capped(&item)?.len(),
+        });
+        limits::check_string_bytes(total)?;
+    }
+    Ok(())
 }
 
 /// The name Python would give the type of `value`, for error messages.
@@ -701,6 +784,157 @@ mod tests {
         assert!(
             e.to_string().contains("exceeds the limit of 10 bytes"),
             "{e}"
+        );
+    }
+
+    /// Small limits, so that every way of building a big value is quick to try.
+    fn small_limits() -> Limits {
+        Limits {
+            max_string_bytes: 1000,
+            max_items: 100,
+            max_depth: 8,
+            ..Limits::default()
+        }
+    }
+
+    fn limited_err(source: &str) -> Error {
+        match run_limited(source, Store::new(Vars::new()), &small_limits()) {
+            Ok((out, _)) => panic!("{source:?} should fail, rendered {} bytes", out.len()),
+            Err(err) => err,
+        }
+    }
+
+    #[test]
+    fn env_value_limits_stop_every_multiplying_expression() {
+        let cases = [
+            "{{ 'x'|center(2000) }}",
+            "{% set n = 2000 %}{{ 'x' * n }}",
+            "{% set n = 1000 %}{{ 'x' ~ ('y' * n) }}",
+            "{% set n = 600 %}{{ ('x' * n) ~ ('y' * n) }}",
+            "{% set n = 600 %}{{ ('x' * n) + ('y' * n) }}",
+            "{% set n = 600 %}{{ [('x' * n)] ~ ('y' * n) }}",
+            "{% set n = 200 %}{{ [1] * n }}",
+            "{% set n = 60 %}{{ ([1] * n) + ([1] * n) }}",
+            "{% set n = 200 %}{{ (1,) * n }}",
+            "{{ range(10)|batch(200, 0)|list }}",
+            "{{ range(10)|slice(200)|list }}",
+            "{{ '%2000s'|format('x') }}",
+            "{{ '%.2000f'|format(1.5) }}",
+            "{{ '{:>2000}'.format('x') }}",
+            "{{ ('a\n' * 10)|indent(200) }}",
+            "{{ ('x' * 100)|replace('x', 'y' * 20) }}",
+            "{{ ('x' * 100).replace('x', 'y' * 20) }}",
+            "{{ (['x' * 100] * 50)|join }}",
+            "{{ ''.join(['x' * 100] * 50) }}",
+            "{{ (['x' * 100] * 50)|tojson }}",
+            "{{ (['x' * 100] * 50)|string }}",
+            "{{ (['x' * 100] * 50)|safe }}",
+            "{{ (['x' * 100] * 50)|pprint }}",
+            "{% set n = 600 %}{{ 'x' * n ~ ['y' * n] }}",
+            "{{ range(1000)|list }}",
+            "{% set x %}{% for i in range(100) %}{{ 'y' * 100 }}{% endfor %}{% endset %}",
+            "{% macro m() %}{% for i in range(100) %}{{ 'y' * 100 }}{% endfor %}{% endmacro %}{% set x = m() %}",
+            "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        ];
+        for source in cases {
+            let err = limited_err(source);
+            assert_eq!(err.kind(), ErrorKind::ValueTooLarge, "{source}: {err:#}");
+            let detail = err.detail().unwrap_or_default();
+            assert!(
+                detail.contains("exceeds the limit of"),
+                "{source}: {detail}"
+            );
+        }
+        // At the limit is fine. (Constant expressions are folded at compile time, under
+        // limits of their own: the cases above compute their sizes at render time.)
+        let (out, _) = run_limited(
+            "{% set n = 1000 %}{{ 'x' * n }}",
+            Store::new(Vars::new()),
+            &small_limits(),
+        )
+        .unwrap();
+        assert_eq!(out.len(), 1000);
+        assert_eq!(
+            limited_err("{{ 'x'|center(10**10) }}").detail(),
+            Some("a string of 10000000000 bytes exceeds the limit of 1000 bytes")
+        );
+        // A constant too big to fold at compile time is computed, and refused, at render
+        // time.
+        let err = run_limited(
+            "{{ 'x' * 100000 }}",
+            Store::new(Vars::new()),
+            &Limits::default(),
+        );
+        assert_eq!(err.map(|(out, _)| out.len()).ok(), Some(100_000));
+        let err = limited_err("{{ 'x' * 100000 }}");
+        assert_eq!(err.kind(), ErrorKind::ValueTooLarge);
+    }
+
+    #[test]
+    fn env_value_limits_stop_deep_nesting() {
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        let (out, _) = run_limited(
+            &format!("{{{{ {} }}}}", deep(8)),
+            Store::new(Vars::new()),
+            &small_limits(),
+        )
+        .unwrap();
+        assert_eq!(out, deep(8));
+        let cases = [
+            format!("{{{{ {} }}}}", deep(9)),
+            format!("{{{{ {{'a': {}}} }}}}", deep(8)),
+            format!("{{{{ ({},) }}}}", deep(8)),
+            "{% set ns = namespace(v=[]) %}{% for i in range(100) %}{% set ns.v = [ns.v] %}{% endfor %}".into(),
+            "{% set ns = namespace(v=[1]) %}{% for i in range(100) %}{% set ns.v = ns.v|batch(1)|list %}{% endfor %}".into(),
+            "{% set ns = namespace(v={'a': 1}) %}{% for i in range(100) %}{% set ns.v = dict(a=ns.v) %}{% endfor %}".into(),
+            "{% set ns = namespace(v=[]) %}{% for i in range(100) %}{% set ns.v = [ns.v] + [] %}{% endfor %}".into(),
+            "{% set ns = namespace(v=[]) %}{% for i in range(100) %}{% set ns.v = [ns.v]|list %}{% endfor %}".into(),
+            "{% set ns = namespace(v=[]) %}{% for i in range(100) %}{{ set_context('v', [get_context('v', [])]) }}{% endfor %}".into(),
+        ];
+        for source in &cases {
+            let err = limited_err(source);
+            assert_eq!(err.kind(), ErrorKind::ValueTooLarge, "{source}: {err:#}");
+            assert!(
+                err.detail().unwrap_or_default().contains("8 levels"),
+                "{source}: {err:#}"
+            );
+        }
+    }
+
+    #[test]
+    fn env_values_cannot_form_cycles() {
+        let cases = [
+            "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}",
+            "{% set ns = namespace() %}{% set ns.l = [ns] %}{{ ns }}",
+            "{% set ns = namespace() %}{{ [ns] }}",
+            "{% set a = namespace() %}{% set b = namespace() %}{% set a.b = b %}{% set b.a = a %}{{ a }}",
+        ];
+        for source in cases {
+            let err = limited_err(source);
+            assert!(
+                format!("{err:#}").contains("namespace() cannot be stored"),
+                "{source}: {err:#}"
+            );
+        }
+        // The live `context` view is frozen when stored on its own, refused inside
+        // another value, so the store never holds itself.
+        let store = Store::new(Vars::new());
+        let (out, _) = run_limited(
+            "{{ set_context('saved', context) }}{{ set_context('n', 1) }}{{ saved.n is defined }}",
+            store.clone(),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(out, "False");
+        let err = run_limited(
+            "{{ set_context('saved', [context]) }}",
+            store,
+            &Limits::default(),
+        )
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("live `context` view"),
+            "{err:#}"
         );
     }
 

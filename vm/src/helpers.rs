@@ -14,11 +14,12 @@
 //! Not in here: the environment's settings and the Python-style printing of values
 //! (`env.rs`).
 
+use minijinja::value::limits;
 use minijinja::value::{Kwargs, Object, Rest, Tuple, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
 use crate::env::{py_repr, py_str, py_type_name};
-use crate::store::{CONTEXT, CONTEXT_HISTORY, Store};
+use crate::store::{CONTEXT, CONTEXT_HISTORY, Store, freeze_views};
 
 /// Names of the helper functions every template can call.
 pub const HELPERS: &[&str] = &[
@@ -211,6 +212,9 @@ fn join(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
             None => item,
         };
         out.push_str(&py_str(&item)?);
+        // Every item may be within the limit and the whole far beyond it (one long
+        // string repeated): check as the text grows.
+        limits::check_string_bytes(out.len())?;
     }
     Ok(Value::from(out))
 }
@@ -273,6 +277,7 @@ fn center(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
         return Ok(Value::from(s));
     }
     let margin = width - len;
+    limits::check_string_bytes(s.len().saturating_add(margin))?;
     let left = margin / 2 + (margin & width & 1);
     let right = margin - left;
     Ok(Value::from(format!(
@@ -395,15 +400,28 @@ fn writable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
 /// `list + list`, `dict.items()`, one-shot iterators) turned into plain lists, so that
 /// a stored value can be read any number of times and does not grow a chain of lazy
 /// concatenations step after step.
+///
+/// A stored value outlives the render and is read by every later step, `--json` and
+/// `with_context` tools, so it gets the nesting check here too, and the live `context`
+/// view is frozen (see [`freeze_views`]).
 fn storable(func: &str, name: &str, value: Value) -> Result<Value, Error> {
-    match value.kind() {
-        ValueKind::Undefined => Err(Error::new(
-            ErrorKind::UndefinedError,
-            format!("{func}('{name}', ...): the value is undefined"),
-        )),
-        ValueKind::Iterable => Ok(Value::from(value.try_iter()?.collect::<Vec<_>>())),
-        _ => Ok(value),
-    }
+    let value = match value.kind() {
+        ValueKind::Undefined => {
+            return Err(Error::new(
+                ErrorKind::UndefinedError,
+                format!("{func}('{name}', ...): the value is undefined"),
+            ));
+        }
+        ValueKind::Iterable => {
+            let items = value.try_iter()?.collect::<Vec<_>>();
+            limits::check_new_container(&items)?;
+            Value::from(items)
+        }
+        _ => value,
+    };
+    limits::check_depth(&value)?;
+    freeze_views(value, limits::current().max_depth)
+        .map_err(|problem| invalid(format!("{func}('{name}', ...): {problem}")))
 }
 
 fn accumulate(
@@ -456,17 +474,22 @@ fn py_add(a: &Value, b: &Value) -> Result<Value, String> {
             let y = as_float(b).ok_or_else(unsupported)?;
             Ok(Value::from(x + y))
         }
-        (ValueKind::String, ValueKind::String) => Ok(Value::from(format!(
-            "{}{}",
-            a.as_str().unwrap_or_default(),
-            b.as_str().unwrap_or_default()
-        ))),
+        (ValueKind::String, ValueKind::String) => {
+            let (x, y) = (
+                a.as_str().unwrap_or_default(),
+                b.as_str().unwrap_or_default(),
+            );
+            limits::check_string_bytes(x.len().saturating_add(y.len()))
+                .map_err(|err| limit_message(&err))?;
+            Ok(Value::from(format!("{x}{y}")))
+        }
         (ValueKind::Seq | ValueKind::Iterable, ValueKind::Seq | ValueKind::Iterable)
             if a.is_tuple() == b.is_tuple() =>
         {
             let mut items: Vec<Value> = Vec::new();
             for value in [a, b] {
                 items.extend(value.try_iter().map_err(|err| err.to_string())?);
+                limits::check_items(items.len() as u128).map_err(|err| limit_message(&err))?;
             }
             Ok(if a.is_tuple() {
                 Value::from(Tuple::from(items))
@@ -476,6 +499,15 @@ fn py_add(a: &Value, b: &Value) -> Result<Value, String> {
         }
         _ => Err(unsupported()),
     }
+}
+
+/// A value-limit error as the message `accumulate` wraps.
+fn limit_message(err: &Error) -> String {
+    format!(
+        "{}: {} (spec/limits.md)",
+        err.kind(),
+        err.detail().unwrap_or_default()
+    )
 }
 
 /// An integer (or a bool, which Python counts as one) as `i128`.

@@ -13,6 +13,7 @@
 pub mod bundle;
 mod env;
 mod helpers;
+mod interrupt;
 mod machine;
 mod messages;
 mod names;
@@ -36,8 +37,11 @@ pub mod openai;
 #[cfg(feature = "driver")]
 pub mod routing;
 pub mod tools;
+#[cfg(feature = "driver")]
+mod watchdog;
 
 pub use env::{Limits, template_env};
+pub use interrupt::{Interrupt, InterruptReason};
 pub use machine::{
     Action, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions,
     RunOutcome, run_scripted,

@@ -21,6 +21,14 @@
 //!
 //! `poll` returns at the latest at the end of every step, so a driver that passes a fresh
 //! time each call enforces the run timeout even in a loop that never calls the provider.
+//!
+//! Within a step, one render can run long (up to its fuel). The machine reads no clock,
+//! so it cannot notice the deadline there by itself: two [`Interrupt`] flags are the
+//! inputs for that. The driver sets [`Machine::deadline_flag`] when the deadline passes
+//! (the tokio driver has a watchdog thread do it), an embedder cancels through
+//! [`RunOptions::interrupt`]. Either stops a render within a few hundred template
+//! instructions, and the run ends with a timeout (or [`RunErrorKind::Cancelled`]).
+//! Pure drivers such as [`run_scripted`] set neither.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +38,7 @@ use minijinja::Value;
 
 use crate::bundle::{Instr, MessageEntry, SourceSpan, StepId, TemplateId};
 use crate::env::render;
+use crate::interrupt::{Interrupt, InterruptReason};
 use crate::messages::build_message;
 use crate::names::{RESERVED_VARIABLES, user_defaults};
 use crate::program::Program;
@@ -70,6 +79,10 @@ pub struct RunOptions {
     pub with_context: Vec<(String, Value)>,
     /// The tools the run may offer the model (`with_tools`; their descriptors).
     pub tools: Arc<ToolRegistry>,
+    /// Cancels the run from outside, even in the middle of a render
+    /// ([`Interrupt::cancel`]). Clones share the flag, so a flag set once stops every
+    /// run given a clone of it. See [`Interrupt`].
+    pub interrupt: Interrupt,
 }
 
 impl Default for RunOptions {
@@ -80,6 +93,7 @@ impl Default for RunOptions {
             max_steps: DEFAULT_MAX_STEPS,
             with_context: Vec::new(),
             tools: Arc::new(ToolRegistry::new()),
+            interrupt: Interrupt::new(),
         }
     }
 }
@@ -146,6 +160,8 @@ pub enum RunErrorKind {
     MissingInput,
     /// The driver broke the calling contract.
     Protocol,
+    /// The run was cancelled through its [`Interrupt`].
+    Cancelled,
 }
 
 /// The result of a run.
@@ -200,9 +216,49 @@ impl RunOutcome {
     }
 }
 
+/// How deeply nested a value may be to be turned into JSON: the template limit (the
+/// default `Limits::max_depth`) plus room for values from outside (serde_json reads at
+/// most 128 levels).
+const MAX_JSON_DEPTH: usize = 512;
+
 fn to_json(value: &Value) -> serde_json::Value {
+    // Templates cannot build values deeper than `Limits::max_depth`, but an embedder's
+    // `with_context` values are not checked; serialization recurses, so a value too deep
+    // is left out rather than overflow the stack.
+    if nested_deeper_than(value, MAX_JSON_DEPTH) {
+        return serde_json::Value::String(format!(
+            "<left out: nested more than {MAX_JSON_DEPTH} levels deep>"
+        ));
+    }
     // Values that JSON cannot represent (functions, macros) become their text.
     serde_json::to_value(value).unwrap_or_else(|_| serde_json::Value::String(value.to_string()))
+}
+
+/// True if `value` nests lists and maps more than `budget` levels deep. Stops as soon as
+/// it passes the budget.
+fn nested_deeper_than(value: &Value, budget: usize) -> bool {
+    use minijinja::value::ValueKind;
+    if !matches!(
+        value.kind(),
+        ValueKind::Seq | ValueKind::Map | ValueKind::Iterable
+    ) {
+        return false;
+    }
+    if budget == 0 {
+        return true;
+    }
+    if value.kind() == ValueKind::Map {
+        if let Some(pairs) = value.as_object().and_then(|o| o.try_iter_pairs()) {
+            return pairs.into_iter().any(|(k, v)| {
+                nested_deeper_than(&k, budget - 1) || nested_deeper_than(&v, budget - 1)
+            });
+        }
+        return false;
+    }
+    match value.try_iter() {
+        Ok(mut items) => items.any(|item| nested_deeper_than(&item, budget - 1)),
+        Err(_) => false,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,6 +312,8 @@ pub struct Machine {
     last_errors_step: Option<StepId>,
     steps: u64,
     error: Option<RunError>,
+    /// This run's own deadline flag (set by the driver) and the embedder's flag.
+    interrupt: [Interrupt; 2],
 }
 
 impl Machine {
@@ -314,12 +372,19 @@ impl Machine {
             last_errors_step: None,
             steps: 0,
             error,
+            interrupt: [Interrupt::new(), options.interrupt],
         }
     }
 
     /// When the run times out.
     pub fn deadline(&self) -> Instant {
         self.deadline
+    }
+
+    /// The flag a driver sets when [`Machine::deadline`] passes, to stop a render that
+    /// is still running: the machine reads no clock. Each run has its own.
+    pub fn deadline_flag(&self) -> &Interrupt {
+        &self.interrupt[0]
     }
 
     /// The run's live store (for embedders that inspect a run in progress).
@@ -343,6 +408,10 @@ impl Machine {
             }
             if now >= self.deadline {
                 self.fail_timeout();
+                return Action::Done;
+            }
+            if let Some(reason) = crate::interrupt::reason(&self.interrupt) {
+                self.fail_interrupted(reason);
                 return Action::Done;
             }
             if self.tool_round.is_some() {
@@ -516,25 +585,36 @@ impl Machine {
         );
     }
 
-    /// Renders a template; a failure is appended to `errors` and returns `None`.
-    fn render(&self, template: TemplateId) -> Option<String> {
+    /// Renders a template; a failure is appended to `errors` and returns `None`. A
+    /// render stopped by the run's interrupt flag ends the run instead.
+    fn render(&mut self, template: TemplateId) -> Option<String> {
         let program = &self.program;
         let root = Value::from_dyn_object(self.store.clone());
-        match render(
-            program.env(),
-            program.template_name(template),
-            root,
-            program.limits().max_output_bytes,
-        ) {
+        let rendered = {
+            let _interruptible = crate::interrupt::rendering(&self.interrupt);
+            render(
+                program.env(),
+                program.template_name(template),
+                root,
+                program.limits().max_output_bytes,
+            )
+        };
+        match rendered {
             Ok(text) => Some(text),
             Err(err) => {
-                self.store.push_error(self.template_error(template, &err));
+                // The flag, not the error, says why: an interrupted render fails with
+                // whatever error the engine was in the middle of.
+                if let Some(reason) = crate::interrupt::reason(&self.interrupt) {
+                    self.fail_interrupted(reason);
+                } else {
+                    self.store.push_error(self.template_error(template, &err));
+                }
                 None
             }
         }
     }
 
-    fn render_phase(&self, template: TemplateId) {
+    fn render_phase(&mut self, template: TemplateId) {
         // Pre and post phases run for their effects; their text output is discarded.
         let _ = self.render(template);
     }
@@ -545,6 +625,9 @@ impl Machine {
         if let Some(detail) = err.detail() {
             message.push_str(": ");
             message.push_str(detail);
+        }
+        if err.kind() == minijinja::ErrorKind::ValueTooLarge {
+            message.push_str(" (spec/limits.md)");
         }
         let location = match (bundle.templates.get(template.index()), err.line()) {
             (Some(t), Some(line)) => {
@@ -564,11 +647,16 @@ impl Machine {
     }
 
     fn build_prompts(&mut self, first: u32, count: u32) {
-        let bundle = self.program.bundle();
+        let program = self.program.clone();
+        let bundle = program.bundle();
         // Validation checked `first + count <= messages.len()`.
         let entries: &[MessageEntry] = &bundle.messages[first as usize..(first + count) as usize];
         let mut prompts = Vec::with_capacity(entries.len());
         for entry in entries {
+            if self.state == State::Done {
+                // Interrupted: the run is over.
+                return;
+            }
             match self.render(entry.template) {
                 Some(text) => prompts.extend(build_message(entry.role, &text)),
                 None => self.prompt_failed = true,
@@ -828,6 +916,13 @@ impl Machine {
         );
     }
 
+    fn fail_interrupted(&mut self, reason: InterruptReason) {
+        match reason {
+            InterruptReason::Deadline => self.fail_timeout(),
+            _ => self.fail(RunErrorKind::Cancelled, "Run cancelled".into()),
+        }
+    }
+
     /// Ends the run with an error.
     fn fail(&mut self, kind: RunErrorKind, mut message: String) {
         // The errors that led here, before the ones that closing a tool round adds.
@@ -1025,6 +1120,9 @@ fn invalid_context_name(name: &str) -> Option<&'static str> {
 /// The core never reads a clock: `clock` is asked for the time before every poll and
 /// after every provider call. Tests pass a simulated clock; benchmarks pass
 /// `Instant::now`.
+///
+/// Nothing here sets [`Machine::deadline_flag`], so the timeout is enforced between
+/// instructions only; `options.interrupt` still cancels (set from another thread).
 pub fn run_scripted(
     program: Arc<Program>,
     options: RunOptions,

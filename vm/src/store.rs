@@ -344,6 +344,52 @@ impl Object for ContextView {
     }
 }
 
+/// What a helper may store for `value` when it holds the live `context` view: the view
+/// itself becomes a frozen [`Snapshot`] of the variables; a view nested inside another
+/// value is refused (`Err` names the problem).
+///
+/// Storing a live view would make the store contain itself: every walk of the context
+/// (`tojson`, `--json`, printing) would then recurse without end.
+pub(crate) fn freeze_views(value: Value, max_depth: usize) -> Result<Value, &'static str> {
+    if let Some(view) = value.downcast_object_ref::<ContextView>() {
+        return Ok(Value::from_object(Snapshot(view.0.vars())));
+    }
+    if value.downcast_object_ref::<Store>().is_some() {
+        return Ok(Value::from_object(Snapshot(
+            value
+                .downcast_object::<Store>()
+                .map(|store| store.vars())
+                .unwrap_or_default(),
+        )));
+    }
+    if holds_view(&value, max_depth) {
+        return Err("a value holding the live `context` view cannot be stored");
+    }
+    Ok(value)
+}
+
+/// True if a container inside `value` (within `budget` levels) is a live view.
+fn holds_view(value: &Value, budget: usize) -> bool {
+    use minijinja::value::ValueKind;
+    if budget == 0 || !matches!(value.kind(), ValueKind::Seq | ValueKind::Map) {
+        return false;
+    }
+    let nested = |item: &Value| {
+        item.downcast_object_ref::<ContextView>().is_some()
+            || item.downcast_object_ref::<Store>().is_some()
+            || holds_view(item, budget - 1)
+    };
+    if value.kind() == ValueKind::Map {
+        return value
+            .as_object()
+            .and_then(|o| o.try_iter_pairs())
+            .is_some_and(|mut pairs| pairs.any(|(k, v)| nested(&k) || nested(&v)));
+    }
+    value
+        .try_iter()
+        .is_ok_and(|mut items| items.any(|item| nested(&item)))
+}
+
 /// One frozen entry of `context_history`: the variables at the end of a step.
 #[derive(Debug)]
 pub struct Snapshot(pub Vars);
