@@ -451,6 +451,7 @@ fn a_timeout_during_a_tool_batch_keeps_the_finished_calls() {
         assert!(content.contains(want), "{content}");
     }
     assert_eq!(json["errors"].as_array().unwrap().len(), 3);
+}
 
 /// A pre phase that runs for minutes within its fuel: each iteration copies 8 MB.
 const SLOW_RENDER: &str = "# pre: a\n{% set s = 'x' * 4000000 %}{% for i in range(100000) %}{% set t = s ~ s %}{% endfor %}\n# prompt: a\nhi\n";

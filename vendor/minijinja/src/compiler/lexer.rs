@@ -374,8 +374,11 @@ impl<'s> Tokenizer<'s> {
     fn syntax_error(&mut self, msg: &'static str) -> Error {
         let mut span = self.span(self.loc());
         if span.start_col == span.end_col {
-            span.end_col += 1;
-            span.end_offset += 1;
+            // aplc patch: columns saturate at u16::MAX on long lines (see the column
+            // counter above), so widening the span must saturate too: `+= 1` overflowed
+            // (a panic with overflow checks) on an error past column 65,535.
+            span.end_col = span.end_col.saturating_add(1);
+            span.end_offset = span.end_offset.saturating_add(1);
         }
         let mut err = Error::new(ErrorKind::SyntaxError, msg);
         err.set_filename_and_span(self.filename, span);
