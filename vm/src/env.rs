@@ -90,7 +90,6 @@ pub fn template_env(limits: &Limits) -> Environment<'static> {
     env.set_debug(true);
     // minijinja's default syntax already drops a template's trailing newline, like
     // Jinja2's `keep_trailing_newline=False`; a test below pins that down.
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_formatter(|out, _state, value| {
         // Only the "silent" undefined of `{{ x if cond }}` without an else reaches the
         // formatter: SemiStrict rejects every other undefined before. Jinja2 prints it
@@ -100,6 +99,8 @@ pub fn template_env(limits: &Limits) -> Environment<'static> {
         }
         write_py_str(out, value)
     });
+    // Also installs the unknown-method callback: pycompat's Python methods, with a hint
+    // for `items.append(x)` and the other mutating methods (`jinja2.rs`).
     crate::helpers::register(&mut env);
     env
 }

@@ -13,6 +13,7 @@
 pub mod bundle;
 mod env;
 mod helpers;
+mod jinja2;
 mod machine;
 mod messages;
 mod names;
@@ -32,6 +33,7 @@ pub mod routing;
 pub mod tools;
 
 pub use env::{Limits, template_env};
+pub use jinja2::percent_format;
 pub use machine::{
     Action, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions, RunOutcome, run_scripted,
 };
