@@ -273,6 +273,13 @@ fn center(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
     if len >= width {
         return Ok(Value::from(s));
     }
+    // The padding is an allocation of `width` characters.
+    if width > crate::jinja2::MAX_WIDTH {
+        return Err(invalid(format!(
+            "{F}(): width {width} exceeds the limit of {}",
+            crate::jinja2::MAX_WIDTH
+        )));
+    }
     let margin = width - len;
     let left = margin / 2 + (margin & width & 1);
     let right = margin - left;
@@ -644,7 +651,12 @@ pub(crate) fn text(func: &str, value: &Value) -> Result<String, Error> {
 }
 
 /// A non-negative integer argument, `default` when not given (or `none`).
-pub(crate) fn count_arg(func: &str, param: &str, value: &Value, default: usize) -> Result<usize, Error> {
+pub(crate) fn count_arg(
+    func: &str,
+    param: &str,
+    value: &Value,
+    default: usize,
+) -> Result<usize, Error> {
     if value.is_undefined() || value.is_none() {
         return Ok(default);
     }

@@ -342,10 +342,12 @@ fn xmlattr(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
         }
         let key = py_str(&key)?;
         // Characters that would end an attribute name in HTML (Jinja2's `_attr_key_re`).
-        if key
-            .chars()
-            .any(|c| matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c' | '/' | '>' | '='))
-        {
+        if key.chars().any(|c| {
+            matches!(
+                c,
+                ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c' | '/' | '>' | '='
+            )
+        }) {
             return Err(invalid(format!(
                 "{F}(): invalid character in attribute name: {}",
                 py_repr(&Value::from(key))?
@@ -409,7 +411,9 @@ fn lipsum(state: &mut State, args: &[Value], kwargs: Kwargs) -> Result<Value, Er
         )));
     }
     let rng = RenderRng::of(state);
-    let paragraphs: Vec<String> = (0..n.max(0)).map(|_| lipsum_paragraph(rng, min, max)).collect();
+    let paragraphs: Vec<String> = (0..n.max(0))
+        .map(|_| lipsum_paragraph(rng, min, max))
+        .collect();
     Ok(if html {
         Value::from_safe_string(
             paragraphs
@@ -749,7 +753,10 @@ fn url_quote(bytes: &[u8], for_qs: bool) -> String {
 fn capitalize(word: &str) -> String {
     let mut chars = word.chars();
     match chars.next() {
-        Some(first) => first.to_uppercase().chain(chars.flat_map(char::to_lowercase)).collect(),
+        Some(first) => first
+            .to_uppercase()
+            .chain(chars.flat_map(char::to_lowercase))
+            .collect(),
         None => String::new(),
     }
 }

@@ -120,7 +120,12 @@ impl Formatter {
 
     /// Formats the specifier that starts at `chars[pos]` (after the `%`); returns the
     /// position after it.
-    fn format_one(&mut self, chars: &[char], mut pos: usize, out: &mut String) -> Result<usize, Error> {
+    fn format_one(
+        &mut self,
+        chars: &[char],
+        mut pos: usize,
+        out: &mut String,
+    ) -> Result<usize, Error> {
         let at = |pos: usize| chars.get(pos).copied();
         if at(pos) == Some('%') {
             out.push('%');
@@ -341,8 +346,11 @@ fn integer(conversion: char, arg: &Value) -> Result<i128, Error> {
 fn real(conversion: char, arg: &Value) -> Result<f64, Error> {
     match arg.kind() {
         ValueKind::Bool => Ok(if arg.is_true() { 1.0 } else { 0.0 }),
-        ValueKind::Number => f64::try_from(arg.clone())
-            .map_err(|_| fail(format!("%{conversion} format: the number does not fit a float"))),
+        ValueKind::Number => f64::try_from(arg.clone()).map_err(|_| {
+            fail(format!(
+                "%{conversion} format: the number does not fit a float"
+            ))
+        }),
         _ => Err(type_error(&format!(
             "must be real number, not {}",
             py_type_name(arg)
@@ -359,7 +367,7 @@ fn character(arg: &Value) -> Result<char, Error> {
         if let (Some(c), None) = (chars.next(), chars.next()) {
             return Ok(c);
         }
-        return Err(type_error("%c requires an int or a unicode character, not a string of length other than 1"));
+        return Err(type_error("%c requires int or char"));
     }
     if arg.is_integer() || arg.kind() == ValueKind::Bool {
         let n = i128::try_from(arg.clone()).unwrap_or(-1);
@@ -368,10 +376,7 @@ fn character(arg: &Value) -> Result<char, Error> {
             .and_then(char::from_u32)
             .ok_or_else(|| fail("%c arg not in range(0x110000)".into()));
     }
-    Err(type_error(&format!(
-        "%c requires an int or a unicode character, not {}",
-        py_type_name(arg)
-    )))
+    Err(type_error("%c requires int or char"))
 }
 
 /// A `*` width or precision: an integer argument.
@@ -450,7 +455,11 @@ fn format_float(x: f64, conversion: char, prec: usize, alt: bool) -> String {
     let upper = conversion.is_ascii_uppercase();
     if !x.is_finite() {
         let s = if x.is_nan() { "nan" } else { "inf" };
-        return if upper { s.to_uppercase() } else { s.to_string() };
+        return if upper {
+            s.to_uppercase()
+        } else {
+            s.to_string()
+        };
     }
     let s = match conversion.to_ascii_lowercase() {
         'f' => {
