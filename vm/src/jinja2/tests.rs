@@ -493,7 +493,7 @@ fn percent_format_caps_widths_and_the_result() {
     let prec = pct("%.20000f", "1.5").unwrap_err();
     assert!(prec.contains("precision 20000 exceeds"), "{prec}");
     let format = "%10000s".repeat(500);
-    let big = pct(&format, &format!("('x',) * 500")).unwrap_err();
+    let big = pct(&format, "('x',) * 500").unwrap_err();
     assert!(big.contains("exceeds the limit of 4194304 bytes"), "{big}");
     assert_eq!(pct("%10000s", "'x'").map(|s| s.len()), Ok(10000));
 }
