@@ -3,7 +3,8 @@
 //! formatting ([`percent_format`]); and the run-time hint for list and dict mutation.
 //!
 //! * Filters: `forceescape`, `random`, `urlencode`, `urlize`, `wordwrap`, `xmlattr`;
-//!   the test `callable`; the global `lipsum`. Together with minijinja's built-ins and
+//!   the test `callable`; the global `lipsum`; and Jinja2's `indent`, which replaces
+//!   minijinja's. Together with minijinja's built-ins and
 //!   `helpers.rs` they make every name of Jinja2's `FILTERS`, `TESTS` and default
 //!   globals available; a test below holds the complete lists and is the guard.
 //! * APL has no auto-escaping, so each filter returns what Jinja2 returns with
@@ -47,6 +48,9 @@ pub(crate) const LIPSUM_MAX_WORDS: i64 = 1_000;
 /// callback that turns `items.append(x)` into a hint.
 pub(crate) fn register(env: &mut Environment<'static>) {
     env.add_filter("forceescape", forceescape);
+    // minijinja's `indent` takes no string width, splits on `\n` only, and allocates
+    // any width it is given.
+    env.add_filter("indent", indent);
     env.add_filter("random", random);
     env.add_filter("urlencode", urlencode);
     env.add_filter("urlize", urlize);
@@ -123,6 +127,59 @@ fn mutation_hint(kind: ValueKind, method: &str) -> Option<&'static str> {
 fn forceescape(value: &Value) -> Result<Value, Error> {
     let s = text("forceescape", value)?;
     Ok(Value::from_safe_string(html_escape(&s)))
+}
+
+/// Jinja2's `indent(s, width=4, first=False, blank=False)`: `width` is a number of
+/// spaces or the indentation string itself; lines are split like Python's
+/// `str.splitlines()`.
+fn indent(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    const F: &str = "indent";
+    let [s, width, first, blank] = bind(F, ["s", "width", "first", "blank"], 1, args, &kwargs)?;
+    let s = text(F, &s)?;
+    let indention = match width.kind() {
+        ValueKind::Undefined => "    ".to_string(),
+        ValueKind::String => width.as_str().unwrap_or_default().to_string(),
+        _ => {
+            let n = int_arg(F, "width", &width, 4)?;
+            if n > MAX_WIDTH as i64 {
+                return Err(invalid(format!(
+                    "{F}(): width {n} exceeds the limit of {MAX_WIDTH}"
+                )));
+            }
+            " ".repeat(n.max(0) as usize)
+        }
+    };
+    // Jinja2 appends a newline first, so a trailing newline yields a last, empty line.
+    let s = format!("{s}\n");
+    let lines = textwrap::splitlines(&s);
+    let size = s.len().saturating_add(
+        lines
+            .len()
+            .saturating_add(1)
+            .saturating_mul(indention.len()),
+    );
+    if size > MAX_RESULT_BYTES {
+        return Err(result_too_large(F));
+    }
+    let mut out = if flag(&first, false) {
+        indention.clone()
+    } else {
+        String::new()
+    };
+    if flag(&blank, false) {
+        out.push_str(&lines.join(&format!("\n{indention}")));
+    } else {
+        let mut lines = lines.into_iter();
+        out.push_str(lines.next().unwrap_or_default());
+        for line in lines {
+            out.push('\n');
+            if !line.is_empty() {
+                out.push_str(&indention);
+            }
+            out.push_str(line);
+        }
+    }
+    Ok(Value::from(out))
 }
 
 /// Jinja2's `random(seq)`: an item of a list or tuple, or a character of a string,

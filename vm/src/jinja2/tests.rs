@@ -377,6 +377,32 @@ fn mutating_methods_explain_the_apl_way() {
 }
 
 #[test]
+fn indent_matches_jinja2() {
+    let cases = [
+        ("{{ 'a\\nb\\n\\nc' | indent }}|", "a\n    b\n\n    c|"),
+        (
+            "{{ 'a\\nb\\n\\nc\\n' | indent(2, true, true) }}|",
+            "  a\n  b\n  \n  c\n  |",
+        ),
+        ("{{ 'a\\r\\nb' | indent('> ') }}|", "a\n> b|"),
+        (
+            "{{ 'a\\nb' | indent(width='--', first=true) }}|",
+            "--a\n--b|",
+        ),
+        ("{{ '' | indent(first=true) }}|", "    |"),
+        ("{{ 'x\\n' | indent(blank=true) }}|", "x\n    |"),
+    ];
+    for (source, expected) in cases {
+        assert_eq!(ok(source), expected, "{source}");
+    }
+    assert!(err("{{ 'a\\nb' | indent(1000000000000) }}").contains("exceeds the limit of 10000"));
+    assert!(
+        err("{{ ('\\n' * 100000) | indent('x' * 100) }}")
+            .contains("exceeds the limit of 4194304 bytes")
+    );
+}
+
+#[test]
 fn center_width_is_capped() {
     assert!(err("{{ 'a' | center(1000000000000) }}").contains("exceeds the limit of 10000"));
 }
