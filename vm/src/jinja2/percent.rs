@@ -49,9 +49,7 @@ pub fn percent_format(format: &str, args: &Value) -> Result<Value, Error> {
         }
     }
     if ctx.argidx < ctx.arglen && ctx.dict.is_none() {
-        return Err(type_error(
-            "not all arguments converted during string formatting",
-        ));
+        return Err(fail("not all arguments converted during string formatting"));
     }
     Ok(Value::from(out))
 }
@@ -115,7 +113,7 @@ impl Formatter {
             }
             return Ok(self.args[idx as usize].clone());
         }
-        Err(type_error("not enough arguments for format string"))
+        Err(fail("not enough arguments for format string"))
     }
 
     /// Formats the specifier that starts at `chars[pos]` (after the `%`); returns the
@@ -133,14 +131,14 @@ impl Formatter {
         }
         if at(pos) == Some('(') {
             let Some(dict) = self.dict.clone() else {
-                return Err(type_error("format requires a mapping"));
+                return Err(fail("format requires a mapping"));
             };
             let mut depth = 1;
             let start = pos + 1;
             pos += 1;
             while depth > 0 {
                 match at(pos) {
-                    None => return Err(value_error("incomplete format key")),
+                    None => return Err(fail("incomplete format key")),
                     Some('(') => depth += 1,
                     Some(')') => depth -= 1,
                     Some(_) => {}
@@ -192,7 +190,7 @@ impl Formatter {
             pos += 1;
         }
         let Some(conversion) = at(pos) else {
-            return Err(value_error("incomplete format"));
+            return Err(fail("incomplete format"));
         };
         if conversion == '%' {
             out.push('%');
@@ -254,7 +252,7 @@ fn convert(
             Ok((sign_of(negative, spec), "", body))
         }
         'c' => Ok(("", "", character(arg)?.to_string())),
-        other => Err(value_error(&format!(
+        other => Err(fail(format!(
             "unsupported format character '{other}' (0x{:x}) at index {pos}",
             other as u32
         ))),
@@ -318,10 +316,10 @@ fn integer(conversion: char, arg: &Value) -> Result<i128, Error> {
             && let Ok(x) = f64::try_from(arg.clone())
         {
             if x.is_nan() {
-                return Err(value_error("cannot convert float NaN to integer"));
+                return Err(fail("cannot convert float NaN to integer"));
             }
             if x.is_infinite() {
-                return Err(fail("cannot convert float infinity to integer".into()));
+                return Err(fail("cannot convert float infinity to integer"));
             }
             let t = x.trunc();
             // Every finite f64 below 2^127 in magnitude fits in an i128.
@@ -336,7 +334,7 @@ fn integer(conversion: char, arg: &Value) -> Result<i128, Error> {
     } else {
         "an integer"
     };
-    Err(type_error(&format!(
+    Err(fail(format!(
         "%{conversion} format: {needs} is required, not {}",
         py_type_name(arg)
     )))
@@ -351,7 +349,7 @@ fn real(conversion: char, arg: &Value) -> Result<f64, Error> {
                 "%{conversion} format: the number does not fit a float"
             ))
         }),
-        _ => Err(type_error(&format!(
+        _ => Err(fail(format!(
             "must be real number, not {}",
             py_type_name(arg)
         ))),
@@ -367,16 +365,16 @@ fn character(arg: &Value) -> Result<char, Error> {
         if let (Some(c), None) = (chars.next(), chars.next()) {
             return Ok(c);
         }
-        return Err(type_error("%c requires int or char"));
+        return Err(fail("%c requires int or char"));
     }
     if arg.is_integer() || arg.kind() == ValueKind::Bool {
         let n = i128::try_from(arg.clone()).unwrap_or(-1);
         return u32::try_from(n)
             .ok()
             .and_then(char::from_u32)
-            .ok_or_else(|| fail("%c arg not in range(0x110000)".into()));
+            .ok_or_else(|| fail("%c arg not in range(0x110000)"));
     }
-    Err(type_error("%c requires int or char"))
+    Err(fail("%c requires int or char"))
 }
 
 /// A `*` width or precision: an integer argument.
@@ -389,7 +387,7 @@ fn star_arg(arg: &Value) -> Result<i64, Error> {
     if arg.kind() == ValueKind::Bool {
         return Ok(i64::from(arg.is_true()));
     }
-    Err(type_error("* wants int"))
+    Err(fail("* wants int"))
 }
 
 /// A run of decimal digits at `pos` (none gives `None`), capped at [`MAX_WIDTH`].
@@ -421,7 +419,7 @@ fn capped(what: &str, value: u64) -> Result<usize, Error> {
 /// The value of `%(key)s`.
 fn lookup(dict: &Value, key: &str) -> Result<Value, Error> {
     if dict.kind() != ValueKind::Map {
-        return Err(type_error(&format!(
+        return Err(fail(format!(
             "{} indices must be integers or slices, not str",
             py_type_name(dict)
         )));
@@ -525,17 +523,10 @@ fn strip_zeros(s: &str) -> String {
     format!("{mantissa}{exp}")
 }
 
+/// Python raises `TypeError`, `ValueError`, `KeyError` or `OverflowError` here; a
+/// template error has no such kinds, so every one is an invalid operation whose message
+/// is Python's.
 #[cold]
-fn type_error(msg: &str) -> Error {
-    Error::new(ErrorKind::InvalidOperation, msg.to_string())
-}
-
-#[cold]
-fn value_error(msg: &str) -> Error {
-    Error::new(ErrorKind::InvalidOperation, msg.to_string())
-}
-
-#[cold]
-fn fail(msg: String) -> Error {
-    Error::new(ErrorKind::InvalidOperation, msg)
+fn fail(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidOperation, msg.into())
 }
