@@ -17,7 +17,10 @@
 //!   `.startswith()`, `.get()`, `.items()`, ...) come from minijinja-contrib's `pycompat`;
 //! * the filters `truncate`, `join`, `string`, `pprint`, `int`, `float`, `center`,
 //!   `wordcount`, `filesizeformat`, `striptags` and the globals `cycler` and `joiner`
-//!   behave as in Jinja2 (see `helpers.rs`), and so do the APL helpers of §6.3 and §7.4.
+//!   behave as in Jinja2 (see `helpers.rs`), and so do the APL helpers of §6.3 and §7.4;
+//! * every other Jinja2 built-in minijinja lacks (`forceescape`, `random`, `urlencode`,
+//!   `urlize`, `wordwrap`, `xmlattr`, `callable`, `lipsum`) is in `jinja2.rs`, whose
+//!   tests list all of Jinja2's filters, tests and globals.
 //!
 //! # Known differences from Python Jinja2
 //!
@@ -29,16 +32,21 @@
 //!   `{% if x is defined %}`.
 //! * **Values are immutable.** `list.append()`, `dict.update()` and friends do not exist;
 //!   build a new value (`xs + [x]`) and store it with `set_context`, or use `add_context`.
+//!   Calling one is an error whose message says so (`jinja2::unknown_method_callback`).
 //! * **Only `{{ }}` and the filters listed above print the Python way.** The `~`
 //!   operator and the `format` filter / `str.format` use minijinja's own rendering,
 //!   which differs for floats outside `1e-4..1e16` (`'a' ~ 1e20` is
 //!   `a100000000000000000000.0`, Python gives `a1e+20`).
 //! * **Integers are 128-bit**: arithmetic that overflows is an error, not a big integer.
-//! * **`%` is arithmetic only**: `"%s" % x` fails; use `"%s" | format(x)`.
+//! * **`%` on a string is Python's printf-style formatting** (`'%s and %d' % (a, b)`,
+//!   `'%(name)s' % d`), through [`crate::percent_format`]; widths and precisions are
+//!   capped (spec/limits.md). On numbers it is the remainder, as in Jinja2.
 //! * **`tojson` keeps insertion order** of keys where Jinja2 sorts them.
-//! * Missing from Jinja2's built-ins: the filters `forceescape`, `random`, `urlencode`,
-//!   `urlize`, `wordwrap` and `xmlattr`, the test `callable`, and the global `lipsum`.
-//!   minijinja adds a few of its own (`split`, `lines`, `bool`, `chain`, `zip` filters
+//! * **`random` and `lipsum` are deterministic**: seeded per render from the `seed`
+//!   variable (or a fixed seed), the template's name and `global_runs`, never from the
+//!   OS, so a replayed run draws the same; the draws differ from Python's.
+//! * **`callable`** is true for functions, macros and `joiner()` objects only.
+//! * No Jinja2 built-in filter, test or global is missing. minijinja adds a few of its own (`split`, `lines`, `bool`, `chain`, `zip` filters
 //!   and the `debug()` global); they are available but are not portable to Jinja2.
 //! * Python's `repr` of strings escapes non-printable characters; here the control
 //!   characters, the space separators other than ` `, the format characters and the
@@ -119,6 +127,7 @@ pub fn template_env(limits: &Limits) -> Environment<'static> {
     // minijinja's default syntax already drops a template's trailing newline, like
     // Jinja2's `keep_trailing_newline=False`; a test below pins that down.
     env.set_unknown_method_callback(checked_method);
+    env.set_string_format_callback(crate::jinja2::percent_format);
     env.set_formatter(|out, _state, value| {
         // Only the "silent" undefined of `{{ x if cond }}` without an else reaches the
         // formatter: SemiStrict rejects every other undefined before. Jinja2 prints it
@@ -128,6 +137,8 @@ pub fn template_env(limits: &Limits) -> Environment<'static> {
         }
         write_py_str(out, value)
     });
+    // Also installs the unknown-method callback: pycompat's Python methods, with a hint
+    // for `items.append(x)` and the other mutating methods (`jinja2.rs`).
     crate::helpers::register(&mut env);
     env
 }
@@ -221,7 +232,8 @@ fn checked_method(
         }
         _ => {}
     }
-    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+    // Then pycompat's methods, with a hint for the ones that would mutate a value.
+    crate::jinja2::unknown_method_callback(state, value, method, args)
 }
 
 /// Fails if `sep.join(items)` would exceed the string limit, before building it.

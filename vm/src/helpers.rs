@@ -53,6 +53,7 @@ pub(crate) fn register(env: &mut Environment<'static>) {
     env.add_filter("striptags", minijinja_contrib::filters::striptags);
     env.add_function("cycler", cycler);
     env.add_function("joiner", minijinja_contrib::globals::joiner);
+    crate::jinja2::register(env);
 }
 
 /// `set_context(name, value)`: writes the variable `name`.
@@ -276,6 +277,13 @@ fn center(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
     if len >= width {
         return Ok(Value::from(s));
     }
+    // The padding is an allocation of `width` characters.
+    if width > crate::jinja2::MAX_WIDTH {
+        return Err(invalid(format!(
+            "{F}(): width {width} exceeds the limit of {}",
+            crate::jinja2::MAX_WIDTH
+        )));
+    }
     let margin = width - len;
     limits::check_string_bytes(s.len().saturating_add(margin))?;
     let left = margin / 2 + (margin & width & 1);
@@ -312,7 +320,7 @@ fn cycler(items: Rest<Value>) -> Result<Value, Error> {
 ///
 /// The first `required` parameters must be given; a parameter that was not given is
 /// [`Value::UNDEFINED`] in the result.
-fn bind<const N: usize>(
+pub(crate) fn bind<const N: usize>(
     func: &str,
     params: [&str; N],
     required: usize,
@@ -664,7 +672,7 @@ fn attribute_path(func: &str, item: &Value, path: &str) -> Result<Value, Error> 
 }
 
 /// A string argument, or the `str()` of another value.
-fn text(func: &str, value: &Value) -> Result<String, Error> {
+pub(crate) fn text(func: &str, value: &Value) -> Result<String, Error> {
     if value.is_undefined() {
         return Err(Error::new(
             ErrorKind::UndefinedError,
@@ -675,7 +683,12 @@ fn text(func: &str, value: &Value) -> Result<String, Error> {
 }
 
 /// A non-negative integer argument, `default` when not given (or `none`).
-fn count_arg(func: &str, param: &str, value: &Value, default: usize) -> Result<usize, Error> {
+pub(crate) fn count_arg(
+    func: &str,
+    param: &str,
+    value: &Value,
+    default: usize,
+) -> Result<usize, Error> {
     if value.is_undefined() || value.is_none() {
         return Ok(default);
     }
@@ -699,7 +712,7 @@ fn none_if_undefined(value: Value) -> Value {
 }
 
 #[cold]
-fn invalid(msg: String) -> Error {
+pub(crate) fn invalid(msg: String) -> Error {
     Error::new(ErrorKind::InvalidOperation, msg)
 }
 

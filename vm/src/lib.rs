@@ -14,6 +14,7 @@ pub mod bundle;
 mod env;
 mod helpers;
 mod interrupt;
+mod jinja2;
 mod machine;
 mod messages;
 mod names;
@@ -42,6 +43,7 @@ mod watchdog;
 
 pub use env::{Limits, template_env};
 pub use interrupt::{Interrupt, InterruptReason};
+pub use jinja2::percent_format;
 pub use machine::{
     Action, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions,
     RunOutcome, run_scripted,

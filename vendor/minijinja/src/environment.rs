@@ -84,10 +84,16 @@ pub struct Environment<'source> {
     // aplc patch (APLC-PATCH.md): value limits and the interrupt callback.
     value_limits: crate::value::limits::ValueLimits,
     pub(crate) interrupt_callback: Option<Arc<InterruptFunc>>,
+    // aplc patch (APLC-PATCH.md): Python's `'%s' % x` for string left operands.
+    pub(crate) string_format_callback: Option<Arc<StringFormatFunc>>,
 }
 
 /// aplc patch: the type of the interrupt callback (see `set_interrupt_callback`).
 type InterruptFunc = dyn Fn() -> bool + Sync + Send;
+
+/// aplc patch: the type of the string formatting callback (see
+/// `set_string_format_callback`).
+type StringFormatFunc = dyn Fn(&str, &Value) -> Result<Value, Error> + Sync + Send;
 
 impl Default for Environment<'_> {
     fn default() -> Self {
@@ -131,6 +137,7 @@ impl<'source> Environment<'source> {
             recursion_limit: MAX_RECURSION,
             value_limits: crate::value::limits::ValueLimits::UNLIMITED,
             interrupt_callback: None,
+            string_format_callback: None,
         }
     }
 
@@ -156,6 +163,7 @@ impl<'source> Environment<'source> {
             recursion_limit: MAX_RECURSION,
             value_limits: crate::value::limits::ValueLimits::UNLIMITED,
             interrupt_callback: None,
+            string_format_callback: None,
         }
     }
 
@@ -623,6 +631,16 @@ impl<'source> Environment<'source> {
         F: Fn() -> bool + Send + Sync + 'static,
     {
         self.interrupt_callback = Some(Arc::new(f));
+    }
+
+    /// aplc patch: sets what `'format' % args` does when the left operand is a string
+    /// (Python's printf-style formatting).  Without it, `%` is arithmetic only and a
+    /// string operand is an error, as upstream.
+    pub fn set_string_format_callback<F>(&mut self, f: F)
+    where
+        F: Fn(&str, &Value) -> Result<Value, Error> + Send + Sync + 'static,
+    {
+        self.string_format_callback = Some(Arc::new(f));
     }
 
     /// Returns the configured fuel.

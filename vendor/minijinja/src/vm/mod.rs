@@ -587,7 +587,17 @@ impl<'env> Executor<'env> {
                 Instruction::Mul => func_binop!(mul),
                 Instruction::Div => func_binop!(div),
                 Instruction::IntDiv => func_binop!(int_div),
-                Instruction::Rem => func_binop!(rem),
+                Instruction::Rem => {
+                    // aplc patch: a string on the left is Python's printf-style
+                    // formatting when the environment says how to do it.
+                    b = stack.pop();
+                    a = stack.pop();
+                    let formatted = match (a.as_str(), &state.env().string_format_callback) {
+                        (Some(format), Some(callback)) => callback(format, &b),
+                        _ => ops::rem(&a, &b),
+                    };
+                    stack.push(ctx_ok!(formatted));
+                }
                 Instruction::Pow => func_binop!(pow),
                 Instruction::Eq => op_binop!(==),
                 Instruction::Ne => op_binop!(!=),
