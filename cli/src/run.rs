@@ -15,7 +15,7 @@ use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
 
 use crate::compile::compile_options;
-use crate::input::{display_name, into_text, print_diagnostics, read_bytes, read_text};
+use crate::input::{display_name, into_text, print_diagnostics, read_bytes, read_json};
 use crate::record::Recorder;
 use crate::{CompileArgs, Failure};
 
@@ -78,7 +78,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let provider = Recorder::new(provider, args.record.is_some());
     let toolbox = match (&args.tools, &http) {
         (Some(path), Some(http)) => {
-            let text = read_text(path)?;
+            let text = read_json(path)?;
             let base = path.parent().unwrap_or(Path::new("."));
             aplc_vm::manifest::toolbox_from_manifest_with_client(&text, base, http)
                 .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
@@ -191,7 +191,7 @@ fn select_provider(
             "--mock and --providers both choose the provider; pass one of them",
         )),
         (Some(mock), None) => {
-            let script = ScriptedProvider::from_json(&read_text(mock)?)
+            let script = ScriptedProvider::from_json(&read_json(mock)?)
                 .map_err(|e| Failure::usage(format!("{}: {e}", mock.display())))?;
             if http_flags {
                 eprintln!("warning: --api-key and --base-url are not used with --mock");
@@ -206,7 +206,7 @@ fn select_provider(
                 );
             }
             let env = |name: &str| std::env::var(name).ok();
-            let text = read_text(path)?;
+            let text = read_json(path)?;
             let router = match http {
                 Some(http) => Router::from_config_json_with_client(&text, &env, http),
                 None => Router::from_config_json(&text, &env),
@@ -250,13 +250,7 @@ pub(crate) fn context_options(
     path: Option<&Path>,
 ) -> Result<RunOptions, Failure> {
     let Some(path) = path else { return Ok(options) };
-    let text = read_text(path)?;
-    // A JSON object with a key twice parses, keeping the last value: the user would run
-    // with input other than what the file says. Refuse it instead, at any depth.
-    serde_json::from_str::<UniqueKeys>(&text).map_err(|e| {
-        let what = if e.is_data() { "" } else { "invalid JSON: " };
-        Failure::usage(format!("{}: {what}{e}", path.display()))
-    })?;
+    let text = read_json(path)?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Failure::usage(format!("{}: invalid JSON: {e}", path.display())))?;
     let serde_json::Value::Object(object) = value else {
@@ -300,65 +294,4 @@ pub(crate) fn load_program(
     })?;
     Program::from_bundle(bundle, aplc_vm::Limits::default())
         .map_err(|e| Failure::run(format!("{}: {e}", file.display())))
-}
-
-/// Deserializes any JSON value, failing on an object that has a key twice.
-struct UniqueKeys;
-
-impl<'de> serde::Deserialize<'de> for UniqueKeys {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(UniqueKeys)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for UniqueKeys {
-    type Value = UniqueKeys;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
-        while seq.next_element::<UniqueKeys>()?.is_some() {}
-        Ok(UniqueKeys)
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
-        let mut seen = std::collections::HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if seen.contains(&key) {
-                return Err(serde::de::Error::custom(format!(
-                    "duplicate key `{}` (refused rather than keep only one of its values)",
-                    aplc_vm::text::escape_control(&key)
-                )));
-            }
-            map.next_value::<UniqueKeys>()?;
-            seen.insert(key);
-        }
-        Ok(UniqueKeys)
-    }
 }
