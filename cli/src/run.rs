@@ -11,7 +11,7 @@ use aplc_vm::http::HttpClient;
 use aplc_vm::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_vm::routing::Router;
 use aplc_vm::text::escape_control;
-use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
+use aplc_vm::{Program, Redactor, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
 
 use crate::compile::compile_options;
@@ -74,17 +74,24 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     } else {
         None
     };
-    let (provider, no_key) = select_provider(&args, http.as_ref())?;
+    let mut secrets = Secrets::new();
+    let (provider, no_key) = select_provider(&args, http.as_ref(), &mut secrets)?;
     let provider = Recorder::new(provider, args.record.is_some());
-    let toolbox = match (&args.tools, &http) {
+    let mut toolbox = match (&args.tools, &http) {
         (Some(path), Some(http)) => {
             let text = read_json(path)?;
             let base = path.parent().unwrap_or(Path::new("."));
-            aplc_vm::manifest::toolbox_from_manifest_with_client(&text, base, http)
-                .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
+            aplc_vm::manifest::toolbox_from_manifest_with_client(
+                &text,
+                base,
+                http,
+                secrets.variables(),
+            )
+            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
         }
         _ => driver::Toolbox::new(),
     };
+    toolbox.redact_with(secrets.redactor());
 
     let options = RunOptions {
         timeout: Duration::from_millis(args.timeout),
@@ -177,14 +184,55 @@ fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
+/// A run's provider secrets: the environment variables that hold them, which command
+/// tools do not inherit, and their values, which are redacted from every tool result and
+/// error message (spec/tools.md, "Tools and secrets").
+#[derive(Default)]
+pub(crate) struct Secrets {
+    variables: Vec<String>,
+    values: Vec<String>,
+}
+
+impl Secrets {
+    /// `OPENAI_API_KEY` and its value, whichever provider the run uses: it is the
+    /// default provider's key, and a secret of the user's whether this run sends it or not.
+    pub(crate) fn new() -> Secrets {
+        let mut secrets = Secrets::default();
+        let value = std::env::var("OPENAI_API_KEY").ok();
+        secrets.variable("OPENAI_API_KEY", value);
+        secrets
+    }
+
+    /// A variable that holds (or would hold) a secret, and its value if it is set.
+    fn variable(&mut self, name: &str, value: Option<String>) {
+        if !self.variables.iter().any(|v| v == name) {
+            self.variables.push(name.to_owned());
+        }
+        self.values.extend(value);
+    }
+
+    /// The variables command tools must not inherit.
+    pub(crate) fn variables(&self) -> &[String] {
+        &self.variables
+    }
+
+    /// A redactor for every value.
+    pub(crate) fn redactor(&self) -> Redactor {
+        Redactor::new(self.values.iter().map(String::as_str))
+    }
+}
+
 /// The provider a run uses: `--mock`, `--providers`, or the OpenAI-compatible HTTP
 /// provider configured by `--base-url` and `--api-key` / `OPENAI_API_KEY`. The flag is
 /// true when that HTTP provider has no key for api.openai.com: the caller warns once the
-/// agent has loaded.
+/// agent has loaded. `secrets` gains `--api-key` and the variables a providers file reads.
 fn select_provider(
     args: &RunArgs,
     http: Option<&HttpClient>,
+    secrets: &mut Secrets,
 ) -> Result<(Box<dyn Provider>, bool), Failure> {
+    // Even when the flag's provider is not used (`--mock`), the value is the user's key.
+    secrets.values.extend(args.api_key.clone());
     let http_flags = args.api_key.is_some() || args.base_url.is_some();
     match (&args.mock, &args.providers) {
         (Some(_), Some(_)) => Err(Failure::usage(
@@ -205,13 +253,23 @@ fn select_provider(
                      each route names its own base_url and api_key_env"
                 );
             }
-            let env = |name: &str| std::env::var(name).ok();
+            // Every variable the file names (`api_key_env`, `headers_env`) holds a secret:
+            // the lookups are recorded for `secrets`.
+            let read = std::cell::RefCell::new(Vec::new());
+            let env = |name: &str| {
+                let value = std::env::var(name).ok();
+                read.borrow_mut().push((name.to_owned(), value.clone()));
+                value
+            };
             let text = read_json(path)?;
             let router = match http {
                 Some(http) => Router::from_config_json_with_client(&text, &env, http),
                 None => Router::from_config_json(&text, &env),
             }
             .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+            for (name, value) in read.into_inner() {
+                secrets.variable(&name, value);
+            }
             Ok((Box::new(router), false))
         }
         (None, None) => {

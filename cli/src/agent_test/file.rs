@@ -233,8 +233,13 @@ fn load_case<'env>(
             let path = base.join(manifest);
             let text = read_json(&path).map_err(|f| f.message)?;
             let dir = path.parent().unwrap_or(Path::new("."));
-            aplc_vm::manifest::toolbox_from_manifest(&text, dir)
-                .map_err(|e| format!("tools `{manifest}`: {e}"))?
+            // Tests run with mocks, but `OPENAI_API_KEY` may be set: tools do not get it.
+            let secrets = crate::run::Secrets::new();
+            let mut toolbox =
+                aplc_vm::manifest::toolbox_from_manifest(&text, dir, secrets.variables())
+                    .map_err(|e| format!("tools `{manifest}`: {e}"))?;
+            toolbox.redact_with(secrets.redactor());
+            toolbox
         }
     };
     Ok(Case {
