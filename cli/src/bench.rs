@@ -19,7 +19,7 @@ use aplc_vm::{
 };
 use clap::Args;
 
-use crate::input::{display_name, read_text};
+use crate::input::{display_name, read_json};
 use crate::run::load_program;
 use crate::{CompileArgs, Failure};
 
@@ -64,7 +64,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<ExitCode, Failure> {
     };
     let options = crate::run::context_options(options, args.context.as_deref())?;
     let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
-    let script = ScriptedProvider::from_json(&read_text(&args.mock)?)
+    let script = ScriptedProvider::from_json(&read_json(&args.mock)?)
         .map_err(|e| Failure::usage(format!("{}: {e}", args.mock.display())))?;
     match args.concurrency {
         None => sequential(&args, program, script, options),

@@ -81,3 +81,83 @@ pub(crate) fn into_text(file: &Path, bytes: Vec<u8>) -> Result<String, Failure> 
 pub(crate) fn read_text(file: &Path) -> Result<String, Failure> {
     into_text(file, read_bytes(file)?)
 }
+
+/// Reads a JSON input file (`--context`, `--mock`, `--tools`, `--providers`, a test's
+/// responses and tools files): [`read_text`], then [`check_unique_keys`].
+pub(crate) fn read_json(file: &Path) -> Result<String, Failure> {
+    let text = read_text(file)?;
+    check_unique_keys(file, &text)?;
+    Ok(text)
+}
+
+/// Refuses JSON with an object that has a key twice, at any depth. serde_json (like most
+/// parsers) keeps the last value: the user would run with other input than the file
+/// says, and nothing would tell them. The message names the file, the key, its line and
+/// column. Invalid JSON passes: the reader that parses the text reports it in its terms.
+pub(crate) fn check_unique_keys(file: &Path, text: &str) -> Result<(), Failure> {
+    match serde_json::from_str::<UniqueKeys>(text) {
+        Err(e) if e.is_data() => Err(Failure::usage(format!("{}: {e}", file.display()))),
+        _ => Ok(()),
+    }
+}
+
+/// Deserializes any JSON value, failing on an object that has a key twice.
+struct UniqueKeys;
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueKeys)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys {
+    type Value = UniqueKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+        while seq.next_element::<UniqueKeys>()?.is_some() {}
+        Ok(UniqueKeys)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if seen.contains(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "duplicate key `{}` (refused rather than keep only one of its values)",
+                    escape_control(&key)
+                )));
+            }
+            map.next_value::<UniqueKeys>()?;
+            seen.insert(key);
+        }
+        Ok(UniqueKeys)
+    }
+}

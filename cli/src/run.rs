@@ -11,11 +11,11 @@ use aplc_vm::http::HttpClient;
 use aplc_vm::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_vm::routing::Router;
 use aplc_vm::text::escape_control;
-use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
+use aplc_vm::{Program, Redactor, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
 
 use crate::compile::compile_options;
-use crate::input::{display_name, into_text, print_diagnostics, read_bytes, read_text};
+use crate::input::{display_name, into_text, print_diagnostics, read_bytes, read_json};
 use crate::record::Recorder;
 use crate::{CompileArgs, Failure};
 
@@ -74,17 +74,24 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     } else {
         None
     };
-    let (provider, no_key) = select_provider(&args, http.as_ref())?;
+    let mut secrets = Secrets::new();
+    let (provider, no_key) = select_provider(&args, http.as_ref(), &mut secrets)?;
     let provider = Recorder::new(provider, args.record.is_some());
-    let toolbox = match (&args.tools, &http) {
+    let mut toolbox = match (&args.tools, &http) {
         (Some(path), Some(http)) => {
-            let text = read_text(path)?;
+            let text = read_json(path)?;
             let base = path.parent().unwrap_or(Path::new("."));
-            aplc_vm::manifest::toolbox_from_manifest_with_client(&text, base, http)
-                .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
+            aplc_vm::manifest::toolbox_from_manifest_with_client(
+                &text,
+                base,
+                http,
+                secrets.variables(),
+            )
+            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
         }
         _ => driver::Toolbox::new(),
     };
+    toolbox.redact_with(secrets.redactor());
 
     let options = RunOptions {
         timeout: Duration::from_millis(args.timeout),
@@ -277,21 +284,62 @@ fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
+/// A run's provider secrets: the environment variables that hold them, which command
+/// tools do not inherit, and their values, which are redacted from every tool result and
+/// error message (spec/tools.md, "Tools and secrets").
+#[derive(Default)]
+pub(crate) struct Secrets {
+    variables: Vec<String>,
+    values: Vec<String>,
+}
+
+impl Secrets {
+    /// `OPENAI_API_KEY` and its value, whichever provider the run uses: it is the
+    /// default provider's key, and a secret of the user's whether this run sends it or not.
+    pub(crate) fn new() -> Secrets {
+        let mut secrets = Secrets::default();
+        let value = std::env::var("OPENAI_API_KEY").ok();
+        secrets.variable("OPENAI_API_KEY", value);
+        secrets
+    }
+
+    /// A variable that holds (or would hold) a secret, and its value if it is set.
+    fn variable(&mut self, name: &str, value: Option<String>) {
+        if !self.variables.iter().any(|v| v == name) {
+            self.variables.push(name.to_owned());
+        }
+        self.values.extend(value);
+    }
+
+    /// The variables command tools must not inherit.
+    pub(crate) fn variables(&self) -> &[String] {
+        &self.variables
+    }
+
+    /// A redactor for every value.
+    pub(crate) fn redactor(&self) -> Redactor {
+        Redactor::new(self.values.iter().map(String::as_str))
+    }
+}
+
 /// The provider a run uses: `--mock`, `--providers`, or the OpenAI-compatible HTTP
 /// provider configured by `--base-url` and `--api-key` / `OPENAI_API_KEY`. The flag is
 /// true when that HTTP provider has no key for api.openai.com: the caller warns once the
-/// agent has loaded.
+/// agent has loaded. `secrets` gains `--api-key` and the variables a providers file reads.
 fn select_provider(
     args: &RunArgs,
     http: Option<&HttpClient>,
+    secrets: &mut Secrets,
 ) -> Result<(Box<dyn Provider>, bool), Failure> {
+    // Even when the flag's provider is not used (`--mock`), the value is the user's key.
+    secrets.values.extend(args.api_key.clone());
     let http_flags = args.api_key.is_some() || args.base_url.is_some();
     match (&args.mock, &args.providers) {
         (Some(_), Some(_)) => Err(Failure::usage(
             "--mock and --providers both choose the provider; pass one of them",
         )),
         (Some(mock), None) => {
-            let script = ScriptedProvider::from_json(&read_text(mock)?)
+            let script = ScriptedProvider::from_json(&read_json(mock)?)
                 .map_err(|e| Failure::usage(format!("{}: {e}", mock.display())))?;
             if http_flags {
                 eprintln!("warning: --api-key and --base-url are not used with --mock");
@@ -305,13 +353,23 @@ fn select_provider(
                      each route names its own base_url and api_key_env"
                 );
             }
-            let env = |name: &str| std::env::var(name).ok();
-            let text = read_text(path)?;
+            // Every variable the file names (`api_key_env`, `headers_env`) holds a secret:
+            // the lookups are recorded for `secrets`.
+            let read = std::cell::RefCell::new(Vec::new());
+            let env = |name: &str| {
+                let value = std::env::var(name).ok();
+                read.borrow_mut().push((name.to_owned(), value.clone()));
+                value
+            };
+            let text = read_json(path)?;
             let router = match http {
                 Some(http) => Router::from_config_json_with_client(&text, &env, http),
                 None => Router::from_config_json(&text, &env),
             }
             .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
+            for (name, value) in read.into_inner() {
+                secrets.variable(&name, value);
+            }
             Ok((Box::new(router), false))
         }
         (None, None) => {
@@ -350,13 +408,7 @@ pub(crate) fn context_options(
     path: Option<&Path>,
 ) -> Result<RunOptions, Failure> {
     let Some(path) = path else { return Ok(options) };
-    let text = read_text(path)?;
-    // A JSON object with a key twice parses, keeping the last value: the user would run
-    // with input other than what the file says. Refuse it instead, at any depth.
-    serde_json::from_str::<UniqueKeys>(&text).map_err(|e| {
-        let what = if e.is_data() { "" } else { "invalid JSON: " };
-        Failure::usage(format!("{}: {what}{e}", path.display()))
-    })?;
+    let text = read_json(path)?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Failure::usage(format!("{}: invalid JSON: {e}", path.display())))?;
     let serde_json::Value::Object(object) = value else {
@@ -400,65 +452,4 @@ pub(crate) fn load_program(
     })?;
     Program::from_bundle(bundle, aplc_vm::Limits::default())
         .map_err(|e| Failure::run(format!("{}: {e}", file.display())))
-}
-
-/// Deserializes any JSON value, failing on an object that has a key twice.
-struct UniqueKeys;
-
-impl<'de> serde::Deserialize<'de> for UniqueKeys {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(UniqueKeys)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for UniqueKeys {
-    type Value = UniqueKeys;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
-        Ok(UniqueKeys)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
-        while seq.next_element::<UniqueKeys>()?.is_some() {}
-        Ok(UniqueKeys)
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
-        let mut seen = std::collections::HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if seen.contains(&key) {
-                return Err(serde::de::Error::custom(format!(
-                    "duplicate key `{}` (refused rather than keep only one of its values)",
-                    aplc_vm::text::escape_control(&key)
-                )));
-            }
-            map.next_value::<UniqueKeys>()?;
-            seen.insert(key);
-        }
-        Ok(UniqueKeys)
-    }
 }

@@ -498,3 +498,41 @@ async fn the_tokio_driver_stops_a_slow_render_at_the_deadline() {
         started.elapsed()
     );
 }
+
+/// A toolbox given a redactor scrubs its tools' results and error messages before the
+/// run records them (the CLI gives it the run's provider secrets).
+#[tokio::test]
+async fn a_toolbox_redacts_tool_results_and_errors() {
+    let key = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut toolbox = Toolbox::new();
+    let spec = |name: &str| ToolSpec::new(serde_json::json!({"name": name})).unwrap();
+    toolbox
+        .register_fn(spec("ok"), move |_, _| Ok(serde_json::json!({"echo": key})))
+        .unwrap();
+    toolbox
+        .register_fn(spec("fail"), move |_, _| Err(format!("bad key {key}")))
+        .unwrap();
+    toolbox.redact_with(aplc_vm::Redactor::new([key]));
+    let script = ScriptedProvider::from_json(
+        r#"[{"tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "ok", "arguments": "{}"}},
+            {"id": "2", "type": "function", "function": {"name": "fail", "arguments": "{}"}}
+        ]}]"#,
+    )
+    .unwrap();
+    let outcome = driver::run_with_tools(
+        program("# pre: a\n{{ set_context('allowed_tools', ['ok', 'fail']) }}\n# prompt: a\nhi\n"),
+        RunOptions::default(),
+        &Scripted::new(script),
+        &toolbox,
+    )
+    .await;
+    let json = outcome.context_json();
+    assert_eq!(
+        json["result_tool_calls"][0]["content"]["echo"],
+        "<redacted>"
+    );
+    let text = json.to_string();
+    assert!(!text.contains(&key[..16]), "{text}");
+    assert!(text.contains("bad key <redacted>"), "{text}");
+}

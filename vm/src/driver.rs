@@ -15,6 +15,7 @@ use serde_json::Value as Json;
 use crate::machine::{Action, Machine, RunOptions, RunOutcome};
 use crate::program::Program;
 use crate::provider::{ProviderError, ProviderRequest, ScriptedProvider};
+use crate::redact::Redactor;
 use crate::tools::{ToolInvocation, ToolRegistry, ToolSpec};
 
 /// A boxed, sendable future.
@@ -58,6 +59,8 @@ pub struct Toolbox {
     /// Shared with every run's options: registering copies it only while a run holds it.
     registry: Arc<ToolRegistry>,
     tools: HashMap<String, Arc<dyn Tool>>,
+    /// Applied to every result and error message before the machine sees it.
+    redactor: Redactor,
 }
 
 impl std::fmt::Debug for Toolbox {
@@ -106,6 +109,22 @@ impl Toolbox {
     /// The descriptors, for [`RunOptions::tools`] (an `Arc` clone, not a copy).
     pub fn registry(&self) -> Arc<ToolRegistry> {
         self.registry.clone()
+    }
+
+    /// Redacts every tool result and error message with `redactor` before it reaches the
+    /// run (`result_tool_calls`, `errors`, the idempotency cache): a tool may print a
+    /// secret it found, or one a server echoed to it. The CLI passes the run's provider
+    /// secrets.
+    pub fn redact_with(&mut self, redactor: Redactor) {
+        self.redactor = redactor;
+    }
+
+    /// `result` with every secret the toolbox knows replaced.
+    fn redacted(&self, result: Result<Json, String>) -> Result<Json, String> {
+        match result {
+            Ok(json) => Ok(self.redactor.redact_json(json)),
+            Err(message) => Err(self.redactor.redact(&message)),
+        }
     }
 
     /// Number of tools.
@@ -214,7 +233,7 @@ pub async fn run_with_tools(
                     }
                     None => Err("the tool has a descriptor but no implementation".to_string()),
                 };
-                machine.handle_tool_result(now(), result);
+                machine.handle_tool_result(now(), toolbox.redacted(result));
             }
             Action::Continue => {}
             Action::Done => return machine.into_outcome(),

@@ -866,9 +866,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out.len(), 1000);
+        // Widths have a cap of their own, below the string limit.
         assert_eq!(
             limited_err("{{ 'x'|center(10**10) }}").detail(),
-            Some("a string of 10000000000 bytes exceeds the limit of 1000 bytes")
+            Some("center(): width 10000000000 exceeds the limit of 10000")
+        );
+        assert_eq!(
+            limited_err("{{ 'x'|center(5000) }}").detail(),
+            Some("a string of 5000 bytes exceeds the limit of 1000 bytes")
         );
         // A constant too big to fold at compile time is computed, and refused, at render
         // time.

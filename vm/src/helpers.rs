@@ -279,7 +279,7 @@ fn center(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
     }
     // The padding is an allocation of `width` characters.
     if width > crate::jinja2::MAX_WIDTH {
-        return Err(invalid(format!(
+        return Err(crate::jinja2::limit_error(format!(
             "{F}(): width {width} exceeds the limit of {}",
             crate::jinja2::MAX_WIDTH
         )));

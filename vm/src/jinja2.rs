@@ -142,7 +142,7 @@ fn indent(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
         _ => {
             let n = int_arg(F, "width", &width, 4)?;
             if n > MAX_WIDTH as i64 {
-                return Err(invalid(format!(
+                return Err(limit_error(format!(
                     "{F}(): width {n} exceeds the limit of {MAX_WIDTH}"
                 )));
             }
@@ -349,7 +349,7 @@ fn wordwrap(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
         return Err(invalid(format!("{F}(): invalid width 0 (must be > 0)")));
     }
     if width > MAX_WIDTH {
-        return Err(invalid(format!(
+        return Err(limit_error(format!(
             "{F}(): width {width} exceeds the limit of {MAX_WIDTH}"
         )));
     }
@@ -453,12 +453,12 @@ fn lipsum(state: &mut State, args: &[Value], kwargs: Kwargs) -> Result<Value, Er
     let min = int_arg(F, "min", &min, 20)?;
     let max = int_arg(F, "max", &max, 100)?;
     if n > LIPSUM_MAX_PARAGRAPHS {
-        return Err(invalid(format!(
+        return Err(limit_error(format!(
             "{F}(): n={n} exceeds the limit of {LIPSUM_MAX_PARAGRAPHS} paragraphs"
         )));
     }
     if max > LIPSUM_MAX_WORDS {
-        return Err(invalid(format!(
+        return Err(limit_error(format!(
             "{F}(): max={max} exceeds the limit of {LIPSUM_MAX_WORDS} words"
         )));
     }
@@ -851,9 +851,16 @@ fn int_arg(func: &str, param: &str, value: &Value, default: i64) -> Result<i64, 
     )))
 }
 
+/// A size limit of spec/limits.md refused a value: the same error kind as minijinja's
+/// own value limits, so the run's error message points at spec/limits.md.
+#[cold]
+pub(crate) fn limit_error(message: String) -> Error {
+    Error::new(ErrorKind::ValueTooLarge, message)
+}
+
 #[cold]
 fn result_too_large(func: &str) -> Error {
-    invalid(format!(
+    limit_error(format!(
         "{func}(): the result exceeds the limit of {MAX_RESULT_BYTES} bytes"
     ))
 }

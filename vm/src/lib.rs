@@ -20,7 +20,7 @@ mod messages;
 mod names;
 mod program;
 mod provider;
-#[cfg(feature = "http")]
+#[cfg(feature = "driver")]
 mod redact;
 mod response;
 mod store;
@@ -51,6 +51,8 @@ pub use machine::{
 pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
 pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
+#[cfg(feature = "driver")]
+pub use redact::Redactor;
 pub use store::{Snapshot, Store, Vars, value_from_json};
 pub use template_check::{
     MAX_EXPRESSION_DEPTH, TemplateFault, check_depth, check_statements, check_template,

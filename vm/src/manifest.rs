@@ -14,6 +14,8 @@
 //! current directory. Both kinds receive `{"arguments": {...}}` as JSON, plus `"context": {...}` when
 //! `with_context` is true. The manifest is the only place tools come from on the
 //! command line; it never contains secrets, and nothing from it is printed but names.
+//! Command tools run without the environment variables the caller names as holding
+//! secrets (`hidden_env`; the CLI passes the run's provider key variables).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -66,12 +68,19 @@ enum KeyEntry {
 }
 
 /// Builds a toolbox from a JSON manifest: an object from tool name to entry. `base` is the
-/// manifest's folder, against which a relative `cwd` is resolved.
+/// manifest's folder, against which a relative `cwd` is resolved. Command tools run
+/// without the environment variables named in `hidden_env` (those that hold the run's
+/// provider secrets: a tool has no business reading them, and what it prints may be
+/// shown).
 ///
 /// HTTP tools get one client, built on first need; [`toolbox_from_manifest_with_client`]
 /// passes one in instead (to share it with the provider).
-pub fn toolbox_from_manifest(text: &str, base: &Path) -> Result<Toolbox, String> {
-    toolbox_with(text, base, None)
+pub fn toolbox_from_manifest(
+    text: &str,
+    base: &Path,
+    hidden_env: &[String],
+) -> Result<Toolbox, String> {
+    toolbox_with(text, base, None, hidden_env)
 }
 
 /// [`toolbox_from_manifest`], with HTTP tools sending through `client`.
@@ -80,11 +89,17 @@ pub fn toolbox_from_manifest_with_client(
     text: &str,
     base: &Path,
     client: &HttpClient,
+    hidden_env: &[String],
 ) -> Result<Toolbox, String> {
-    toolbox_with(text, base, Some(client.clone()))
+    toolbox_with(text, base, Some(client.clone()), hidden_env)
 }
 
-fn toolbox_with(text: &str, base: &Path, client: Option<HttpClient>) -> Result<Toolbox, String> {
+fn toolbox_with(
+    text: &str,
+    base: &Path,
+    client: Option<HttpClient>,
+    hidden_env: &[String],
+) -> Result<Toolbox, String> {
     let mut client = client;
     let raw: serde_json::Map<String, Json> =
         serde_json::from_str(text).map_err(|e| format!("invalid tool manifest: {e}"))?;
@@ -92,7 +107,7 @@ fn toolbox_with(text: &str, base: &Path, client: Option<HttpClient>) -> Result<T
     for (name, value) in raw {
         let entry: Entry =
             serde_json::from_value(value).map_err(|e| format!("tool `{name}`: {e}"))?;
-        let (spec, tool) = entry_tool(&name, entry, base, &mut client)
+        let (spec, tool) = entry_tool(&name, entry, base, &mut client, hidden_env)
             .map_err(|e| format!("tool `{name}`: {e}"))?;
         toolbox.register(spec, tool)?;
     }
@@ -104,6 +119,7 @@ fn entry_tool(
     entry: Entry,
     base: &Path,
     client: &mut Option<HttpClient>,
+    hidden_env: &[String],
 ) -> Result<(ToolSpec, Arc<dyn Tool>), String> {
     let mut descriptor = entry.descriptor;
     match descriptor.get("name") {
@@ -148,7 +164,7 @@ fn entry_tool(
                 return Err("`command` must start with a program".into());
             }
             let cwd = entry.cwd.map(|dir| base.join(dir));
-            Arc::new(CommandTool { argv, cwd, timeout })
+            Arc::new(CommandTool::new(argv, cwd, timeout).hide_env(hidden_env.to_vec()))
         }
         (None, Some(_)) if entry.cwd.is_some() => {
             return Err("`cwd` applies to `command` tools only".into());
@@ -176,12 +192,26 @@ pub struct CommandTool {
     argv: Vec<String>,
     cwd: Option<PathBuf>,
     timeout: Duration,
+    /// Environment variables the process does not inherit.
+    hidden_env: Vec<String>,
 }
 
 impl CommandTool {
-    /// A command tool running `argv` (in `cwd`, if given) with a per-call timeout.
+    /// A command tool running `argv` (in `cwd`, if given) with a per-call timeout. It
+    /// inherits aplc's environment, but for [`CommandTool::hide_env`].
     pub fn new(argv: Vec<String>, cwd: Option<PathBuf>, timeout: Duration) -> CommandTool {
-        CommandTool { argv, cwd, timeout }
+        CommandTool {
+            argv,
+            cwd,
+            timeout,
+            hidden_env: Vec::new(),
+        }
+    }
+
+    /// Runs the process without these environment variables (the run's secrets).
+    pub fn hide_env(mut self, names: Vec<String>) -> CommandTool {
+        self.hidden_env = names;
+        self
     }
 
     async fn run(&self, invocation: &ToolInvocation) -> Result<Json, String> {
@@ -189,6 +219,9 @@ impl CommandTool {
         let mut command = tokio::process::Command::new(program);
         if let Some(dir) = &self.cwd {
             command.current_dir(dir);
+        }
+        for name in &self.hidden_env {
+            command.env_remove(name);
         }
         command
             .args(&self.argv[1..])
@@ -417,5 +450,29 @@ impl HttpTool {
 impl Tool for HttpTool {
     fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
         Box::pin(self.run(invocation))
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_command_tool_does_not_inherit_hidden_variables() {
+        // `HOME` stands in for a provider key: it is set in any test environment, and
+        // the test need not change the process's environment to have one.
+        let script = r#"echo "HOME=${HOME-unset} PATH=${PATH:+set}""#;
+        let argv = vec!["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
+        let invocation = ToolInvocation {
+            id: "1".into(),
+            name: "t".into(),
+            arguments: serde_json::json!({}),
+            context: None,
+        };
+        let tool = CommandTool::new(argv, None, DEFAULT_TOOL_TIMEOUT).hide_env(vec!["HOME".into()]);
+        assert_eq!(
+            tool.run(&invocation).await,
+            Ok(Json::String("HOME=unset PATH=set".into()))
+        );
     }
 }

@@ -19,8 +19,12 @@ pub(crate) const REDACTED_RUN: usize = 16;
 pub(crate) const MIN_SECRET_LEN: usize = 8;
 
 /// Finds any run of [`REDACTED_RUN`] characters of any secret.
+///
+/// The default redactor knows no secret and changes nothing. The CLI builds one from the
+/// run's secrets for tool results ([`crate::driver::Toolbox::redact_with`]); each
+/// provider builds its own from its configuration.
 #[derive(Clone, Default)]
-pub(crate) struct Redactor {
+pub struct Redactor {
     /// One pattern per distinct window of each secret (or the whole secret, if short).
     matcher: Option<AhoCorasick>,
     /// The longest secret, in characters: how far past a cut a secret can reach.
@@ -31,7 +35,7 @@ impl Redactor {
     /// A redactor for `secrets`. Surrounding whitespace is trimmed; secrets shorter than
     /// [`MIN_SECRET_LEN`] characters are ignored. Each whitespace-separated word of a
     /// secret counts too: the token of `Bearer <token>` is a secret on its own.
-    pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Redactor {
+    pub fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Redactor {
         let mut patterns: Vec<String> = Vec::new();
         let mut longest = 0;
         let mut add = |secret: &str| {
@@ -73,7 +77,7 @@ impl Redactor {
 
     /// `text` with every run of [`REDACTED_RUN`] characters of a secret (and every whole
     /// short secret) replaced by `<redacted>`; overlapping or touching runs become one.
-    pub(crate) fn redact(&self, text: &str) -> String {
+    pub fn redact(&self, text: &str) -> String {
         let Some(matcher) = &self.matcher else {
             return text.to_owned();
         };
@@ -98,10 +102,31 @@ impl Redactor {
         out
     }
 
+    /// `json` with every string (and object key) redacted as by [`Redactor::redact`]:
+    /// a tool's result may quote a secret anywhere in its structure.
+    pub fn redact_json(&self, json: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        if self.matcher.is_none() {
+            return json;
+        }
+        match json {
+            Value::String(s) => Value::String(self.redact(&s)),
+            Value::Array(items) => {
+                Value::Array(items.into_iter().map(|v| self.redact_json(v)).collect())
+            }
+            Value::Object(map) => Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| (self.redact(&k), self.redact_json(v)))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
     /// `text` on one line (control characters become spaces), redacted, then cut to
     /// `max` characters with `…`. Only the part that can reach into the first `max`
     /// characters is searched, so a huge body costs no more than a short one.
-    pub(crate) fn clip(&self, text: &str, max: usize) -> String {
+    pub fn clip(&self, text: &str, max: usize) -> String {
         let reach = max
             .saturating_add(self.longest)
             .saturating_add(REDACTED_RUN);
@@ -157,6 +182,23 @@ mod tests {
             "got\n<redacted>"
         );
         assert_eq!(Redactor::new([]).redact(key), key);
+    }
+
+    #[test]
+    fn json_results_are_redacted_in_every_string_and_key() {
+        let key = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789";
+        let redactor = Redactor::new([key]);
+        let result = serde_json::json!({
+            "ok": true, "n": 1, "note": format!("key={key}"),
+            key: [format!("{}", key.to_uppercase()), null],
+        });
+        assert_eq!(
+            redactor.redact_json(result),
+            serde_json::json!({"ok": true, "n": 1, "note": "key=<redacted>",
+                               "<redacted>": ["<redacted>", null]})
+        );
+        let plain = serde_json::json!({"a": key});
+        assert_eq!(Redactor::default().redact_json(plain.clone()), plain);
     }
 
     #[test]

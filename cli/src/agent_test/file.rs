@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
 use crate::CompileArgs;
-use crate::input::read_text;
+use crate::input::{read_json, read_text};
 use crate::run::load_program;
 
 /// The suffix that marks a test file during discovery.
@@ -231,10 +231,15 @@ fn load_case<'env>(
         None => Toolbox::new(),
         Some(manifest) => {
             let path = base.join(manifest);
-            let text = read_text(&path).map_err(|f| f.message)?;
+            let text = read_json(&path).map_err(|f| f.message)?;
             let dir = path.parent().unwrap_or(Path::new("."));
-            aplc_vm::manifest::toolbox_from_manifest(&text, dir)
-                .map_err(|e| format!("tools `{manifest}`: {e}"))?
+            // Tests run with mocks, but `OPENAI_API_KEY` may be set: tools do not get it.
+            let secrets = crate::run::Secrets::new();
+            let mut toolbox =
+                aplc_vm::manifest::toolbox_from_manifest(&text, dir, secrets.variables())
+                    .map_err(|e| format!("tools `{manifest}`: {e}"))?;
+            toolbox.redact_with(secrets.redactor());
+            toolbox
         }
     };
     Ok(Case {
@@ -265,7 +270,7 @@ fn responses(value: toml::Value, base: &Path) -> Result<ScriptedProvider, String
         toml::Value::Table(table) if table.len() == 1 => match table.get("file") {
             Some(toml::Value::String(file)) => {
                 let path = base.join(file);
-                let text = read_text(&path).map_err(|f| format!("responses: {}", f.message))?;
+                let text = read_json(&path).map_err(|f| format!("responses: {}", f.message))?;
                 ScriptedProvider::from_json(&text)
                     .map_err(|e| format!("responses file `{file}`: {e}"))
             }

@@ -8,6 +8,7 @@
 
 mod harness;
 
+mod duplicates;
 mod frontend;
 mod network;
 mod runaway;

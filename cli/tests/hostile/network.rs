@@ -668,3 +668,124 @@ fn f13_sigterm_and_sigint_to_aplc_kill_running_tools() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Command tools and the run's secrets: tools do not inherit the variables that hold
+// provider keys, and what a tool prints is redacted before it reaches `errors`.
+
+/// A python3 command tool that says which provider variables it inherited, prints the
+/// `OPENAI_API_KEY` it sees and the secret given as its argument (a test-only route: the
+/// manifest's argv) in both cases, to stderr, and fails.
+fn leaking_tool(secret: &str) -> Json {
+    let script = "import os, sys\n\
+        seen = [n for n in ('OPENAI_API_KEY', 'HOSTILE_ROUTE_KEY') if n in os.environ]\n\
+        print('inherited:', seen, file=sys.stderr)\n\
+        print('env key:', os.environ.get('OPENAI_API_KEY'), file=sys.stderr)\n\
+        print('given:', sys.argv[1], sys.argv[1].upper(), file=sys.stderr)\n\
+        sys.exit(1)\n";
+    json!({"command": ["python3", "-c", script, secret],
+           "descriptor": {"name": "t", "parameters": {"type": "object"}}})
+}
+
+/// Checks a run of [`leaking_tool`]: the tool failed, saw no provider variable, and no
+/// 16-character run of any secret is in stdout or stderr.
+#[track_caller]
+fn assert_tool_leaked_nothing(out: &Capped, secrets: &[&str]) {
+    assert!(
+        out.stdout.contains("inherited: []"),
+        "the tool inherited a provider variable (exit {:?}):\n{}\nstderr:\n{}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("failed with exit status 1"),
+        "{}",
+        out.stdout
+    );
+    for secret in secrets {
+        assert_no_part_of(secret, &out.stdout, "stdout (--json)");
+        assert_no_part_of(secret, &out.stderr, "stderr");
+    }
+}
+
+/// A one-step agent that calls tool `t`.
+fn tool_agent(dir: &Path) -> Json {
+    write(
+        dir,
+        "agent.apl",
+        "# pre: p\n{{ set_context('allowed_tools', ['t']) }}\n\n# prompt: p\n## user\ngo\n",
+    );
+    json!({"tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "t", "arguments": "{}"}}]})
+}
+
+#[test]
+fn command_tools_get_no_provider_keys_and_their_errors_are_redacted() {
+    let openai_key = long_key(60);
+    // A second secret with no run in common with the first.
+    let route_key: String = long_key(52).chars().rev().collect();
+    let dir = scratch("tool-secrets-providers");
+    let call = tool_agent(&dir);
+    let providers = json!({"routes": [
+        {"model": "unused", "kind": "openai", "base_url": closed_port(),
+         "api_key_env": "HOSTILE_ROUTE_KEY"},
+        {"model": "*", "kind": "mock", "responses": [call, "done"]},
+    ]});
+    let providers = write(&dir, "providers.json", providers.to_string());
+    let tools = write(
+        &dir,
+        "tools.json",
+        json!({"t": leaking_tool(&route_key)}).to_string(),
+    );
+    let out = run(
+        &dir,
+        &["--providers", &providers, "--tools", &tools, "--json"],
+        &[
+            ("OPENAI_API_KEY", &openai_key),
+            ("HOSTILE_ROUTE_KEY", &route_key),
+        ],
+    );
+    assert_tool_leaked_nothing(&out, &[&openai_key, &route_key]);
+}
+
+#[test]
+fn command_tools_never_see_or_show_the_api_key_flag() {
+    let flag_key = long_key(44);
+    let env_key: String = long_key(58).chars().rev().collect();
+    let dir = scratch("tool-secrets-flag");
+    let call = tool_agent(&dir);
+    let calls = Arc::new(Mutex::new(0));
+    let server = Server::start(move |_, stream| {
+        let mut calls = calls.lock().unwrap();
+        *calls += 1;
+        let body = if *calls == 1 {
+            json!({"choices": [{"index": 0, "message": {"role": "assistant",
+                   "content": null, "tool_calls": call["tool_calls"]},
+                   "finish_reason": "tool_calls"}]})
+            .to_string()
+        } else {
+            completion("done")
+        };
+        respond(stream, 200, &[], &body);
+    });
+    let tools = write(
+        &dir,
+        "tools.json",
+        json!({"t": leaking_tool(&flag_key)}).to_string(),
+    );
+    let out = run(
+        &dir,
+        &[
+            "--api-key",
+            &flag_key,
+            "--base-url",
+            &server.url(),
+            "--tools",
+            &tools,
+            "--json",
+        ],
+        &[("OPENAI_API_KEY", &env_key)],
+    );
+    assert_tool_leaked_nothing(&out, &[&flag_key, &env_key]);
+}

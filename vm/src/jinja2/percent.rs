@@ -43,7 +43,7 @@ pub fn percent_format(format: &str, args: &Value) -> Result<Value, Error> {
         pos += 1;
         pos = ctx.format_one(&chars, pos, &mut out)?;
         if out.len() > MAX_RESULT_BYTES {
-            return Err(fail(format!(
+            return Err(super::limit_error(format!(
                 "'%' formatting: the result exceeds the limit of {MAX_RESULT_BYTES} bytes"
             )));
         }
@@ -410,7 +410,7 @@ fn digits(chars: &[char], mut pos: usize, what: &str) -> Result<(Option<usize>, 
 fn capped(what: &str, value: u64) -> Result<usize, Error> {
     match usize::try_from(value) {
         Ok(v) if v <= MAX_WIDTH => Ok(v),
-        _ => Err(fail(format!(
+        _ => Err(super::limit_error(format!(
             "'%' formatting: {what} {value} exceeds the limit of {MAX_WIDTH}"
         ))),
     }
