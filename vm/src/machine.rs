@@ -866,18 +866,22 @@ impl Machine {
     fn snapshot(&mut self) {
         self.store.snapshot();
         self.last_errors_step = self.step;
-        self.last_step_errors = self
-            .store
+        self.last_step_errors = self.current_errors();
+        if self.post_ran {
+            self.store.set("errors", Value::from(Vec::<Value>::new()));
+        }
+    }
+
+    /// The running step's `errors`, as text.
+    fn current_errors(&self) -> Vec<String> {
+        self.store
             .get("errors")
             .and_then(|e| {
                 e.try_iter()
                     .ok()
                     .map(|it| it.map(|v| v.to_string()).collect())
             })
-            .unwrap_or_default();
-        if self.post_ran {
-            self.store.set("errors", Value::from(Vec::<Value>::new()));
-        }
+            .unwrap_or_default()
     }
 
     fn branch(&mut self) -> Action {
@@ -983,15 +987,7 @@ impl Machine {
     /// errors, the latest ones, each cut to [`FAILURE_ERROR_CHARS`] characters, with
     /// control characters escaped (the text comes from providers and tools).
     fn recent_errors(&self) -> String {
-        let current: Vec<String> = self
-            .store
-            .get("errors")
-            .and_then(|e| {
-                e.try_iter()
-                    .ok()
-                    .map(|it| it.map(|v| v.to_string()).collect())
-            })
-            .unwrap_or_default();
+        let current = self.current_errors();
         let (errors, step) = if current.is_empty() {
             (&self.last_step_errors, self.last_errors_step)
         } else {
