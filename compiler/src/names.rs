@@ -16,108 +16,12 @@ use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::ir::Template;
 use crate::parser::suggest;
 
-/// Jinja2's built-in filter names, and minijinja's additions, as suggestion candidates.
-/// Only those the environment has are ever suggested.
-const FILTER_CANDIDATES: &[&str] = &[
-    "abs",
-    "attr",
-    "batch",
-    "bool",
-    "capitalize",
-    "center",
-    "count",
-    "d",
-    "default",
-    "dictsort",
-    "e",
-    "escape",
-    "filesizeformat",
-    "first",
-    "float",
-    "forceescape",
-    "format",
-    "groupby",
-    "indent",
-    "int",
-    "items",
-    "join",
-    "last",
-    "length",
-    "lines",
-    "list",
-    "lower",
-    "map",
-    "max",
-    "min",
-    "pprint",
-    "random",
-    "reject",
-    "rejectattr",
-    "replace",
-    "reverse",
-    "round",
-    "safe",
-    "select",
-    "selectattr",
-    "slice",
-    "sort",
-    "split",
-    "string",
-    "striptags",
-    "sum",
-    "title",
-    "tojson",
-    "trim",
-    "truncate",
-    "unique",
-    "upper",
-    "urlencode",
-    "urlize",
-    "wordcount",
-    "wordwrap",
-    "xmlattr",
-];
+/// minijinja's filters beyond Jinja2's (`aplc_vm::JINJA2_FILTERS`): suggestion candidates
+/// too. Only names the environment has are ever suggested.
+const MINIJINJA_FILTERS: &[&str] = &["bool", "lines", "split"];
 
-/// Jinja2's built-in test names, and minijinja's additions.
-const TEST_CANDIDATES: &[&str] = &[
-    "boolean",
-    "callable",
-    "containing",
-    "defined",
-    "divisibleby",
-    "endingwith",
-    "eq",
-    "equalto",
-    "escaped",
-    "even",
-    "false",
-    "filter",
-    "float",
-    "ge",
-    "greaterthan",
-    "gt",
-    "in",
-    "integer",
-    "iterable",
-    "le",
-    "lessthan",
-    "lower",
-    "lt",
-    "mapping",
-    "ne",
-    "none",
-    "number",
-    "odd",
-    "safe",
-    "sameas",
-    "sequence",
-    "startingwith",
-    "string",
-    "test",
-    "true",
-    "undefined",
-    "upper",
-];
+/// minijinja's tests beyond Jinja2's (`aplc_vm::JINJA2_TESTS`).
+const MINIJINJA_TESTS: &[&str] = &["containing", "endingwith", "safe", "startingwith"];
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
@@ -150,15 +54,20 @@ impl Known<'_> {
     }
 
     fn suggestion(&mut self, kind: Kind, name: &str) -> Option<&'static str> {
-        let candidates = match kind {
-            Kind::Filter => FILTER_CANDIDATES,
-            Kind::Test => TEST_CANDIDATES,
+        let (jinja2, minijinja) = match kind {
+            Kind::Filter => (aplc_vm::JINJA2_FILTERS, MINIJINJA_FILTERS),
+            Kind::Test => (aplc_vm::JINJA2_TESTS, MINIJINJA_TESTS),
         };
-        let known: Vec<&'static str> = candidates
+        // Jinja2's operator spellings of tests (`==`, `<`) are no names a typo is near.
+        let mut known: Vec<&'static str> = jinja2
             .iter()
+            .chain(minijinja)
             .copied()
+            .filter(|c| c.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_'))
             .filter(|c| self.has(kind, c))
             .collect();
+        // Alphabetical, so a tie between two candidates is broken the same way always.
+        known.sort_unstable();
         suggest(name, known.into_iter())
     }
 }

@@ -43,7 +43,7 @@ mod watchdog;
 
 pub use env::{Limits, template_env};
 pub use interrupt::{Interrupt, InterruptReason};
-pub use jinja2::percent_format;
+pub use jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};
 pub use machine::{
     Action, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions,
     RunOutcome, run_scripted,
