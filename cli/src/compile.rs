@@ -14,7 +14,7 @@ use aplc_compiler::{Diagnostic, LineIndex, Options};
 use clap::{Args, ValueEnum};
 use serde_json::{Value as Json, json};
 
-use crate::input::{display_name, print_diagnostics, read_text};
+use crate::input::{display_name, print_diagnostics, read_text, write_atomically};
 use crate::{CompileArgs, Failure};
 
 /// How `check` and `build` report diagnostics.
@@ -127,36 +127,6 @@ fn same_file(a: &Path, b: &Path) -> bool {
         (Ok(a), Ok(b)) => a == b,
         _ => false,
     }
-}
-
-/// Writes `bytes` to `output` through a temporary file in the same directory, renamed
-/// over `output` only once it is complete: a failed or interrupted write leaves an
-/// existing file as it was. A symlink is written through to its target, as a plain write
-/// would, and an existing file keeps its permissions.
-fn write_atomically(output: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let target = std::fs::canonicalize(output).unwrap_or_else(|_| output.to_path_buf());
-    let dir = match target.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let existing = std::fs::metadata(&target).ok().map(|m| m.permissions());
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(".aplc-").suffix(".tmp");
-    #[cfg(unix)]
-    {
-        // tempfile's default is 0600; a new bundle gets what `fs::write` would give it.
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
-    // Dropping the temporary file on an error removes it.
-    let mut temp = builder.tempfile_in(dir)?;
-    temp.write_all(bytes)?;
-    if let Some(permissions) = existing {
-        temp.as_file().set_permissions(permissions)?;
-    }
-    temp.as_file().sync_all()?;
-    temp.persist(&target).map_err(|e| e.error)?;
-    Ok(())
 }
 
 /// The options for compiling source that is about to **run** (`aplc run`): an unknown

@@ -1,6 +1,7 @@
-//! Reading input files and printing diagnostics, shared by every command.
+//! Reading input files, writing output files atomically, and printing diagnostics,
+//! shared by every command.
 
-use std::io::{IsTerminal, Read};
+use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 
 use std::borrow::Cow;
@@ -160,4 +161,34 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeys {
         }
         Ok(UniqueKeys)
     }
+}
+
+/// Writes `bytes` to `output` through a temporary file in the same directory, renamed
+/// over `output` only once it is complete: a failed or interrupted write leaves an
+/// existing file as it was. A symlink is written through to its target, as a plain write
+/// would, and an existing file keeps its permissions.
+pub(crate) fn write_atomically(output: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let target = std::fs::canonicalize(output).unwrap_or_else(|_| output.to_path_buf());
+    let dir = match target.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let existing = std::fs::metadata(&target).ok().map(|m| m.permissions());
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".aplc-").suffix(".tmp");
+    #[cfg(unix)]
+    {
+        // tempfile's default is 0600; a new bundle gets what `fs::write` would give it.
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    // Dropping the temporary file on an error removes it.
+    let mut temp = builder.tempfile_in(dir)?;
+    temp.write_all(bytes)?;
+    if let Some(permissions) = existing {
+        temp.as_file().set_permissions(permissions)?;
+    }
+    temp.as_file().sync_all()?;
+    temp.persist(&target).map_err(|e| e.error)?;
+    Ok(())
 }

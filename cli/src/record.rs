@@ -6,7 +6,6 @@
 //! failed call), never the requests, so API keys and headers cannot reach the file. A
 //! call cut off by the run timeout returned nothing and is not recorded.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Mutex;
@@ -17,6 +16,7 @@ use aplc_vm::driver::{BoxFuture, Provider};
 use serde_json::{Value as Json, json};
 
 use crate::Failure;
+use crate::input::write_atomically;
 
 /// A provider that passes every call through and, when recording, keeps each result.
 pub(crate) struct Recorder {
@@ -61,16 +61,8 @@ impl Recorder {
         let mut text = serde_json::to_string_pretty(&Json::Array(entries))
             .map_err(|e| Failure::run(format!("cannot encode the recorded responses: {e}")))?;
         text.push('\n');
-        let cannot = |e: &dyn std::fmt::Display| {
-            Failure::run(format!("cannot write {}: {e}", path.display()))
-        };
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        let mut file = tempfile::NamedTempFile::new_in(dir).map_err(|e| cannot(&e))?;
-        file.write_all(text.as_bytes()).map_err(|e| cannot(&e))?;
-        file.persist(path).map_err(|e| cannot(&e.error))?;
+        write_atomically(path, text.as_bytes())
+            .map_err(|e| Failure::run(format!("cannot write {}: {e}", path.display())))?;
         Ok(())
     }
 }
