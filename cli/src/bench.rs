@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aplc_vm::driver::{self, BoxFuture, Provider, Scripted};
+use aplc_runtime::driver::{self, BoxFuture, Provider, Scripted};
 use aplc_vm::text::escape_control;
 use aplc_vm::{
     Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider, run_scripted,

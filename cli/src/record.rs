@@ -10,9 +10,9 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Mutex;
 
+use aplc_runtime::driver::{BoxFuture, Provider};
 use aplc_vm::ProviderError;
 use aplc_vm::ProviderRequest;
-use aplc_vm::driver::{BoxFuture, Provider};
 use serde_json::{Value as Json, json};
 
 use crate::Failure;

@@ -6,12 +6,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aplc_vm::driver::{self, Provider, Scripted};
-use aplc_vm::http::HttpClient;
-use aplc_vm::openai::{OpenAiConfig, OpenAiProvider};
-use aplc_vm::routing::Router;
+use aplc_runtime::Redactor;
+use aplc_runtime::driver::{self, Provider, Scripted};
+use aplc_runtime::http::HttpClient;
+use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
+use aplc_runtime::routing::Router;
 use aplc_vm::text::escape_control;
-use aplc_vm::{Program, Redactor, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
+use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
 
 use crate::compile::compile_options;
@@ -81,7 +82,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         (Some(path), Some(http)) => {
             let text = read_json(path)?;
             let base = path.parent().unwrap_or(Path::new("."));
-            aplc_vm::manifest::toolbox_from_manifest_with_client(
+            aplc_runtime::manifest::toolbox_from_manifest_with_client(
                 &text,
                 base,
                 http,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aplc_compiler::{Options, compile};
-use aplc_vm::driver::{self, Scripted, Toolbox};
+use aplc_runtime::driver::{self, Scripted, Toolbox};
 use aplc_vm::tools::{ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Limits, Machine, Program, RunErrorKind, RunOptions, ScriptedProvider};
 
@@ -512,7 +512,7 @@ async fn a_toolbox_redacts_tool_results_and_errors() {
     toolbox
         .register_fn(spec("fail"), move |_, _| Err(format!("bad key {key}")))
         .unwrap();
-    toolbox.redact_with(aplc_vm::Redactor::new([key]));
+    toolbox.redact_with(aplc_runtime::Redactor::new([key]));
     let script = ScriptedProvider::from_json(
         r#"[{"tool_calls": [
             {"id": "1", "type": "function", "function": {"name": "ok", "arguments": "{}"}},

@@ -6,12 +6,16 @@
 //! * [`Machine`]: one run, as a sans-IO state machine. It takes the current time and the
 //!   results of provider and tool calls in, and hands out [`Action`]s. It never reads a
 //!   clock, spawns, or touches the network or the file system.
-//! * [`driver`] (feature `driver`, on by default): the tokio driver that performs the I/O.
 //! * [`ScriptedProvider`]: canned provider responses, for tests, `--mock` and benches.
+//!
+//! This crate performs no I/O at all: no files, sockets, threads or clocks, with any
+//! features. The `aplc-runtime` crate drives a [`Machine`] with tokio and owns the
+//! providers, tools and HTTP.
 #![deny(missing_docs)]
 
 pub mod bundle;
 mod env;
+mod exchange;
 mod helpers;
 mod interrupt;
 mod jinja2;
@@ -20,26 +24,12 @@ mod messages;
 mod names;
 mod program;
 mod provider;
-#[cfg(feature = "driver")]
-mod redact;
 mod response;
 mod store;
 mod template_check;
 pub mod text;
 
-#[cfg(feature = "driver")]
-pub mod driver;
-#[cfg(feature = "http")]
-pub mod http;
-#[cfg(feature = "driver")]
-pub mod manifest;
-#[cfg(feature = "http")]
-pub mod openai;
-#[cfg(feature = "driver")]
-pub mod routing;
 pub mod tools;
-#[cfg(feature = "driver")]
-mod watchdog;
 
 pub use env::{Limits, template_env};
 pub use interrupt::{Interrupt, InterruptReason};
@@ -51,8 +41,10 @@ pub use machine::{
 pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
 pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
-#[cfg(feature = "driver")]
-pub use redact::Redactor;
+/// The typed provider boundary (issue #11); the machine moves onto it next.
+pub mod typed {
+    pub use crate::exchange::*;
+}
 pub use store::{Snapshot, Store, Vars, value_from_json};
 pub use template_check::{
     MAX_EXPRESSION_DEPTH, TemplateFault, check_depth, check_statements, check_template,

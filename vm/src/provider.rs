@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::response::{kind, parse_completion};
+use crate::response::parse_completion;
 use crate::store::Vars;
+use crate::text::json_kind as kind;
 
 /// A provider call the machine asks the driver to make.
 #[derive(Debug, Clone)]

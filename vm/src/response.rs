@@ -7,6 +7,8 @@
 
 use serde_json::Value;
 
+use crate::text::json_kind as kind;
+
 /// The parts of a provider response the machine keeps (§2.2.6).
 #[allow(dead_code)]
 #[derive(Debug, Clone, PartialEq)]
@@ -222,18 +224,6 @@ pub(crate) fn validate_output(value: &Value, schema: &Value) -> Result<(), Vec<S
 #[cold]
 fn invalid(detail: impl std::fmt::Display) -> String {
     format!("invalid provider response: {detail}")
-}
-
-/// "a string", "an object", …: how errors name the JSON they found.
-pub(crate) fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Appends one text part, newline-separated from the previous one.

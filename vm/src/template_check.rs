@@ -345,6 +345,8 @@ mod stack_tests {
         for t in &templates {
             assert_eq!(check_template(t), Ok(()), "{}", &t[..t.len().min(40)]);
         }
+        // A test thread with tokio's worker stack size; the crate itself spawns none.
+        #[allow(clippy::disallowed_methods)]
         let worker = std::thread::Builder::new()
             .stack_size(2 << 20)
             .spawn(move || {

@@ -87,6 +87,8 @@ proptest! {
         for (t, source) in bundle.templates.iter_mut().zip(sources.iter().cycle()) {
             t.source = source.clone();
         }
+        // A test thread with tokio's worker stack size; the crate itself spawns none.
+        #[allow(clippy::disallowed_methods)]
         let worker = std::thread::Builder::new()
             .stack_size(2 << 20)
             .spawn(move || {

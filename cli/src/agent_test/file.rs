@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aplc_vm::driver::Toolbox;
+use aplc_runtime::driver::Toolbox;
 use aplc_vm::minijinja::{Environment, Expression};
 use aplc_vm::{DEFAULT_TIMEOUT, Program, RunOptions, ScriptedProvider};
 use serde::Deserialize;
@@ -236,7 +236,7 @@ fn load_case<'env>(
             // Tests run with mocks, but `OPENAI_API_KEY` may be set: tools do not get it.
             let secrets = crate::run::Secrets::new();
             let mut toolbox =
-                aplc_vm::manifest::toolbox_from_manifest(&text, dir, secrets.variables())
+                aplc_runtime::manifest::toolbox_from_manifest(&text, dir, secrets.variables())
                     .map_err(|e| format!("tools `{manifest}`: {e}"))?;
             toolbox.redact_with(secrets.redactor());
             toolbox

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use aplc_vm::driver::{self, Scripted};
+use aplc_runtime::driver::{self, Scripted};
 use aplc_vm::minijinja::value::Value;
 use aplc_vm::minijinja::{Environment, Expression};
 use aplc_vm::{DEFAULT_MAX_STEPS, Limits, RunOptions, RunOutcome, template_env};

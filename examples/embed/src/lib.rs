@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aplc_compiler::{Options, Severity, compile, render};
-use aplc_vm::driver::{self, Toolbox};
-use aplc_vm::openai::{OpenAiConfig, OpenAiProvider};
+use aplc_runtime::driver::{self, Toolbox};
+use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_vm::tools::ToolSpec;
 use aplc_vm::{Limits, Program, RunErrorKind, RunOptions};
 use serde_json::{Value as Json, json};

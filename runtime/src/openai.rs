@@ -1,4 +1,4 @@
-//! The OpenAI Chat Completions provider (feature `http`).
+//! The OpenAI Chat Completions provider.
 //!
 //! [`OpenAiProvider`] turns a [`ProviderRequest`] into `POST {base_url}/v1/chat/completions`,
 //! sends it with reqwest over rustls (on `ring`), and hands the parsed JSON body back; the
@@ -16,8 +16,8 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use minijinja::Value;
-use minijinja::value::ValueKind;
+use aplc_vm::minijinja::Value;
+use aplc_vm::minijinja::value::ValueKind;
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -25,10 +25,10 @@ use serde_json::Value as Json;
 
 use crate::driver::{BoxFuture, Provider};
 use crate::http::{self, BodyError, HttpClient, MAX_BODY_BYTES};
-use crate::provider::{ProviderError, ProviderRequest};
 use crate::redact::{REDACTED, Redactor};
-use crate::response::kind;
-use crate::store::Vars;
+use aplc_vm::Vars;
+use aplc_vm::text::json_kind as kind;
+use aplc_vm::{ProviderError, ProviderRequest};
 
 /// Where requests go when no base URL is configured (§6.1 `base_url`).
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com";
@@ -1055,7 +1055,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::store::value_from_json;
+    use aplc_vm::value_from_json;
 
     fn context(vars: Json) -> Vars {
         let mut context = Vars::new();

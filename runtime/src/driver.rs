@@ -1,8 +1,8 @@
 //! The tokio driver: performs the I/O a [`Machine`] asks for.
 //!
 //! Providers and tools are object-safe async traits, so drivers and embedders can mix
-//! HTTP providers, scripted ones, subprocess tools and Rust closures. This module is
-//! behind the `driver` feature; the machine itself builds without it.
+//! HTTP providers, scripted ones, subprocess tools and Rust closures. The machine itself
+//! lives in `aplc-vm`, which has no async runtime at all.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value as Json;
 
-use crate::machine::{Action, Machine, RunOptions, RunOutcome};
-use crate::program::Program;
-use crate::provider::{ProviderError, ProviderRequest, ScriptedProvider};
 use crate::redact::Redactor;
-use crate::tools::{ToolInvocation, ToolRegistry, ToolSpec};
+use aplc_vm::Program;
+use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
+use aplc_vm::{Action, Machine, RunOptions, RunOutcome};
+use aplc_vm::{ProviderError, ProviderRequest, ScriptedProvider};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -3,17 +3,16 @@
 //! failures and retries (§4), routing (§5), and that secrets never leak (§6).
 //!
 //! Run with `cargo test -p aplc-vm --features http`.
-#![cfg(feature = "http")]
 
 mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aplc_vm::driver::{Provider, Scripted};
+use aplc_runtime::driver::{Provider, Scripted};
+use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
+use aplc_runtime::routing::Router;
 use aplc_vm::minijinja::Value;
-use aplc_vm::openai::{OpenAiConfig, OpenAiProvider};
-use aplc_vm::routing::Router;
 use aplc_vm::{ProviderRequest, ScriptedProvider, Vars, user_defaults};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};

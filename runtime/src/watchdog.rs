@@ -10,7 +10,7 @@ use std::collections::BinaryHeap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Instant;
 
-use crate::interrupt::Interrupt;
+use aplc_vm::Interrupt;
 
 /// Keeps a run's deadline armed; dropping it disarms.
 #[derive(Debug)]
@@ -119,7 +119,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::interrupt::InterruptReason;
+    use aplc_vm::InterruptReason;
 
     #[test]
     fn watchdog_sets_flags_at_their_deadlines_unless_disarmed() {

@@ -1,5 +1,5 @@
-//! The VM's one HTTP client (feature `http`): the OpenAI-compatible provider and HTTP
-//! tools are built on [`HttpClient`], so they share one constructor and one set of rules.
+//! The runtime's one HTTP client: the HTTP providers and HTTP tools are built on
+//! [`HttpClient`], so they share one constructor and one set of rules.
 //!
 //! * **Redirects**: only a same-origin `307` or `308` is followed (at most
 //!   [`MAX_REDIRECTS`]); both keep the method and body. Any other redirect (to another

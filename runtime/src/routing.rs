@@ -1,4 +1,4 @@
-//! Provider routing by model name (feature `driver`): §4's `with_providers`.
+//! Provider routing by model name: §4's `with_providers`.
 //!
 //! A [`Router`] is a [`Provider`] that hands each call to the first route whose model
 //! pattern matches the request's model. Patterns are exact names or globs (`*` matches
@@ -16,14 +16,10 @@ use std::sync::Arc;
 use serde_json::{Map, Value as Json};
 
 use crate::driver::{BoxFuture, Provider, Scripted};
-use crate::provider::{ProviderError, ProviderRequest, ScriptedProvider};
-use crate::response::kind;
+use aplc_vm::text::json_kind as kind;
+use aplc_vm::{ProviderError, ProviderRequest, ScriptedProvider};
 
-#[cfg(feature = "http")]
 use crate::http::HttpClient;
-/// Without HTTP there is no client to share.
-#[cfg(not(feature = "http"))]
-type HttpClient = std::convert::Infallible;
 
 /// Routes provider calls to providers by model name; first match wins.
 #[derive(Default, Clone)]
@@ -95,7 +91,6 @@ impl Router {
 
     /// [`Router::from_config_json`], with every `openai` route sending through `client`
     /// (shared with HTTP tools, say) instead of a client of its own.
-    #[cfg(feature = "http")]
     pub fn from_config_json_with_client(
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
@@ -254,7 +249,6 @@ const MOCK_KEYS: [&str; 2] = ["responses", "latency_ms"];
 /// The longest `timeout_ms`, `latency_ms` or `retry_base_delay_ms` accepted: one day.
 const MAX_MILLIS: u64 = 86_400_000;
 /// The most retries a route may ask for.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
 const MAX_RETRIES: u64 = 10;
 
 /// A configured route: its patterns, its provider, and a description for `Debug`.
@@ -358,7 +352,6 @@ fn integer(route: &Map<String, Json>, key: &str, max: u64) -> Result<Option<u64>
 }
 
 /// An optional string.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
 fn string<'a>(route: &'a Map<String, Json>, key: &str) -> Result<Option<&'a str>, String> {
     match route.get(key) {
         None => Ok(None),
@@ -371,7 +364,6 @@ fn string<'a>(route: &'a Map<String, Json>, key: &str) -> Result<Option<&'a str>
 }
 
 /// An optional object of strings, in file order.
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
 fn string_map<'a>(
     route: &'a Map<String, Json>,
     key: &str,
@@ -396,7 +388,6 @@ fn string_map<'a>(
 }
 
 /// Looks up `variable`; a missing or empty one is an error naming it (never a value).
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
 fn env_value(
     env: &dyn Fn(&str) -> Option<String>,
     variable: &str,
@@ -416,7 +407,6 @@ fn env_value(
     }
 }
 
-#[cfg(feature = "http")]
 fn openai_route(
     route: &Map<String, Json>,
     env: &dyn Fn(&str) -> Option<String>,
@@ -458,15 +448,6 @@ fn openai_route(
     let provider = OpenAiProvider::new(config)?;
     let description = format!("openai {}", provider.endpoint());
     Ok((Arc::new(provider), description))
-}
-
-#[cfg(not(feature = "http"))]
-fn openai_route(
-    _route: &Map<String, Json>,
-    _env: &dyn Fn(&str) -> Option<String>,
-    _client: Option<&HttpClient>,
-) -> Result<(Arc<dyn Provider>, String), String> {
-    Err("kind `openai` needs aplc-vm's `http` feature, which this build does not have".into())
 }
 
 fn mock_route(route: &Map<String, Json>) -> Result<(Arc<dyn Provider>, String), String> {
@@ -598,7 +579,6 @@ mod tests {
         assert!(error("{").starts_with("providers config is not valid JSON: "));
     }
 
-    #[cfg(feature = "http")]
     #[test]
     fn openai_config_errors_name_variables_not_values() {
         let env = |name: &str| match name {

@@ -1,5 +1,5 @@
 //! Tool manifests (`aplc run --tools tools.json`) and the two kinds of tool they declare:
-//! subprocess commands and HTTP endpoints (feature `driver`; HTTP tools need `http`).
+//! subprocess commands and HTTP endpoints.
 //!
 //! ```json
 //! {
@@ -27,12 +27,8 @@ use serde_json::Value as Json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::driver::{BoxFuture, Tool, Toolbox};
-#[cfg(feature = "http")]
 use crate::http::HttpClient;
-/// Without HTTP there is no client to share.
-#[cfg(not(feature = "http"))]
-type HttpClient = std::convert::Infallible;
-use crate::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec};
+use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec};
 
 /// Default time a tool may take.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_millis(30_000);
@@ -84,7 +80,6 @@ pub fn toolbox_from_manifest(
 }
 
 /// [`toolbox_from_manifest`], with HTTP tools sending through `client`.
-#[cfg(feature = "http")]
 pub fn toolbox_from_manifest_with_client(
     text: &str,
     base: &Path,
@@ -359,7 +354,6 @@ fn excerpt(text: &str) -> String {
     format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
 
-#[cfg(feature = "http")]
 fn http_tool(
     url: String,
     timeout: Duration,
@@ -383,21 +377,11 @@ fn http_tool(
     }))
 }
 
-#[cfg(not(feature = "http"))]
-fn http_tool(
-    _url: String,
-    _timeout: Duration,
-    _client: &mut Option<HttpClient>,
-) -> Result<Arc<dyn Tool>, String> {
-    Err("HTTP tools need aplc-vm's `http` feature".into())
-}
-
 /// An HTTP endpoint: the request is POSTed as JSON; a 2xx response's body is the result.
 ///
 /// It is sent with the shared [`HttpClient`]: a same-origin 307 or 308 is followed, any
 /// other redirect is an error, and a body larger than [`crate::http::MAX_BODY_BYTES`] is
 /// an error, found while streaming.
-#[cfg(feature = "http")]
 #[derive(Debug)]
 pub struct HttpTool {
     url: reqwest::Url,
@@ -405,7 +389,6 @@ pub struct HttpTool {
     timeout: Duration,
 }
 
-#[cfg(feature = "http")]
 impl HttpTool {
     async fn run(&self, invocation: &ToolInvocation) -> Result<Json, String> {
         use crate::http;
@@ -446,7 +429,6 @@ impl HttpTool {
     }
 }
 
-#[cfg(feature = "http")]
 impl Tool for HttpTool {
     fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
         Box::pin(self.run(invocation))

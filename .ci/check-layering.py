@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The crates' layering, checked on the resolved dependency graph (`cargo metadata`).
+
+* `aplc-vm`, the sans-IO core, has no async runtime, HTTP stack, socket or TLS crate
+  anywhere in its normal dependency tree, with every feature of every workspace crate on
+  (`--all-features`), so it stays ready for `wasm32-unknown-unknown`.
+* Crates depend downwards only: the core depends on no other aplc crate; the compiler on
+  the core alone; the runtime on the core alone (it never compiles source).
+
+Reads the graph Cargo resolved; compiles nothing. Fails naming the path to each
+forbidden crate.
+"""
+import json
+import subprocess
+import sys
+
+# Crates that mean I/O: an async runtime, an HTTP stack, sockets, TLS, or a process API.
+IO_CRATES = {
+    "tokio", "mio", "reqwest", "hyper", "hyper-util", "h2", "socket2", "rustls",
+    "ring", "async-std", "smol", "axum", "tower", "ureq", "native-tls", "openssl",
+    "rustix", "nix",
+}
+
+# Which aplc crates each aplc crate may depend on (normal dependencies).
+ALLOWED_INTERNAL = {
+    "aplc-vm": set(),
+    "aplc-compiler": {"aplc-vm"},
+    "aplc-runtime": {"aplc-vm"},
+}
+
+
+def main():
+    meta = json.loads(
+        subprocess.run(
+            ["cargo", "metadata", "--format-version", "1", "--all-features", "--locked"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    names = {p["id"]: p["name"] for p in meta["packages"]}
+    normal = {}
+    for node in meta["resolve"]["nodes"]:
+        normal[node["id"]] = [
+            dep["pkg"]
+            for dep in node["deps"]
+            # A dependency that is normal for some target (build and dev ones aside).
+            if any(kind["kind"] is None for kind in dep["dep_kinds"])
+        ]
+    ids = {name: pid for pid, name in names.items() if name.startswith("aplc-")}
+    failures = []
+
+    def paths_from(root):
+        """Every crate reachable from `root` through normal dependencies, with a path."""
+        seen = {root: [names[root]]}
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            for dep in normal.get(node, []):
+                if dep not in seen:
+                    seen[dep] = seen[node] + [names[dep]]
+                    stack.append(dep)
+        return seen
+
+    for crate, allowed in ALLOWED_INTERNAL.items():
+        if crate not in ids:
+            failures.append(f"{crate} is not in the workspace")
+            continue
+        reachable = paths_from(ids[crate])
+        for pid, path in reachable.items():
+            name = names[pid]
+            if name.startswith("aplc-") and name != crate and name not in allowed:
+                if name != "aplc-workspace-hack":
+                    failures.append(f"{crate} must not depend on {name}: {' -> '.join(path)}")
+        if crate == "aplc-vm":
+            for pid, path in reachable.items():
+                if names[pid] in IO_CRATES:
+                    failures.append(
+                        f"the sans-IO core depends on {names[pid]}: {' -> '.join(path)}"
+                    )
+
+    if failures:
+        print("\n".join(failures), file=sys.stderr)
+        sys.exit(1)
+    print("layering ok: aplc-vm has no I/O crate; crates depend downwards only")
+
+
+if __name__ == "__main__":
+    main()
