@@ -15,17 +15,22 @@
 
 use std::collections::HashSet;
 
-use aplc_vm::minijinja::machinery::ast::{self, BinOpKind, CallArg, Expr, Stmt, UnaryOpKind};
-use aplc_vm::minijinja::machinery::{self, Span as JSpan};
-use aplc_vm::minijinja::syntax::SyntaxConfig;
+// minijinja is a direct dependency with `unstable_machinery` (compiler/Cargo.toml), not
+// reached through the VM's re-export: the compiler walks its syntax tree itself.
+use aplc_vm::names::{self, Access, CONTEXT, NEXT_STEP, SET_CONTEXT};
+use minijinja::machinery::ast::{self, BinOpKind, CallArg, Expr, Stmt, UnaryOpKind};
+use minijinja::machinery::{self, Span as JSpan};
+use minijinja::syntax::SyntaxConfig;
 
 pub use aplc_vm::RESERVED_VARIABLES;
 
-/// Helpers whose first argument names a context variable.
-const NAMING_HELPERS: &[&str] = &["set_context", "get_context", "add_context", "inc_context"];
-
-/// Helpers that write the variable their first argument names.
-const WRITING_HELPERS: &[&str] = &["set_context", "add_context", "inc_context"];
+/// What the helper called `name` does with the variable its first argument names, if
+/// `name` is a helper whose first argument names one.
+fn helper_access(name: &str) -> Option<Access> {
+    names::helper(name)
+        .map(|h| h.access)
+        .filter(|access| *access != Access::None)
+}
 
 /// A byte range within a template's text.
 pub(crate) type TSpan = (usize, usize);
@@ -424,7 +429,7 @@ impl<'a> Walker<'a> {
             }
             Expr::GetAttr(g) => {
                 // `context.memory` reads the reserved variable through the union view.
-                if is_var(&g.expr, "context") && RESERVED_VARIABLES.contains(&g.name) {
+                if is_var(&g.expr, CONTEXT) && RESERVED_VARIABLES.contains(&g.name) {
                     self.facts
                         .reserved
                         .push((g.name.to_string(), tspan(g.span())));
@@ -432,7 +437,7 @@ impl<'a> Walker<'a> {
                 self.expr(&g.expr, use_);
             }
             Expr::GetItem(g) => {
-                if is_var(&g.expr, "context")
+                if is_var(&g.expr, CONTEXT)
                     && let Some(name) = const_str(&g.subscript_expr)
                     && RESERVED_VARIABLES.contains(&name.as_str())
                 {
@@ -455,7 +460,7 @@ impl<'a> Walker<'a> {
     /// A call; `statement` is true when it is a statement of its own.
     fn call(&mut self, call: &ast::Call<'a>, span: JSpan, statement: bool) {
         if let Expr::Var(f) = &call.expr
-            && NAMING_HELPERS.contains(&f.id)
+            && helper_access(f.id).is_some()
             && !self.is_bound(f.id)
         {
             self.helper_call(f.id, call, span, statement);
@@ -470,7 +475,7 @@ impl<'a> Walker<'a> {
     }
 
     fn helper_call(&mut self, helper: &str, call: &ast::Call<'a>, span: JSpan, statement: bool) {
-        let writes = WRITING_HELPERS.contains(&helper);
+        let writes = helper_access(helper) == Some(Access::Writes);
         let Some(name_arg) = arg(&call.args, 0, "name") else {
             // `set_context(*args)`, `set_context(**kwargs)`: the name is computed.
             self.facts.dynamic_writes |= writes;
@@ -488,8 +493,8 @@ impl<'a> Walker<'a> {
         if !writes {
             return;
         }
-        if name == "next_step" {
-            let target = if helper == "set_context" {
+        if name == NEXT_STEP {
+            let target = if helper == SET_CONTEXT {
                 match arg(&call.args, 1, "value") {
                     Some(Expr::Const(c)) if c.value.is_none() => Target::End,
                     Some(value) => match const_str(value) {
@@ -516,10 +521,10 @@ impl<'a> Walker<'a> {
 /// statement of its own.
 fn always_sets_next_step(stmts: &[Stmt<'_>]) -> bool {
     let writes_next_step = |call: &ast::Call<'_>| {
-        matches!(&call.expr, Expr::Var(f) if WRITING_HELPERS.contains(&f.id))
+        matches!(&call.expr, Expr::Var(f) if helper_access(f.id) == Some(Access::Writes))
             && arg(&call.args, 0, "name")
                 .and_then(const_str)
-                .is_some_and(|name| name == "next_step")
+                .is_some_and(|name| name == NEXT_STEP)
     };
     let statement = |expr: &Expr<'_>| matches!(expr, Expr::Call(c) if writes_next_step(c));
     stmts.iter().any(|stmt| match stmt {

@@ -7,8 +7,8 @@
 //! with minijinja's own tokenizer, keeps a stack of open block tags, and says which one
 //! is left open.
 
-use aplc_vm::minijinja::machinery::{Token, tokenize};
-use aplc_vm::minijinja::syntax::SyntaxConfig;
+use minijinja::machinery::{Token, tokenize};
+use minijinja::syntax::SyntaxConfig;
 
 use crate::analyze::TSpan;
 

@@ -13,7 +13,8 @@
 use std::collections::HashMap;
 
 use aplc_vm::bundle::{Role, TemplateKind};
-use aplc_vm::{Limits, RESERVED_VARIABLES, minijinja, template_env};
+use aplc_vm::names::{Unsettable, check_settable, is_identifier};
+use aplc_vm::{Limits, minijinja, template_env};
 
 use crate::Options;
 use crate::analyze::{self, Facts};
@@ -242,18 +243,28 @@ fn declared_inputs(
             }
             let span = Span::new(start, start + token.len());
             debug_assert_eq!(&source[span.range()], token);
+            // The VM's own rule for what `with_context` may set, then what a template
+            // could not read as a plain variable.
             let problem = if !is_identifier(token) {
                 Some(
                     "an input must be a variable name: letters, digits and `_`, not starting with a digit",
                 )
-            } else if RESERVED_VARIABLES.contains(&token) {
-                Some("reserved for a future version of APL (§8); `with_context` refuses it")
-            } else if matches!(token, "context" | "context_history") {
-                Some("maintained by the executor; `with_context` refuses it")
-            } else if globals.iter().any(|g| g == token) {
-                Some("a helper or Jinja function has this name")
             } else {
-                None
+                match check_settable(token) {
+                    Err(Unsettable::Reserved) => Some(
+                        "reserved for a future version of APL (§8); `with_context` refuses it",
+                    ),
+                    Err(Unsettable::View) => {
+                        Some("maintained by the executor; `with_context` refuses it")
+                    }
+                    Err(Unsettable::Helper | Unsettable::Empty) => {
+                        Some("a helper or Jinja function has this name")
+                    }
+                    Ok(()) if globals.iter().any(|g| g == token) => {
+                        Some("a helper or Jinja function has this name")
+                    }
+                    Ok(()) => None,
+                }
             };
             match problem {
                 Some(problem) => diags.push(
@@ -270,14 +281,6 @@ fn declared_inputs(
         }
     }
     inputs
-}
-
-fn is_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// The phases of one step, in file order.

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 
 use aplc_vm::minijinja::{self, ErrorKind};
+use aplc_vm::names::{HELPERS, VIEWS, helper};
 
 use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::ir::Template;
@@ -136,16 +137,25 @@ fn unknown_function(name: &str, span: Span, globals: &[String]) -> Diagnostic {
         _ => match suggest(name, globals.iter().map(String::as_str)) {
             Some(s) => diag.with_help(format!("did you mean `{s}`?")),
             None => diag.with_note(format!(
-                "the functions are the helpers `set_context`, `get_context`, `add_context`, `inc_context`, `get_json_path`, Jinja's globals ({}), and macros defined in the same template",
-                globals
-                    .iter()
-                    .filter(|g| !g.contains("context") && *g != "get_json_path")
-                    .map(|g| format!("`{g}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "the functions are the helpers {}, Jinja's globals ({}), and macros defined in the same template",
+                backticked(HELPERS.iter().map(|h| h.name)),
+                backticked(
+                    globals
+                        .iter()
+                        .map(String::as_str)
+                        .filter(|g| helper(g).is_none() && !VIEWS.contains(g))
+                ),
             )),
         },
     }
+}
+
+/// `a`, `b`, `c`: names as the notes list them.
+fn backticked<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    names
+        .map(|name| format!("`{name}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn unknown_filter(kind: Kind, name: &str, span: Span, suggestion: Option<&str>) -> Diagnostic {

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use aplc_vm::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
+use aplc_vm::names::{RESERVED_VARIABLES, VARIABLES, VIEWS};
 
 use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::ir::Template;
@@ -39,11 +39,9 @@ pub(crate) fn check(
         .iter()
         .flat_map(|t| t.facts.writes.iter().map(String::as_str))
         .collect();
-    let defaults = user_defaults();
     let mut known: HashSet<&str> = HashSet::new();
-    known.extend(EXECUTOR_VARIABLES);
-    known.extend(defaults.iter().map(|(name, _)| *name));
-    known.extend(["context", "context_history"]);
+    known.extend(VARIABLES.iter().map(|v| v.name));
+    known.extend(VIEWS);
     known.extend(globals.iter().map(String::as_str));
     known.extend(inputs.iter().map(String::as_str));
     known.extend(written.iter().copied());
@@ -63,11 +61,10 @@ pub(crate) fn check(
     }
 
     // Suggestions come from the names a user would mean: variables, not functions.
-    let candidates: Vec<&str> = EXECUTOR_VARIABLES
+    let candidates: Vec<&str> = VARIABLES
         .iter()
-        .copied()
-        .chain(defaults.iter().map(|(name, _)| *name))
-        .chain(["context", "context_history"])
+        .map(|v| v.name)
+        .chain(VIEWS)
         .chain(inputs.iter().map(String::as_str))
         .chain(written.iter().copied())
         .collect();

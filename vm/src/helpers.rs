@@ -18,25 +18,20 @@ use minijinja::value::limits;
 use minijinja::value::{Kwargs, Object, Rest, Tuple, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-use crate::env::{py_repr, py_str, py_type_name};
-use crate::store::{CONTEXT, CONTEXT_HISTORY, Store, freeze_views};
-
-/// Names of the helper functions every template can call.
-pub const HELPERS: &[&str] = &[
-    "set_context",
-    "get_context",
-    "add_context",
-    "inc_context",
-    "get_json_path",
-];
+use crate::names::{
+    ADD_CONTEXT, CONTEXT, CONTEXT_HISTORY, GET_CONTEXT, GET_JSON_PATH, INC_CONTEXT, SET_CONTEXT,
+    Unsettable, check_settable,
+};
+use crate::python::{py_repr, py_str, py_type_name};
+use crate::store::{Store, freeze_views};
 
 /// Registers the helpers and the Jinja2-compatible filters and globals on `env`.
 pub(crate) fn register(env: &mut Environment<'static>) {
-    env.add_function("set_context", set_context);
-    env.add_function("get_context", get_context);
-    env.add_function("add_context", add_context);
-    env.add_function("inc_context", inc_context);
-    env.add_function("get_json_path", get_json_path);
+    env.add_function(SET_CONTEXT, set_context);
+    env.add_function(GET_CONTEXT, get_context);
+    env.add_function(ADD_CONTEXT, add_context);
+    env.add_function(INC_CONTEXT, inc_context);
+    env.add_function(GET_JSON_PATH, get_json_path);
 
     // minijinja's versions of these print values its own way or lack Jinja2's
     // positional parameters.
@@ -58,7 +53,7 @@ pub(crate) fn register(env: &mut Environment<'static>) {
 
 /// `set_context(name, value)`: writes the variable `name`.
 fn set_context(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
-    const F: &str = "set_context";
+    const F: &str = SET_CONTEXT;
     let [name, value] = bind(F, ["name", "value"], 2, args, &kwargs)?;
     let name = writable_name(F, &name)?;
     let value = storable(F, name, value)?;
@@ -68,7 +63,7 @@ fn set_context(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, E
 
 /// `get_context(name, default=None)`: the variable's value, or `default` when unset.
 fn get_context(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
-    const F: &str = "get_context";
+    const F: &str = GET_CONTEXT;
     let [name, default] = bind(F, ["name", "default"], 1, args, &kwargs)?;
     let name = variable_name(F, &name)?;
     let store = store(F, state)?;
@@ -85,14 +80,14 @@ fn get_context(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, E
 
 /// `add_context(name, value, default=0)`: `name = (name or default) + value`.
 fn add_context(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
-    const F: &str = "add_context";
+    const F: &str = ADD_CONTEXT;
     let [name, value, default] = bind(F, ["name", "value", "default"], 2, args, &kwargs)?;
     accumulate(F, state, &name, value, default)
 }
 
 /// `inc_context(name, default=0)`: `add_context(name, 1, default)`.
 fn inc_context(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
-    const F: &str = "inc_context";
+    const F: &str = INC_CONTEXT;
     let [name, default] = bind(F, ["name", "default"], 1, args, &kwargs)?;
     accumulate(F, state, &name, Value::from(1), default)
 }
@@ -113,7 +108,7 @@ fn inc_context(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, E
 ///
 /// This helper is pure: unlike the others it needs no running program.
 fn get_json_path(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
-    const F: &str = "get_json_path";
+    const F: &str = GET_JSON_PATH;
     let [obj, path, default] = bind(F, ["obj", "path", "default"], 2, args, &kwargs)?;
     let Some(path) = path.as_str() else {
         return Err(invalid(format!(
@@ -388,20 +383,20 @@ fn variable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
 /// `set_context` would hide the helper from then on).
 fn writable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
     let name = variable_name(func, name)?;
-    if name == CONTEXT || name == CONTEXT_HISTORY {
-        return Err(invalid(format!(
+    match check_settable(name) {
+        Ok(()) => Ok(name),
+        Err(Unsettable::View) => Err(invalid(format!(
             "{func}('{name}', ...): `{name}` is maintained by the executor and cannot be set"
-        )));
-    }
-    if HELPERS.contains(&name) {
-        return Err(invalid(format!(
+        ))),
+        Err(Unsettable::Helper) => Err(invalid(format!(
             "{func}('{name}', ...): `{name}` is a helper function and cannot be used as a variable name"
-        )));
+        ))),
+        Err(Unsettable::Reserved) => Err(invalid(format!("Reserved variable: {name}"))),
+        // `variable_name` refused the empty name already.
+        Err(Unsettable::Empty) => Err(invalid(format!(
+            "{func}(): the variable name must not be empty"
+        ))),
     }
-    if crate::names::RESERVED_VARIABLES.contains(&name) {
-        return Err(invalid(format!("Reserved variable: {name}")));
-    }
-    Ok(name)
 }
 
 /// `value` as it should be stored: never undefined, and lazy sequences (the result of
@@ -795,7 +790,7 @@ mod tests {
             err(&s, "{{ set_context('context_history', []) }}")
                 .contains("maintained by the executor")
         );
-        for helper in HELPERS {
+        for helper in crate::names::HELPERS.iter().map(|h| h.name) {
             let e = err(&s, &format!("{{{{ set_context('{helper}', 1) }}}}"));
             assert!(e.contains("is a helper function"), "{e}");
         }
@@ -813,6 +808,18 @@ mod tests {
         );
         assert!(err(&s, "{{ set_context('x', missing) }}").contains("the value is undefined"));
         assert!(s.vars().is_empty());
+    }
+
+    #[test]
+    fn every_helper_of_the_name_table_is_registered() {
+        let env = template_env(&Limits::default());
+        for helper in crate::names::HELPERS {
+            assert!(
+                env.globals().any(|(name, _)| name == helper.name),
+                "{}",
+                helper.name
+            );
+        }
     }
 
     #[test]

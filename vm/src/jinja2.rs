@@ -27,7 +27,7 @@ use std::sync::LazyLock;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-use crate::env::{py_repr, py_str, py_type_name};
+use crate::python::{py_repr, py_str, py_type_name};
 use crate::helpers::{bind, count_arg, invalid, text};
 
 pub use percent::percent_format;
@@ -654,14 +654,14 @@ impl RenderRng {
     }
 
     fn seeded(state: &State) -> RenderRng {
-        let seed = match state.lookup("seed") {
+        let seed = match state.lookup(crate::names::SEED) {
             Some(seed) if !seed.is_none() && !seed.is_undefined() => {
                 py_repr(&seed).unwrap_or_default()
             }
             _ => "aplc".to_string(),
         };
         let runs = state
-            .lookup("global_runs")
+            .lookup(crate::names::GLOBAL_RUNS)
             .and_then(|runs| i64::try_from(runs).ok())
             .unwrap_or(0);
         let mut key = seed.into_bytes();

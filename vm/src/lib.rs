@@ -21,9 +21,9 @@ mod interrupt;
 mod jinja2;
 mod machine;
 mod messages;
-mod names;
 mod program;
 mod provider;
+mod python;
 mod response;
 mod store;
 mod template_check;
@@ -38,7 +38,8 @@ pub use machine::{
     Action, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions,
     RunOutcome, run_scripted,
 };
-pub use names::{EXECUTOR_VARIABLES, RESERVED_VARIABLES, user_defaults};
+pub mod names;
+pub use names::{RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
 pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
 /// The typed provider boundary (issue #11); the machine moves onto it next.

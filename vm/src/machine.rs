@@ -40,11 +40,11 @@ use crate::bundle::{Instr, MessageEntry, SourceSpan, StepId, TemplateId};
 use crate::env::render;
 use crate::interrupt::{Interrupt, InterruptReason};
 use crate::messages::build_message;
-use crate::names::{RESERVED_VARIABLES, user_defaults};
+use crate::names::{self, Initial, Section, Unsettable, VARIABLES};
 use crate::program::Program;
 use crate::provider::{ProviderError, ProviderRequest};
 use crate::response::{Completion, parse_completion, parse_json_output, validate_output};
-use crate::store::{CONTEXT, CONTEXT_HISTORY, Store, Vars, value_from_json};
+use crate::store::{CONTEXT_HISTORY, Store, Vars, value_from_json};
 use crate::text::{escape_control, truncate_chars};
 use crate::tools::{Allowed, Ledger, ToolInvocation, ToolRegistry, check_call};
 
@@ -1039,41 +1039,14 @@ fn tool_context(vars: &Vars) -> serde_json::Value {
     )
 }
 
-/// Builds a variable's initial value.
-type Initial = fn() -> Value;
-
 /// The `result_*` variables and their values before any provider call (§2.4).
-const RESULT_DEFAULTS: [(&str, Initial); 8] = [
-    ("result_text", || Value::from("")),
-    ("result_json", || Value::from(())),
-    ("result_tool_calls", || Value::from(Vec::<Value>::new())),
-    ("result_image_urls", || Value::from(Vec::<Value>::new())),
-    ("result_audio_inputs", || Value::from(Vec::<Value>::new())),
-    ("result_files", || Value::from(Vec::<Value>::new())),
-    ("result_role", || Value::from("")),
-    ("usage", || Value::from(())),
-];
+const RESULT_DEFAULTS: [(&str, Initial); 8] = names::initials(Section::Result);
 
 /// Every variable a run starts with: executor-maintained (§2.4) and user-settable (§2.5).
 fn initial_vars() -> Vars {
     let mut vars = Vars::new();
-    let mut set = |k: &str, v: Value| {
-        vars.insert(k, v);
-    };
-    set("prev_step", Value::from(()));
-    set("next_step", Value::from(()));
-    for (name, value) in RESULT_DEFAULTS {
-        set(name, value());
-    }
-    set("runs", Value::from(0));
-    set("global_runs", Value::from(0));
-    set("time_elapsed", Value::from(0.0));
-    set("time_elapsed_global", Value::from(0.0));
-    set("errors", Value::from(Vec::<Value>::new()));
-    set("prompts", Value::from(Vec::<Value>::new()));
-    set("tools", Value::from(Vec::<Value>::new()));
-    for (name, value) in user_defaults() {
-        set(name, value);
+    for variable in VARIABLES {
+        vars.insert(variable.name, variable.initial());
     }
     vars
 }
@@ -1098,17 +1071,14 @@ fn missing_inputs(program: &Program, with_context: &[(String, Value)]) -> Option
 
 /// Why `name` cannot be injected with `with_context`, if it cannot.
 fn invalid_context_name(name: &str) -> Option<&'static str> {
-    if name == CONTEXT || name == CONTEXT_HISTORY {
-        Some("it is a view maintained by the executor")
-    } else if RESERVED_VARIABLES.contains(&name) {
-        Some("it is a reserved variable (§8)")
-    } else if crate::helpers::HELPERS.contains(&name) {
-        Some("it is a built-in helper")
-    } else if name.is_empty() {
-        Some("the name is empty")
-    } else {
-        None
-    }
+    names::check_settable(name)
+        .err()
+        .map(|problem| match problem {
+            Unsettable::View => "it is a view maintained by the executor",
+            Unsettable::Reserved => "it is a reserved variable (§8)",
+            Unsettable::Helper => "it is a built-in helper",
+            Unsettable::Empty => "the name is empty",
+        })
 }
 
 /// Runs `program` to the end against a scripted provider, without any async runtime.

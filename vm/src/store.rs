@@ -4,10 +4,10 @@
 //! `foo` in a template reads the store *at that moment*: a value written by `set_context`
 //! is visible to the very next expression of the same template (§2.3, §7.4).
 //!
-//! Variables live in [`Vars`]: the 31 names the executor maintains or defaults (§2.4,
-//! §2.5) in fixed slots, every other variable in a persistent map (`imbl::OrdMap`). The
-//! end-of-step snapshot that goes into `context_history` copies the 31 slots (reference
-//! counts, not data) and clones the map in O(1), sharing its structure; `context_history`
+//! Variables live in [`Vars`]: the names the executor maintains or defaults (§2.4, §2.5;
+//! the table in `names.rs`) in fixed slots, every other variable in a persistent map
+//! (`imbl::OrdMap`). The end-of-step snapshot that goes into `context_history` copies the
+//! slots (reference counts, not data) and clones the map in O(1), sharing its structure; `context_history`
 //! itself is a persistent vector. Nothing is deep-copied, and a snapshot costs the same at
 //! step 10 and at step 10,000.
 //!
@@ -20,59 +20,24 @@ use imbl::{OrdMap, Vector};
 use minijinja::State;
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 
-/// The name of the variable holding the union view of the context.
-pub const CONTEXT: &str = "context";
-/// The name of the variable holding the snapshots of finished steps.
-pub const CONTEXT_HISTORY: &str = "context_history";
+// The views' names live in the name table with every other name; the store serves them.
+pub(crate) use crate::names::{CONTEXT, CONTEXT_HISTORY};
+use crate::names::{ERRORS, SLOTS, SLOTS_BY_NAME, VARIABLES, slot};
 
 /// The hidden root key under which helpers find the store. It is never enumerated.
 const STORE_KEY: &str = "__aplc_store__";
 
-/// Names kept in fixed slots: every executor-maintained (§2.4) and user-settable (§2.5)
-/// variable, sorted so a slot is found by binary search. A test checks the list against
-/// `names.rs`.
-const SLOTS: [&str; 31] = [
-    "allowed_tools",
-    "errors",
-    "frequency_penalty",
-    "global_runs",
-    "logit_bias",
-    "max_tokens",
-    "model",
-    "next_step",
-    "output_mode",
-    "output_structure",
-    "presence_penalty",
-    "prev_step",
-    "prompts",
-    "repetition_penalty",
-    "result_audio_inputs",
-    "result_files",
-    "result_image_urls",
-    "result_json",
-    "result_role",
-    "result_text",
-    "result_tool_calls",
-    "runs",
-    "seed",
-    "stop_sequences",
-    "temperature",
-    "time_elapsed",
-    "time_elapsed_global",
-    "tools",
-    "top_k",
-    "top_p",
-    "usage",
-];
-
 /// The variables of a run. Cloning is O(1): the slots are shared until the next write
-/// copies them (31 reference counts), and the map shares its structure.
+/// copies them (one reference count per slot), and the map shares its structure.
+///
+/// Every variable of §2.4 and §2.5 has a fixed slot: its index in
+/// [`VARIABLES`](crate::names::VARIABLES).
 ///
 /// A slot holding `Value::UNDEFINED` is unset; no variable can hold undefined, because
 /// `set_context` refuses it.
 #[derive(Clone, Default)]
 pub struct Vars {
-    slots: Arc<[Value; SLOTS.len()]>,
+    slots: Arc<[Value; SLOTS]>,
     others: OrdMap<Arc<str>, Value>,
 }
 
@@ -107,14 +72,13 @@ impl Vars {
         }
     }
 
-    /// Every set variable, in name order (the slots and the map are both sorted; this
-    /// merges them).
+    /// Every set variable, in name order (the slots, taken in name order, and the map
+    /// are both sorted; this merges them).
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
-        let mut slots = SLOTS
+        let mut slots = SLOTS_BY_NAME
             .iter()
-            .zip(self.slots.iter())
+            .map(|&i| (VARIABLES[i].name, &self.slots[i]))
             .filter(|(_, v)| !v.is_undefined())
-            .map(|(k, v)| (*k, v))
             .peekable();
         let mut others = self.others.iter().map(|(k, v)| (&**k, v)).peekable();
         std::iter::from_fn(move || match (slots.peek(), others.peek()) {
@@ -152,50 +116,6 @@ impl<'a> IntoIterator for &'a Vars {
 
     fn into_iter(self) -> Self::IntoIter {
         Box::new(self.iter())
-    }
-}
-
-/// The slot of a fixed name.
-///
-/// A `match` rather than a search of `SLOTS`: the executor writes its variables by
-/// literal name, and once this is inlined the compiler resolves those at build time
-/// (profiling showed the binary search at 17 % of a run). A test checks the arms against
-/// `SLOTS`.
-#[inline]
-fn slot(name: &str) -> Option<usize> {
-    match name {
-        "allowed_tools" => Some(0),
-        "errors" => Some(1),
-        "frequency_penalty" => Some(2),
-        "global_runs" => Some(3),
-        "logit_bias" => Some(4),
-        "max_tokens" => Some(5),
-        "model" => Some(6),
-        "next_step" => Some(7),
-        "output_mode" => Some(8),
-        "output_structure" => Some(9),
-        "presence_penalty" => Some(10),
-        "prev_step" => Some(11),
-        "prompts" => Some(12),
-        "repetition_penalty" => Some(13),
-        "result_audio_inputs" => Some(14),
-        "result_files" => Some(15),
-        "result_image_urls" => Some(16),
-        "result_json" => Some(17),
-        "result_role" => Some(18),
-        "result_text" => Some(19),
-        "result_tool_calls" => Some(20),
-        "runs" => Some(21),
-        "seed" => Some(22),
-        "stop_sequences" => Some(23),
-        "temperature" => Some(24),
-        "time_elapsed" => Some(25),
-        "time_elapsed_global" => Some(26),
-        "tools" => Some(27),
-        "top_k" => Some(28),
-        "top_p" => Some(29),
-        "usage" => Some(30),
-        _ => None,
     }
 }
 
@@ -252,7 +172,7 @@ impl Store {
     pub fn push_error(&self, message: String) {
         let mut inner = self.lock();
         // A template may have overwritten `errors` with anything; keep what it holds.
-        let mut errors: Vec<Value> = match inner.vars.get("errors") {
+        let mut errors: Vec<Value> = match inner.vars.get(ERRORS) {
             Some(v) if v.kind() == minijinja::value::ValueKind::Seq => {
                 v.try_iter().map(|it| it.collect()).unwrap_or_default()
             }
@@ -261,7 +181,7 @@ impl Store {
             None => Vec::new(),
         };
         errors.push(Value::from(message));
-        inner.vars.insert(Arc::from("errors"), Value::from(errors));
+        inner.vars.insert(ERRORS, Value::from(errors));
     }
 
     /// An O(1) copy of the current variables.
@@ -452,21 +372,6 @@ pub fn value_from_json(json: &serde_json::Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_are_sorted_and_are_exactly_the_known_names() {
-        let mut sorted = SLOTS;
-        sorted.sort();
-        assert_eq!(sorted, SLOTS, "binary search needs a sorted table");
-        let mut known: Vec<&str> = crate::names::EXECUTOR_VARIABLES.to_vec();
-        known.extend(crate::names::user_defaults().iter().map(|(k, _)| *k));
-        known.sort();
-        assert_eq!(known, SLOTS);
-        for (i, name) in SLOTS.iter().enumerate() {
-            assert_eq!(slot(name), Some(i), "{name}");
-        }
-        assert_eq!(slot("custom"), None);
-    }
 
     #[test]
     fn vars_behave_like_a_map() {

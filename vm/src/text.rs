@@ -1,4 +1,5 @@
-//! Making untrusted text safe to print on a terminal.
+//! Making untrusted text safe to print on a terminal, and naming the kind of a value in
+//! error messages.
 //!
 //! Step names, source names, template text, provider errors and tool output all come from
 //! outside the process. Printed raw, an escape sequence among them can move the cursor,
@@ -54,6 +55,23 @@ pub fn json_kind(value: &serde_json::Value) -> &'static str {
     }
 }
 
+/// "a string", "a list", …: how errors name the template value they found; the
+/// counterpart of [`json_kind`] for minijinja values.
+pub fn value_kind(value: &minijinja::Value) -> &'static str {
+    use minijinja::value::ValueKind;
+    match value.kind() {
+        ValueKind::Undefined => "undefined",
+        ValueKind::None => "none",
+        ValueKind::Bool => "a boolean",
+        ValueKind::Number => "a number",
+        ValueKind::String => "a string",
+        ValueKind::Bytes => "bytes",
+        ValueKind::Seq | ValueKind::Iterable => "a list",
+        ValueKind::Map => "a map",
+        _ => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +91,14 @@ mod tests {
         assert_eq!(truncate_chars("héllo", 10), "héllo");
         assert_eq!(truncate_chars("héllo", 2), "hé…");
         assert_eq!(truncate_chars("", 0), "");
+    }
+
+    #[test]
+    fn names_kinds_of_values() {
+        use minijinja::Value;
+        assert_eq!(value_kind(&Value::from("x")), "a string");
+        assert_eq!(value_kind(&Value::from(vec![1])), "a list");
+        assert_eq!(value_kind(&Value::from(())), "none");
+        assert_eq!(json_kind(&serde_json::json!([])), "an array");
     }
 }

@@ -196,7 +196,7 @@ impl Allowed {
         if value.kind() != minijinja::value::ValueKind::Seq {
             return Allowed::Invalid(format!(
                 "`allowed_tools` must be a list of tool names, found {}",
-                value.kind()
+                crate::text::value_kind(value)
             ));
         }
         let mut names = Vec::new();

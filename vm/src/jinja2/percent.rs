@@ -11,7 +11,7 @@ use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
 use super::{MAX_RESULT_BYTES, MAX_WIDTH};
-use crate::env::{py_repr, py_str, py_type_name};
+use crate::python::{py_repr, py_str, py_type_name};
 
 /// `format % args` with Python's semantics (CPython's `PyUnicode_Format`).
 ///
