@@ -251,9 +251,9 @@ fn declared_inputs(
                 )
             } else {
                 match check_settable(token) {
-                    Err(Unsettable::Reserved) => Some(
-                        "reserved for a future version of APL (§8); `with_context` refuses it",
-                    ),
+                    Err(Unsettable::Reserved) => {
+                        Some("reserved for a future version of APL (§8); `with_context` refuses it")
+                    }
                     Err(Unsettable::View) => {
                         Some("maintained by the executor; `with_context` refuses it")
                     }

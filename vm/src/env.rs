@@ -56,8 +56,8 @@
 
 use std::io;
 
-use minijinja::value::limits::{self, ValueLimits};
 use minijinja::value::Value;
+use minijinja::value::limits::{self, ValueLimits};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, UndefinedBehavior};
 
 /// Limits applied to every render.
@@ -135,9 +135,8 @@ pub fn template_env(limits: &Limits) -> Environment<'static> {
         }
         crate::python::write_py_str(out, value)
     });
-    // Also installs the unknown-method callback: pycompat's Python methods, with a hint
-    // for `items.append(x)` and the other mutating methods (`jinja2.rs`).
     crate::helpers::register(&mut env);
+    crate::jinja2::register(&mut env);
     env
 }
 

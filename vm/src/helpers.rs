@@ -25,7 +25,9 @@ use crate::names::{
 use crate::python::{py_repr, py_str, py_type_name};
 use crate::store::{Store, freeze_views};
 
-/// Registers the helpers and the Jinja2-compatible filters and globals on `env`.
+/// Registers the helpers and the Jinja2-compatible filters and globals on `env`. The
+/// Jinja2 built-ins minijinja lacks are `jinja2.rs`'s, which uses this file's argument
+/// binding, so `env.rs` registers them itself rather than through here.
 pub(crate) fn register(env: &mut Environment<'static>) {
     env.add_function(SET_CONTEXT, set_context);
     env.add_function(GET_CONTEXT, get_context);
@@ -48,7 +50,6 @@ pub(crate) fn register(env: &mut Environment<'static>) {
     env.add_filter("striptags", minijinja_contrib::filters::striptags);
     env.add_function("cycler", cycler);
     env.add_function("joiner", minijinja_contrib::globals::joiner);
-    crate::jinja2::register(env);
 }
 
 /// `set_context(name, value)`: writes the variable `name`.

@@ -27,8 +27,8 @@ use std::sync::LazyLock;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-use crate::python::{py_repr, py_str, py_type_name};
 use crate::helpers::{bind, count_arg, invalid, text};
+use crate::python::{py_repr, py_str, py_type_name};
 
 pub use percent::percent_format;
 

@@ -226,7 +226,10 @@ pub(crate) const fn initials<const N: usize>(section: Section) -> [(&'static str
         }
         i += 1;
     }
-    assert!(n == N, "fewer variables in the section than the table holds");
+    assert!(
+        n == N,
+        "fewer variables in the section than the table holds"
+    );
     out
 }
 
