@@ -273,10 +273,7 @@ fn tool(tool: &ToolDefinition) -> Json {
     let mut entry = Map::new();
     entry.insert("name".into(), Json::String(tool.name.clone()));
     if !tool.description.is_empty() {
-        entry.insert(
-            "description".into(),
-            Json::String(tool.description.clone()),
-        );
+        entry.insert("description".into(), Json::String(tool.description.clone()));
     }
     let schema = match &tool.parameters {
         Json::Null => json!({"type": "object"}),
@@ -463,7 +460,10 @@ mod tests {
         assert_eq!(e.kind, ProviderErrorKind::InvalidRequest);
         assert!(e.message.contains("`file-abc123` is neither"), "{e}");
         let e = one(Part::ImageUrl("data:;base64,xx".into()));
-        assert!(e.message.contains("must be base64 with a media type"), "{e}");
+        assert!(
+            e.message.contains("must be base64 with a media type"),
+            "{e}"
+        );
         let system = ProviderRequest::new(
             "m",
             vec![Message::new(
@@ -549,7 +549,10 @@ mod tests {
         assert_eq!(completion.finish_reason, Some(FinishReason::ToolCalls));
         assert_eq!(completion.model.as_deref(), Some("claude-x"));
         let usage = completion.usage.unwrap();
-        assert_eq!((usage.input_tokens, usage.output_tokens), (Some(10), Some(5)));
+        assert_eq!(
+            (usage.input_tokens, usage.output_tokens),
+            (Some(10), Some(5))
+        );
         assert_eq!(
             Json::Object(usage.fields),
             json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
@@ -578,9 +581,18 @@ mod tests {
     #[test]
     fn malformed_bodies_are_invalid_responses() {
         for (body, message) in [
-            ("<html>", "the response is not JSON (expected value at line 1 column 1)"),
-            ("[]", "the response is not an Anthropic message (it is an array)"),
-            ("{}", "the response is not an Anthropic message (no `content` array)"),
+            (
+                "<html>",
+                "the response is not JSON (expected value at line 1 column 1)",
+            ),
+            (
+                "[]",
+                "the response is not an Anthropic message (it is an array)",
+            ),
+            (
+                "{}",
+                "the response is not an Anthropic message (no `content` array)",
+            ),
             (
                 r#"{"content": "hi"}"#,
                 "the response is not an Anthropic message (`content` is a string)",
@@ -589,7 +601,10 @@ mod tests {
                 r#"{"content": [{"type": "text"}]}"#,
                 "content block 0 (text) has no string `text`",
             ),
-            (r#"{"content": [{}]}"#, "content block 0 has no string `type`"),
+            (
+                r#"{"content": [{}]}"#,
+                "content block 0 has no string `type`",
+            ),
             (
                 r#"{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}"#,
                 "the response is an error: overloaded_error: Overloaded",
