@@ -3,19 +3,22 @@
 //!
 //! * [`driver`]: the tokio driver that performs the I/O a [`aplc_vm::Machine`] asks
 //!   for, the [`driver::Provider`] and [`driver::Tool`] traits and the [`driver::Toolbox`].
-//! * [`openai`]: the OpenAI-compatible HTTP provider; [`routing`]: providers chosen by
-//!   model name, from a providers file.
+//! * [`openai`]: the OpenAI-compatible HTTP provider; [`anthropic`]: the Anthropic
+//!   Messages API provider; both send through one shared transport (retries, deadline,
+//!   redaction). [`routing`]: providers chosen by model name, from a providers file.
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
 //! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool.
 #![deny(missing_docs)]
 
+pub mod anthropic;
 pub mod driver;
 pub mod http;
 pub mod manifest;
 pub mod openai;
 mod redact;
 pub mod routing;
+mod transport;
 mod watchdog;
 
 pub use redact::Redactor;

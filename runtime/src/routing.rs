@@ -243,6 +243,17 @@ const OPENAI_KEYS: [&str; 7] = [
     "max_retries",
     "retry_base_delay_ms",
 ];
+/// The keys of an `anthropic` route besides the common ones.
+const ANTHROPIC_KEYS: [&str; 8] = [
+    "base_url",
+    "api_key_env",
+    "headers",
+    "headers_env",
+    "timeout_ms",
+    "max_retries",
+    "retry_base_delay_ms",
+    "anthropic_version",
+];
 /// The keys of a `mock` route besides the common ones.
 const MOCK_KEYS: [&str; 2] = ["responses", "latency_ms"];
 
@@ -450,6 +461,59 @@ fn openai_route(
     Ok((Arc::new(provider), description))
 }
 
+/// Reads an `anthropic` route (`spec/providers.md` §5.1): the keys of an `openai` route,
+/// plus `anthropic_version`, with the same checks. The key comes from `api_key_env`
+/// through `env`; every `anthropic` route sends through `client` when one is given.
+pub fn anthropic_config(
+    route: &Map<String, Json>,
+    env: &dyn Fn(&str) -> Option<String>,
+    client: Option<&HttpClient>,
+) -> Result<crate::anthropic::AnthropicConfig, String> {
+    use std::time::Duration;
+
+    use crate::anthropic::AnthropicConfig;
+    use crate::openai::DEFAULT_RETRY_MAX_DELAY;
+
+    check_keys(
+        route,
+        &[&COMMON_KEYS[..], &ANTHROPIC_KEYS[..]].concat(),
+        "anthropic",
+    )?;
+    let mut config = AnthropicConfig::new();
+    if let Some(url) = string(route, "base_url")? {
+        config = config.base_url(url);
+    }
+    if let Some(variable) = string(route, "api_key_env")? {
+        config = config.api_key(env_value(env, variable, "api_key_env")?);
+    }
+    if let Some(version) = string(route, "anthropic_version")? {
+        config = config.api_version(version);
+    }
+    for (name, value) in string_map(route, "headers")? {
+        config = config.header(name, value);
+    }
+    for (name, variable) in string_map(route, "headers_env")? {
+        config = config.header(
+            name,
+            env_value(env, variable, &format!("headers_env.{name}"))?,
+        );
+    }
+    if let Some(ms) = integer(route, "timeout_ms", MAX_MILLIS)? {
+        config = config.request_timeout(Duration::from_millis(ms));
+    }
+    if let Some(retries) = integer(route, "max_retries", MAX_RETRIES)? {
+        config = config.max_retries(retries as u32);
+    }
+    if let Some(ms) = integer(route, "retry_base_delay_ms", MAX_MILLIS)? {
+        let base = Duration::from_millis(ms);
+        config = config.retry_delays(base, DEFAULT_RETRY_MAX_DELAY.max(base));
+    }
+    if let Some(client) = client {
+        config = config.http_client(client.clone());
+    }
+    Ok(config)
+}
+
 fn mock_route(route: &Map<String, Json>) -> Result<(Arc<dyn Provider>, String), String> {
     let responses = match route.get("responses") {
         Some(Json::Array(responses)) => responses.clone(),
@@ -577,6 +641,85 @@ mod tests {
             assert_eq!(error(config), expected, "{config}");
         }
         assert!(error("{").starts_with("providers config is not valid JSON: "));
+    }
+
+    fn anthropic(route: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+        let Json::Object(route) = serde_json::from_str(route).unwrap() else {
+            panic!("a route is an object");
+        };
+        let config = anthropic_config(&route, env, None)?;
+        let debug = format!("{config:?}");
+        let provider = crate::anthropic::AnthropicProvider::new(config)?;
+        Ok(format!("{} {debug}", provider.endpoint()))
+    }
+
+    #[test]
+    fn anthropic_routes() {
+        let env = |name: &str| match name {
+            "ANTHROPIC_API_KEY" => Some("sk-ant-secret-from-env-123456".to_string()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        };
+        let read = anthropic(
+            r#"{"model": "claude-*", "kind": "anthropic", "api_key_env": "ANTHROPIC_API_KEY",
+                "base_url": "http://127.0.0.1:1", "anthropic_version": "2024-01-01",
+                "headers": {"anthropic-beta": "b"}, "timeout_ms": 100, "max_retries": 0,
+                "retry_base_delay_ms": 10}"#,
+            &env,
+        )
+        .unwrap();
+        assert_eq!(
+            read,
+            "http://127.0.0.1:1/v1/messages AnthropicConfig { base_url: \"http://127.0.0.1:1\", \
+             api_key: Some(<redacted>), api_version: \"2024-01-01\", headers: \
+             {\"anthropic-beta\": <redacted>}, request_timeout: 100ms, max_retries: 0, \
+             retry_base_delay: 10ms, retry_max_delay: 8s }"
+        );
+        let minimal = anthropic(r#"{"model": "*", "kind": "anthropic"}"#, &env).unwrap();
+        assert!(
+            minimal.starts_with("https://api.anthropic.com/v1/messages "),
+            "{minimal}"
+        );
+        let cases = [
+            (
+                r#"{"model": "*", "kind": "anthropic", "api_key": "sk-1"}"#,
+                "unknown key `api_key`: keys are not written in the config file; name the \
+                 environment variable that holds it with `api_key_env`",
+            ),
+            (
+                r#"{"model": "*", "kind": "anthropic", "responses": []}"#,
+                "unknown key `responses` for kind `anthropic` (expected `model`, `kind`, \
+                 `base_url`, `api_key_env`, `headers`, `headers_env`, `timeout_ms`, \
+                 `max_retries`, `retry_base_delay_ms`, `anthropic_version`)",
+            ),
+            (
+                r#"{"model": "*", "kind": "anthropic", "api_key_env": "EMPTY"}"#,
+                "environment variable `EMPTY` (from `api_key_env`) is empty",
+            ),
+            (
+                r#"{"model": "*", "kind": "anthropic", "api_key_env": "MISSING"}"#,
+                "environment variable `MISSING` (from `api_key_env`) is not set",
+            ),
+            (
+                r#"{"model": "*", "kind": "anthropic", "anthropic_version": 1}"#,
+                "expected `anthropic_version` to be a string, found a number",
+            ),
+            (
+                r#"{"model": "*", "kind": "anthropic", "max_retries": 11}"#,
+                "expected `max_retries` to be an integer from 0 to 10, found 11",
+            ),
+            (
+                r#"{"model": "*", "kind": "anthropic", "timeout_ms": 0}"#,
+                "the request timeout must be greater than zero",
+            ),
+            (
+                r#"{"model": "*", "kind": "anthropic", "base_url": "ftp://h"}"#,
+                "invalid base URL `ftp://h`: expected an http:// or https:// URL",
+            ),
+        ];
+        for (route, expected) in cases {
+            assert_eq!(anthropic(route, &env).unwrap_err(), expected, "{route}");
+        }
     }
 
     #[test]

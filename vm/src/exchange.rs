@@ -37,6 +37,21 @@ pub struct ProviderRequest {
     pub context: Vars,
 }
 
+impl ProviderRequest {
+    /// A request for `model` with `messages`: no tools, no sampling parameters, free text
+    /// and an empty context. The fields are public: set the others after.
+    pub fn new(model: impl Into<String>, messages: impl Into<Arc<[Message]>>) -> ProviderRequest {
+        ProviderRequest {
+            model: model.into(),
+            messages: messages.into(),
+            tools: Arc::from([]),
+            sampling: Sampling::default(),
+            output: OutputFormat::Text,
+            context: Vars::new(),
+        }
+    }
+}
+
 /// One message of the request (§3).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -45,6 +60,18 @@ pub struct Message {
     pub role: Role,
     /// What is said.
     pub content: Content,
+}
+
+impl Message {
+    /// A message of `role` saying `content`.
+    pub fn new(role: Role, content: Content) -> Message {
+        Message { role, content }
+    }
+
+    /// A text-only message.
+    pub fn text(role: Role, text: impl Into<String>) -> Message {
+        Message::new(role, Content::Text(text.into()))
+    }
 }
 
 /// A message's role: the role sections of §1.2.
@@ -109,6 +136,22 @@ pub struct ToolDefinition {
     pub description: String,
     /// The JSON schema of its arguments.
     pub parameters: Json,
+}
+
+impl ToolDefinition {
+    /// A tool called `name`, described by `description`, taking arguments that match
+    /// the JSON schema `parameters`.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: Json,
+    ) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+        }
+    }
 }
 
 /// The §2.5 sampling parameters that are set. A variable counts as set unless it is

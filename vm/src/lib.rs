@@ -30,6 +30,7 @@ mod template_check;
 pub mod text;
 
 pub mod tools;
+pub mod wire;
 
 pub use env::{Limits, template_env};
 pub use interrupt::{Interrupt, InterruptReason};

@@ -1,0 +1,842 @@
+//! The HTTP exchange every HTTP provider shares: one JSON `POST`, retried until it
+//! succeeds, fails for good, runs out of retries or would pass the run's deadline.
+//!
+//! [`Transport::send`] hands back a 2xx body as bytes, or a [`ProviderError`] whose kind
+//! follows the failure (401/403 auth, 429 rate_limited, 5xx server, timeouts timeout,
+//! connect/TLS/redirect transport, other 4xx invalid_request) and whose message is
+//! redacted and ends in the `(POST <endpoint>[; gave up after N attempts][; not retried:
+//! …])` trailer of `spec/providers.md` §4. Backoff is exponential with jitter and honours
+//! `retry-after-ms` and `Retry-After` (seconds or an HTTP date).
+//!
+//! Not in here: what the body means. Each provider passes how to read the API's message
+//! out of an error body, and decodes a 2xx body itself (its wire format).
+
+use std::fmt;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use aplc_vm::typed::{ProviderError, ProviderErrorKind};
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use reqwest::{StatusCode, Url};
+use serde_json::Value as Json;
+
+use crate::http::{self, BodyError, HttpClient, MAX_BODY_BYTES};
+use crate::redact::{REDACTED, Redactor};
+
+/// How much of a body an error message quotes (after redaction).
+pub(crate) const EXCERPT_CHARS: usize = 200;
+
+/// Headers every HTTP provider sets itself.
+pub(crate) const MANAGED_HEADERS: [HeaderName; 5] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::HOST,
+    header::TRANSFER_ENCODING,
+    header::ACCEPT,
+];
+
+/// Reads the API's own message out of an error body, redacted and clipped with the
+/// redactor given; `None` when the body has no message in the provider's shape.
+pub(crate) type ApiMessage = fn(&Json, &Redactor) -> Option<String>;
+
+/// How long each attempt may take and how often and how patiently to retry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Retries {
+    /// How long one HTTP request may take, from sending to the last byte of the body.
+    pub request_timeout: Duration,
+    /// How many times a retryable failure is retried.
+    pub max_retries: u32,
+    /// The first backoff delay.
+    pub base_delay: Duration,
+    /// The longest backoff delay (before jitter).
+    pub max_delay: Duration,
+}
+
+/// A provider's connection to its endpoint: the client, the headers (the key among
+/// them), the retry rules, and the redactor that scrubs every message it returns.
+#[derive(Clone)]
+pub(crate) struct Transport {
+    client: HttpClient,
+    endpoint: Url,
+    headers: HeaderMap,
+    redactor: Redactor,
+    retries: Retries,
+    api_message: ApiMessage,
+}
+
+/// A 2xx answer: its status, its body, and how many attempts it took.
+pub(crate) struct Delivered {
+    pub status: StatusCode,
+    pub body: Vec<u8>,
+    attempts: u32,
+}
+
+impl Transport {
+    /// A transport posting to `endpoint` with `headers`; `secrets` are redacted from
+    /// every message. A `max_delay` below `base_delay` is raised to it.
+    pub(crate) fn new(
+        client: HttpClient,
+        endpoint: Url,
+        headers: HeaderMap,
+        secrets: &[String],
+        mut retries: Retries,
+        api_message: ApiMessage,
+    ) -> Transport {
+        retries.max_delay = retries.max_delay.max(retries.base_delay);
+        Transport {
+            client,
+            endpoint,
+            headers,
+            redactor: Redactor::new(secrets.iter().map(String::as_str)),
+            retries,
+            api_message,
+        }
+    }
+
+    /// The URL requests are posted to.
+    pub(crate) fn endpoint(&self) -> &Url {
+        &self.endpoint
+    }
+
+    /// The headers sent with every request.
+    pub(crate) fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The retry rules.
+    pub(crate) fn retries(&self) -> Retries {
+        self.retries
+    }
+
+    /// The redactor for this transport's secrets.
+    pub(crate) fn redactor(&self) -> &Redactor {
+        &self.redactor
+    }
+
+    /// Replaces every run of a secret in `message` with `<redacted>`: a server may echo
+    /// a header back in an error body, whole, cut or in another case.
+    pub(crate) fn redact(&self, message: String) -> String {
+        self.redactor.redact(&message)
+    }
+
+    /// Sends `body` until it succeeds, fails for good, runs out of retries or would pass
+    /// `deadline`.
+    pub(crate) async fn send(
+        &self,
+        body: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<Delivered, ProviderError> {
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let mut attempts = 0u32;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(self.gave_up(
+                    Failure::fatal(
+                        ProviderErrorKind::Timeout,
+                        "the run's deadline passed before the request was sent".into(),
+                    ),
+                    attempts,
+                    None,
+                ));
+            }
+            attempts += 1;
+            let timeout = self.retries.request_timeout;
+            let limit = timeout.min(left);
+            let failure = match tokio::time::timeout(limit, self.attempt(body.clone())).await {
+                Ok(Ok((status, body))) => {
+                    return Ok(Delivered {
+                        status,
+                        body,
+                        attempts,
+                    });
+                }
+                Ok(Err(failure)) => failure,
+                // Nothing is left to retry with.
+                Err(_) if limit < timeout => Failure::fatal(
+                    ProviderErrorKind::Timeout,
+                    format!(
+                        "no response before the run's deadline ({} ms)",
+                        limit.as_millis()
+                    ),
+                ),
+                Err(_) => Failure {
+                    kind: ProviderErrorKind::Timeout,
+                    message: format!(
+                        "no response within the request timeout of {} ms",
+                        limit.as_millis()
+                    ),
+                    retry: true,
+                    retry_after: None,
+                },
+            };
+            if !failure.retry || attempts > self.retries.max_retries {
+                return Err(self.gave_up(failure, attempts, None));
+            }
+            let delay = failure
+                .retry_after
+                .unwrap_or_else(|| self.backoff(attempts - 1));
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if delay >= left {
+                let why = match failure.retry_after {
+                    Some(after) => format!(
+                        "not retried: the server asked to wait {} ms, past the run's deadline",
+                        after.as_millis()
+                    ),
+                    None => "not retried: the next attempt would start past the run's deadline"
+                        .to_owned(),
+                };
+                return Err(self.gave_up(failure, attempts, Some(&why)));
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// The error for a 2xx answer the provider could not decode: kind invalid_response,
+    /// `message` (which should name the status) with the trailer, redacted.
+    pub(crate) fn invalid_response(&self, delivered: &Delivered, message: String) -> ProviderError {
+        self.gave_up(
+            Failure::fatal(ProviderErrorKind::InvalidResponse, message),
+            delivered.attempts,
+            None,
+        )
+    }
+
+    /// One HTTP exchange: the status and body of a 2xx answer, or why there is none.
+    async fn attempt(&self, body: Vec<u8>) -> Result<(StatusCode, Vec<u8>), Failure> {
+        let mut response = self
+            .client
+            .inner()
+            .post(self.endpoint.clone())
+            .headers(self.headers.clone())
+            .body(body)
+            .send()
+            .await
+            .map_err(Failure::transport)?;
+        let status = response.status();
+        let retry_after = retry_after(response.headers(), SystemTime::now());
+        let location = response
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = read_body(&mut response).await?;
+        if status.is_success() {
+            return Ok((status, body));
+        }
+        let retry = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
+        let detail = if status.is_redirection() {
+            let to = location
+                .map(|l: String| format!(" to `{}`", self.redactor.clip(&l, EXCERPT_CHARS)))
+                .unwrap_or_default();
+            format!(
+                "redirected{to}; only same-origin 307 and 308 redirects are followed, check \
+                 the base URL"
+            )
+        } else {
+            self.api_message(&body)
+        };
+        Err(Failure {
+            kind: status_kind(status),
+            message: format!("{}: {detail}", status_text(status)),
+            retry,
+            retry_after: retry_after.filter(|_| retry),
+        })
+    }
+
+    /// The API's message from an error body, or an excerpt of the body; redacted, then
+    /// cut.
+    fn api_message(&self, body: &[u8]) -> String {
+        serde_json::from_slice::<Json>(body)
+            .ok()
+            .and_then(|json| (self.api_message)(&json, &self.redactor))
+            .unwrap_or_else(|| excerpt(body, &self.redactor))
+    }
+
+    /// The backoff before retry number `retry + 1`: exponential, capped, with jitter.
+    fn backoff(&self, retry: u32) -> Duration {
+        let exponential = self
+            .retries
+            .base_delay
+            .saturating_mul(1u32 << retry.min(20))
+            .min(self.retries.max_delay);
+        // "Equal jitter": half fixed, half random, so clients that failed together spread
+        // out without any of them retrying at once.
+        exponential / 2 + exponential.mul_f64(fastrand::f64() / 2.0)
+    }
+
+    /// The final error: what failed, where, and how often it was tried.
+    fn gave_up(&self, failure: Failure, attempts: u32, note: Option<&str>) -> ProviderError {
+        let mut trailer = format!("POST {}", self.endpoint);
+        if attempts > 1 {
+            trailer.push_str(&format!("; gave up after {attempts} attempts"));
+        }
+        if let Some(note) = note {
+            trailer.push_str("; ");
+            trailer.push_str(note);
+        }
+        ProviderError::new(
+            failure.kind,
+            self.redact(format!("{} ({trailer})", failure.message)),
+        )
+    }
+}
+
+impl fmt::Debug for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transport")
+            .field("endpoint", &self.endpoint.as_str())
+            .field("retries", &self.retries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The kind of a failure with a non-2xx `status`.
+fn status_kind(status: StatusCode) -> ProviderErrorKind {
+    match status.as_u16() {
+        401 | 403 => ProviderErrorKind::Auth,
+        429 => ProviderErrorKind::RateLimited,
+        500..=599 => ProviderErrorKind::Server,
+        300..=399 => ProviderErrorKind::Transport,
+        400..=499 => ProviderErrorKind::InvalidRequest,
+        _ => ProviderErrorKind::InvalidResponse,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Configuration helpers, shared by the providers' constructors.
+
+/// `{base_url}/v1/{path}`, without doubling a trailing `/v1`; a URL with credentials, a
+/// query string or a fragment is refused without showing them.
+pub(crate) fn endpoint(base_url: &str, path: &str) -> Result<Url, String> {
+    let text = base_url.trim();
+    let shown = printable_url(text);
+    let mut url = Url::parse(text).map_err(|e| format!("invalid base URL `{shown}`: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "invalid base URL `{shown}`: expected an http:// or https:// URL"
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "invalid base URL: credentials in the URL are not supported; use an API \
+                    key or a header"
+                .into(),
+        );
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(format!(
+            "invalid base URL `{shown}`: a base URL has no query string or fragment"
+        ));
+    }
+    let base = url.path().trim_end_matches('/');
+    let full = if base.ends_with("/v1") {
+        format!("{base}/{path}")
+    } else {
+        format!("{base}/v1/{path}")
+    };
+    url.set_path(&full);
+    Ok(url)
+}
+
+/// How a provider sends its API key.
+pub(crate) struct KeyHeader {
+    /// The header that carries the key (`authorization`, `x-api-key`).
+    pub name: HeaderName,
+    /// How errors spell that header (`Authorization`).
+    pub shown: &'static str,
+    /// What precedes the key in the value (`Bearer `), if anything.
+    pub prefix: &'static str,
+}
+
+/// The headers of every request: JSON content type and accept, the configured ones, and
+/// the key. Returns them with the secrets to redact (the key and every header value).
+///
+/// Errors name what is wrong (a bad header name or value, a header the provider sets
+/// itself, two keys) without repeating a secret.
+pub(crate) fn request_headers(
+    configured: &[(String, String)],
+    managed: &[HeaderName],
+    key_header: &KeyHeader,
+    key: Option<&str>,
+) -> Result<(HeaderMap, Vec<String>), String> {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+    let mut secrets = Vec::new();
+    for (name, value) in configured {
+        let header_name = HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| format!("`{name}` is not a valid HTTP header name"))?;
+        if MANAGED_HEADERS.contains(&header_name) || managed.contains(&header_name) {
+            return Err(format!(
+                "header `{header_name}` is set by the provider and cannot be configured"
+            ));
+        }
+        if header_name == key_header.name && key.is_some() {
+            return Err(format!(
+                "both an API key and an `{}` header are configured: use one of them",
+                key_header.shown
+            ));
+        }
+        let mut header_value = HeaderValue::from_str(value.trim()).map_err(|_| {
+            format!("the value of header `{header_name}` is not a valid HTTP header value")
+        })?;
+        header_value.set_sensitive(true);
+        headers.append(header_name, header_value);
+        secrets.push(value.trim().to_owned());
+    }
+    if let Some(key) = key {
+        let key = key.trim();
+        if key.is_empty() {
+            return Err("the API key is empty".into());
+        }
+        let mut value =
+            HeaderValue::from_str(&format!("{}{key}", key_header.prefix)).map_err(|_| {
+                "the API key is not a valid HTTP header value (it holds a line break or \
+                 another control character)"
+                    .to_string()
+            })?;
+        value.set_sensitive(true);
+        headers.insert(key_header.name.clone(), value);
+        secrets.push(key.to_owned());
+    }
+    Ok((headers, secrets))
+}
+
+/// A URL for messages and `Debug`: a user name or password, a query string and a
+/// fragment (any of which may hold a key, as in `?key=…`) are shown as `<redacted>`.
+pub(crate) fn printable_url(text: &str) -> String {
+    // The query and fragment first: they may hold an `@` too.
+    let (text, tail) = match text.find(['?', '#']) {
+        Some(at) => (&text[..at], format!("{}{REDACTED}", &text[at..at + 1])),
+        None => (text, String::new()),
+    };
+    let shown = match text.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{scheme}://{REDACTED}@{}", &rest[at + 1..]),
+                None => text.to_owned(),
+            }
+        }
+        None if text.contains('@') => REDACTED.to_owned(),
+        None => text.to_owned(),
+    };
+    shown + &tail
+}
+
+/// Prints as `<redacted>`.
+pub(crate) struct Redacted;
+
+impl fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+/// Header names with redacted values.
+pub(crate) struct RedactedHeaders<'a>(pub &'a [(String, String)]);
+
+impl fmt::Debug for RedactedHeaders<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(name, _)| (name, Redacted)))
+            .finish()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Failures and bodies.
+
+/// A failed attempt.
+struct Failure {
+    kind: ProviderErrorKind,
+    message: String,
+    /// Whether another attempt might succeed (429, 5xx, transport failures).
+    retry: bool,
+    /// The delay the server asked for.
+    retry_after: Option<Duration>,
+}
+
+impl Failure {
+    fn fatal(kind: ProviderErrorKind, message: String) -> Failure {
+        Failure {
+            kind,
+            message,
+            retry: false,
+            retry_after: None,
+        }
+    }
+
+    /// A request that got no (complete) response.
+    fn transport(error: reqwest::Error) -> Failure {
+        Failure {
+            kind: ProviderErrorKind::Transport,
+            message: http::error_text(&error),
+            // A certificate the platform does not trust stays untrusted on the next try.
+            retry: !error.is_builder() && !is_tls_error(&error),
+            retry_after: None,
+        }
+    }
+}
+
+/// Whether a TLS error (an untrusted certificate, a failed handshake) caused `error`.
+fn is_tls_error(error: &reqwest::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = cause {
+        if current.is::<rustls::Error>() {
+            return true;
+        }
+        // tokio-rustls wraps rustls errors in `io::Error`s (hyper wraps those once more),
+        // and an `io::Error`'s `source` skips the error it wraps.
+        cause = match current
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => current.source(),
+        };
+    }
+    false
+}
+
+/// Reads the body, up to [`MAX_BODY_BYTES`].
+async fn read_body(response: &mut reqwest::Response) -> Result<Vec<u8>, Failure> {
+    let status = response.status();
+    http::read_body(response).await.map_err(|e| match e {
+        BodyError::TooLarge => Failure::fatal(
+            ProviderErrorKind::InvalidResponse,
+            format!(
+                "{}: the response body is larger than {} MiB",
+                status_text(status),
+                MAX_BODY_BYTES >> 20
+            ),
+        ),
+        BodyError::Failed(e) => Failure::transport(e),
+    })
+}
+
+/// The start of a body, on one line, redacted, for an error message.
+pub(crate) fn excerpt(body: &[u8], redactor: &Redactor) -> String {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return "(empty body)".into();
+    }
+    // Only the start is quoted: decoding the rest of a large body would be wasted.
+    let head = &body[..body.len().min(64 * 1024)];
+    redactor.clip(&String::from_utf8_lossy(head), EXCERPT_CHARS)
+}
+
+/// `HTTP 429 Too Many Requests`.
+pub(crate) fn status_text(status: StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(reason) => format!("HTTP {} {reason}", status.as_u16()),
+        None => format!("HTTP {}", status.as_u16()),
+    }
+}
+
+/// The delay a 429 or 503 response asks for: `retry-after-ms` (OpenAI), else
+/// `Retry-After` in seconds or as an HTTP date.
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64((ms / 1000.0).min(u32::MAX as f64)));
+    }
+    let value = text("retry-after")?;
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = parse_http_date(value)?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the HTTP-date format servers
+/// must send (RFC 9110 §5.6.7). The two obsolete formats are not accepted.
+fn parse_http_date(text: &str) -> Option<SystemTime> {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (_weekday, rest) = text.split_once(", ")?;
+    let mut fields = rest.split(' ');
+    let day: u32 = fields.next()?.parse().ok()?;
+    let month = fields.next()?;
+    let month = MONTHS.iter().position(|m| *m == month)? as u32 + 1;
+    let year: i64 = fields.next()?.parse().ok()?;
+    let mut time = fields.next()?.split(':');
+    let mut part = |max: u64| time.next()?.parse::<u64>().ok().filter(|v| *v <= max);
+    let (hour, minute, second) = (part(23)?, part(59)?, part(60)?);
+    if fields.next() != Some("GMT") || fields.next().is_some() || !(1..=31).contains(&day) {
+        return None;
+    }
+    // A hostile year (`99999999999999`) must not overflow: every step is checked, and a
+    // date too far ahead for `SystemTime` is no delay at all.
+    let days = days_from_civil(year, month, day)?;
+    let seconds = u64::try_from(days)
+        .ok()?
+        .checked_mul(86_400)?
+        .checked_add(hour * 3600 + minute * 60 + second)?;
+    UNIX_EPOCH.checked_add(Duration::from_secs(seconds))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm);
+/// `None` when a step would overflow.
+fn days_from_civil(year: i64, month: u32, day: u32) -> Option<i64> {
+    let year = if month <= 2 {
+        year.checked_sub(1)?
+    } else {
+        year
+    };
+    let era = year.div_euclid(400);
+    let year_of_era = year.rem_euclid(400);
+    let month = i64::from(month);
+    let day_of_year =
+        (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era.checked_mul(146_097)?
+        .checked_add(day_of_era)?
+        .checked_sub(719_468)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transport(retries: Retries) -> Transport {
+        Transport::new(
+            HttpClient::new().unwrap(),
+            endpoint("http://127.0.0.1:9", "messages").unwrap(),
+            HeaderMap::new(),
+            &["sk-abcdefgh12345678".to_owned()],
+            retries,
+            |_, _| None,
+        )
+    }
+
+    #[test]
+    fn endpoints() {
+        let cases = [
+            (
+                "https://api.openai.com",
+                "https://api.openai.com/v1/chat/completions",
+            ),
+            (
+                "https://api.openai.com/",
+                "https://api.openai.com/v1/chat/completions",
+            ),
+            (
+                "http://localhost:8080/v1",
+                "http://localhost:8080/v1/chat/completions",
+            ),
+            (
+                "http://localhost:8080/v1/",
+                "http://localhost:8080/v1/chat/completions",
+            ),
+            (
+                "http://h/proxy/openai",
+                "http://h/proxy/openai/v1/chat/completions",
+            ),
+            (" http://h:1/api/v1 ", "http://h:1/api/v1/chat/completions"),
+        ];
+        for (base, expected) in cases {
+            assert_eq!(
+                endpoint(base, "chat/completions").unwrap().as_str(),
+                expected,
+                "{base}"
+            );
+        }
+        for (base, error) in [
+            ("localhost:8080", "expected an http:// or https:// URL"),
+            ("ftp://h", "expected an http:// or https:// URL"),
+            ("http://h/?key=1", "no query string"),
+            ("nonsense", "invalid base URL `nonsense`"),
+        ] {
+            let e = endpoint(base, "chat/completions").unwrap_err();
+            assert!(e.contains(error), "{base}: {e}");
+        }
+        let e = endpoint("https://user:sk-secret-1234@h", "messages").unwrap_err();
+        assert!(!e.contains("sk-secret"), "{e}");
+        assert_eq!(
+            endpoint("http://h:1/v1/", "messages").unwrap().as_str(),
+            "http://h:1/v1/messages"
+        );
+    }
+
+    #[test]
+    fn printable_urls_hide_credentials() {
+        assert_eq!(
+            printable_url("https://u:p@h/x@y"),
+            "https://<redacted>@h/x@y"
+        );
+        assert_eq!(printable_url("https://h/a@b"), "https://h/a@b");
+        assert_eq!(printable_url("u:p@h"), "<redacted>");
+        assert_eq!(
+            printable_url("http://h:1/v1?key=sk-0123456789abcdef&x=1#frag"),
+            "http://h:1/v1?<redacted>"
+        );
+        assert_eq!(printable_url("https://h#a@b"), "https://h#<redacted>");
+        let e = endpoint("http://h/?key=sk-0123456789abcdef", "messages").unwrap_err();
+        assert_eq!(
+            e,
+            "invalid base URL `http://h/?<redacted>`: a base URL has no query string or fragment"
+        );
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (k, v) in pairs {
+                map.insert(*k, HeaderValue::from_static(v));
+            }
+            map
+        };
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "3")]), now),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            retry_after(
+                &headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:47 GMT")]),
+                now
+            ),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            retry_after(
+                &headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:00 GMT")]),
+                now
+            ),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            retry_after(
+                &headers(&[("retry-after-ms", "250"), ("retry-after", "9")]),
+                now
+            ),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "soon")]), now), None);
+        assert_eq!(retry_after(&headers(&[]), now), None);
+    }
+
+    #[test]
+    fn far_future_retry_after_dates_do_not_overflow() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777);
+        for date in [
+            "Sun, 06 Nov 99999999999999 08:49:37 GMT",
+            "Sun, 06 Nov 9223372036854775807 08:49:37 GMT",
+            "Sun, 06 Nov -9223372036854775808 08:49:37 GMT",
+            "Sun, 06 Nov 584554051223 08:49:37 GMT",
+        ] {
+            let mut map = HeaderMap::new();
+            map.insert("retry-after", HeaderValue::from_str(date).unwrap());
+            // A date too far ahead to represent is no usable delay; one before the epoch
+            // is in the past.
+            let delay = retry_after(&map, now);
+            assert!(
+                delay.is_none() || delay == Some(Duration::ZERO),
+                "{date}: {delay:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn http_dates() {
+        let at = |s| parse_http_date(s).map(|t| t.duration_since(UNIX_EPOCH).unwrap().as_secs());
+        assert_eq!(at("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(at("Sun, 06 Nov 1994 08:49:37 GMT"), Some(784_111_777));
+        assert_eq!(at("Tue, 29 Feb 2000 12:00:00 GMT"), Some(951_825_600));
+        assert_eq!(at("Sunday, 06-Nov-94 08:49:37 GMT"), None);
+        assert_eq!(at("Sun Nov  6 08:49:37 1994"), None);
+        assert_eq!(at("Sun, 06 Nov 1994 24:00:00 GMT"), None);
+        assert_eq!(at("Sun, 06 Nov 1994 08:49:37 UTC"), None);
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let transport = transport(Retries {
+            request_timeout: Duration::from_secs(1),
+            max_retries: 2,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(300),
+        });
+        for _ in 0..50 {
+            let first = transport.backoff(0);
+            assert!((50..=100).contains(&first.as_millis()), "{first:?}");
+            let second = transport.backoff(1);
+            assert!((100..=200).contains(&second.as_millis()), "{second:?}");
+            let capped = transport.backoff(30);
+            assert!((150..=300).contains(&capped.as_millis()), "{capped:?}");
+        }
+    }
+
+    #[test]
+    fn statuses_have_kinds() {
+        for (status, kind) in [
+            (401, ProviderErrorKind::Auth),
+            (403, ProviderErrorKind::Auth),
+            (429, ProviderErrorKind::RateLimited),
+            (500, ProviderErrorKind::Server),
+            (529, ProviderErrorKind::Server),
+            (301, ProviderErrorKind::Transport),
+            (400, ProviderErrorKind::InvalidRequest),
+            (404, ProviderErrorKind::InvalidRequest),
+        ] {
+            let status = StatusCode::from_u16(status).unwrap();
+            assert_eq!(status_kind(status), kind, "{status}");
+        }
+    }
+
+    #[test]
+    fn key_headers_and_conflicts() {
+        let key_header = KeyHeader {
+            name: HeaderName::from_static("x-api-key"),
+            shown: "x-api-key",
+            prefix: "",
+        };
+        let managed = [HeaderName::from_static("anthropic-version")];
+        let (headers, secrets) = request_headers(
+            &[("anthropic-beta".into(), " b1 ".into())],
+            &managed,
+            &key_header,
+            Some(" sk-ant-1 "),
+        )
+        .unwrap();
+        assert_eq!(headers["x-api-key"], "sk-ant-1");
+        assert!(headers["x-api-key"].is_sensitive());
+        assert_eq!(headers["anthropic-beta"], "b1");
+        assert_eq!(secrets, ["b1", "sk-ant-1"]);
+        let e = request_headers(
+            &[("X-Api-Key".into(), "k".into())],
+            &managed,
+            &key_header,
+            Some("sk"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "both an API key and an `x-api-key` header are configured: use one of them"
+        );
+        let e = request_headers(
+            &[("anthropic-version".into(), "1".into())],
+            &managed,
+            &key_header,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "header `anthropic-version` is set by the provider and cannot be configured"
+        );
+    }
+}
