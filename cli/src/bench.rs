@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aplc_runtime::driver::{self, BoxFuture, Provider, Scripted};
+use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
 use aplc_vm::text::escape_control;
 use aplc_vm::{
     Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider, run_scripted,
@@ -87,7 +87,7 @@ fn sequential(
         script.rewind();
         let options = options.clone();
         let start = Instant::now();
-        let outcome = run_scripted(program.clone(), options, &mut script, Instant::now);
+        let outcome = run_scripted(program.clone(), options, &mut script, || start.elapsed());
         let elapsed = start.elapsed();
         if i == args.warmup {
             // Measure the wall time of the measured runs only.
@@ -158,9 +158,10 @@ impl Provider for Counting<'_> {
     fn call<'a>(
         &'a self,
         request: &'a ProviderRequest,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.call(request)
+        self.inner.call(request, call)
     }
 }
 

@@ -23,7 +23,7 @@ use reqwest::{StatusCode, Url};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value as Json;
 
-use crate::driver::{BoxFuture, Provider};
+use crate::driver::{BoxFuture, CallContext, Provider};
 use crate::http::{self, BodyError, HttpClient, MAX_BODY_BYTES};
 use crate::redact::{REDACTED, Redactor};
 use aplc_vm::Vars;
@@ -371,6 +371,7 @@ impl Provider for OpenAiProvider {
     fn call<'a>(
         &'a self,
         request: &'a ProviderRequest,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Json, ProviderError>> {
         Box::pin(async move {
             let body = encode_request(&request.model, &request.context).map_err(|message| {
@@ -378,7 +379,7 @@ impl Provider for OpenAiProvider {
                     message: self.redact(message),
                 }
             })?;
-            self.send(body, request.deadline)
+            self.send(body, call.deadline)
                 .await
                 .map_err(|message| ProviderError { message })
         })
