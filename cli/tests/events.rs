@@ -28,19 +28,25 @@ fn path(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// The events file of `aplc run` on the fixture, parsed, and the exit code.
+/// The events file of `aplc run` on the fixture, parsed, and the exit code. It runs in
+/// the fixture's folder, so `agent` is the same wherever the checkout is.
 fn run_fixture(events: &Path) -> (i32, Vec<Json>) {
-    let out = aplc(&[
-        "run",
-        &path(&fixture("agent.apl")),
-        "--mock",
-        &path(&fixture("mock.json")),
-        "--tools",
-        &path(&fixture("tools.json")),
-        "--events",
-        &path(events),
-        "--quiet",
-    ]);
+    let out = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        .current_dir(fixture(""))
+        .args([
+            "run",
+            "agent.apl",
+            "--mock",
+            "mock.json",
+            "--tools",
+            "tools.json",
+        ])
+        .arg("--events")
+        .arg(events)
+        .arg("--quiet")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("aplc runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     let text = std::fs::read_to_string(events).expect("the events file was written");
@@ -56,7 +62,7 @@ fn without_times(mut event: Json) -> Json {
     fn redact(value: &mut Json) {
         if let Json::Object(map) = value {
             for (key, field) in map.iter_mut() {
-                if key == "t_ms" || key.ends_with("_ms") && key != "timeout_ms" {
+                if key == "t_ms" || (key.ends_with("_ms") && key != "timeout_ms") {
                     *field = Json::String("[ms]".into());
                 } else {
                     redact(field);
@@ -123,7 +129,10 @@ fn events_can_go_to_stderr() {
     assert_eq!(events.first().unwrap()["type"], "run_started", "{stderr}");
     assert_eq!(events.last().unwrap()["type"], "run_finished", "{stderr}");
     // The run's own report still follows the events.
-    assert!(stderr.contains("the last step ended with errors"), "{stderr}");
+    assert!(
+        stderr.contains("the last step ended with errors"),
+        "{stderr}"
+    );
 }
 
 fn program(source: &str) -> Arc<Program> {

@@ -293,7 +293,11 @@ impl Recorder {
             max_runs: options.max_runs,
             max_steps: options.max_steps,
             timeout_ms: u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
-            with_context: options.with_context.iter().map(|(k, _)| k.clone()).collect(),
+            with_context: options
+                .with_context
+                .iter()
+                .map(|(k, _)| k.clone())
+                .collect(),
             tools: options.tools.names().map(str::to_string).collect(),
         };
         self.push(EventKind::RunStarted {

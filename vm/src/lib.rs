@@ -34,7 +34,8 @@ pub mod tools;
 
 pub use env::{Limits, template_env};
 pub use events::{
-    EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage, Totals,
+    EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage,
+    Totals,
 };
 pub use interrupt::{Interrupt, InterruptReason};
 pub use jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};

@@ -419,7 +419,8 @@ impl Machine {
         }
         self.events.at(now);
         if self.events.phase_pending() {
-            self.events.phase_finished(step_name(&self.program, self.step));
+            self.events
+                .phase_finished(step_name(&self.program, self.step));
         }
         let action = self.run_until_action(now);
         self.report_errors();
@@ -892,7 +893,8 @@ impl Machine {
                 Ok(args) => args,
                 Err(message) => {
                     let message = format!("tool execution failed: `{}`: {message}", call.name);
-                    self.events.tool_result(step, &call.name, &call.id, true, false, false);
+                    self.events
+                        .tool_result(step, &call.name, &call.id, true, false, false);
                     self.store.push_error(message.clone());
                     round
                         .results
@@ -906,7 +908,8 @@ impl Machine {
             };
             let key = Ledger::key(spec, &args);
             if let Some(cached) = key.as_ref().and_then(|k| self.ledger.get(spec, k, now)) {
-                self.events.tool_result(step, &call.name, &call.id, false, true, false);
+                self.events
+                    .tool_result(step, &call.name, &call.id, false, true, false);
                 let entry = tool_result(&call.id, value_from_json(cached), false, true);
                 round.results.push(entry);
                 continue;
@@ -956,7 +959,8 @@ impl Machine {
     }
 
     fn branch(&mut self) -> Action {
-        self.events.step_finished(step_name(&self.program, self.step));
+        self.events
+            .step_finished(step_name(&self.program, self.step));
         let next = self.store.get("next_step").unwrap_or_default();
         if next.is_none() || next.is_undefined() {
             self.state = State::Done;
@@ -975,7 +979,10 @@ impl Machine {
         match self.program.step_by_name(&name) {
             Some(step) => {
                 self.pc = self.program.bundle().steps[step.index()].entry as usize;
-                (self.events).jump(step_name(&self.program, self.step), self.program.step_name(step));
+                (self.events).jump(
+                    step_name(&self.program, self.step),
+                    self.program.step_name(step),
+                );
                 Action::Continue
             }
             None => {
