@@ -454,7 +454,11 @@ impl Recorder {
         if !self.on {
             return;
         }
-        let Some(errors) = errors else { return };
+        // `push_error` turns anything else into a list before it appends; until then
+        // there is no entry to report.
+        let Some(errors) = errors.filter(|e| e.kind() == minijinja::value::ValueKind::Seq) else {
+            return;
+        };
         let len = errors.len().unwrap_or(0);
         if len < self.errors_seen {
             self.errors_seen = len;
