@@ -84,7 +84,10 @@ fn bench_run(c: &mut Criterion) {
         let run_once = || {
             let mut script = script.clone();
             script.rewind();
-            run_scripted(program.clone(), options.clone(), &mut script, Instant::now)
+            let start = Instant::now();
+            run_scripted(program.clone(), options.clone(), &mut script, || {
+                start.elapsed()
+            })
         };
 
         // One reference run gives the trace of steps and the variables to render with.

@@ -6,16 +6,18 @@
 //! scripted provider that sleeps `--latency-ms` per call, to show how close the executor
 //! comes to the bound set by model latency alone.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aplc_runtime::driver::{self, BoxFuture, Provider, Scripted};
+use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
 use aplc_vm::text::escape_control;
 use aplc_vm::{
-    Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider, run_scripted,
+    Action, Machine, Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider,
+    run_scripted,
 };
 use clap::Args;
 
@@ -47,6 +49,10 @@ pub(crate) struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Record every run's events and write them to this file as JSON Lines, to measure
+    /// what a listener costs (sequential mode only).
+    #[arg(long, value_name = "FILE", conflicts_with = "concurrency")]
+    events: Option<PathBuf>,
     /// Runs in flight at once on the tokio driver (enables the latency mode).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     concurrency: Option<u64>,
@@ -78,6 +84,13 @@ fn sequential(
     script: ScriptedProvider,
     options: RunOptions,
 ) -> Result<ExitCode, Failure> {
+    let mut events = match &args.events {
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .map_err(|e| Failure::usage(format!("cannot create {}: {e}", path.display())))?,
+        )),
+        None => None,
+    };
     let mut times = Vec::with_capacity(args.runs as usize);
     let mut steps = 0;
     let mut failures = 0u64;
@@ -87,7 +100,10 @@ fn sequential(
         script.rewind();
         let options = options.clone();
         let start = Instant::now();
-        let outcome = run_scripted(program.clone(), options, &mut script, Instant::now);
+        let outcome = match &mut events {
+            None => run_scripted(program.clone(), options, &mut script, || start.elapsed()),
+            Some(out) => with_events(program.clone(), options, &mut script, start, out),
+        };
         let elapsed = start.elapsed();
         if i == args.warmup {
             // Measure the wall time of the measured runs only.
@@ -100,6 +116,10 @@ fn sequential(
         }
     }
     let wall = total.elapsed();
+    if let (Some(mut out), Some(path)) = (events, &args.events) {
+        out.flush()
+            .map_err(|e| Failure::run(format!("cannot write {}: {e}", path.display())))?;
+    }
     times.sort();
     let per_step = |d: Duration| d.as_secs_f64() * 1e6 / steps.max(1) as f64;
     let median = times[times.len() / 2];
@@ -148,6 +168,45 @@ fn sequential(
     Ok(ExitCode::SUCCESS)
 }
 
+/// [`run_scripted`] with events on, each written as one JSON line to `out` (write errors
+/// are ignored: this measures the cost, and the flush at the end reports a bad file).
+fn with_events(
+    program: Arc<Program>,
+    options: RunOptions,
+    script: &mut ScriptedProvider,
+    start: Instant,
+    out: &mut impl Write,
+) -> aplc_vm::RunOutcome {
+    let mut machine = Machine::new(
+        program,
+        RunOptions {
+            events: true,
+            ..options
+        },
+    );
+    let mut write = |machine: &mut Machine| {
+        for event in machine.drain_events() {
+            let _ = serde_json::to_writer(&mut *out, &event).map(|()| out.write_all(b"\n"));
+        }
+    };
+    loop {
+        let action = machine.poll(start.elapsed());
+        write(&mut machine);
+        match action {
+            Action::CallProvider(_) => {
+                machine.handle_provider_response(start.elapsed(), script.next_response());
+            }
+            Action::CallTool(_) => {
+                let message = "tools cannot execute in aplc bench".to_string();
+                machine.handle_tool_result(start.elapsed(), Err(message));
+            }
+            Action::Continue => continue,
+            Action::Done => return machine.into_outcome(),
+        }
+        write(&mut machine);
+    }
+}
+
 /// Counts provider calls, to compute the latency bound.
 struct Counting<'a> {
     inner: &'a Scripted,
@@ -158,9 +217,10 @@ impl Provider for Counting<'_> {
     fn call<'a>(
         &'a self,
         request: &'a ProviderRequest,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.call(request)
+        self.inner.call(request, call)
     }
 }
 

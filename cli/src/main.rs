@@ -12,10 +12,12 @@
 mod agent_test;
 mod bench;
 mod compile;
+mod events;
 mod graph;
 mod init;
 mod input;
 mod inspect;
+mod progress;
 mod record;
 mod run;
 mod signals;

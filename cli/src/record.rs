@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Mutex;
 
-use aplc_runtime::driver::{BoxFuture, Provider};
+use aplc_runtime::driver::{BoxFuture, CallContext, Provider};
 use aplc_vm::ProviderError;
 use aplc_vm::ProviderRequest;
 use serde_json::{Value as Json, json};
@@ -71,9 +71,10 @@ impl Provider for Recorder {
     fn call<'a>(
         &'a self,
         request: &'a ProviderRequest,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Json, ProviderError>> {
         Box::pin(async move {
-            let result = self.inner.call(request).await;
+            let result = self.inner.call(request, call).await;
             if let Some(entries) = &self.entries {
                 // The scripted provider's entry forms: a full response is replayed exactly
                 // as written, and `{"error": …}` fails that call with the same message.

@@ -16,6 +16,7 @@ use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
 
 use crate::compile::compile_options;
+use crate::events::Sinks;
 use crate::input::{display_name, into_text, print_diagnostics, read_bytes, read_json};
 use crate::record::Recorder;
 use crate::{CompileArgs, Failure};
@@ -65,6 +66,13 @@ pub(crate) struct RunArgs {
     /// that `--mock` and a test's `responses = { file = "…" }` replay (spec/testing.md).
     #[arg(long, value_name = "RESPONSES.json")]
     record: Option<PathBuf>,
+    /// Write the run's events to this file as JSON Lines, one object per line
+    /// (spec/events.md). `/dev/stderr` works.
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
+    /// No progress line on stderr (it is shown only when stderr is a terminal).
+    #[arg(long, short = 'q')]
+    quiet: bool,
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
@@ -115,11 +123,23 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .enable_all()
         .build()
         .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
-    let run = driver::run_with_tools(program.clone(), options, &provider, &toolbox);
-    let outcome = runtime
-        .block_on(crate::signals::unless_interrupted(run))
+    let progress = !args.quiet && std::io::stderr().is_terminal();
+    let mut sinks = Sinks::open(args.events.as_deref(), progress, secrets.redactor())?;
+    let outcome = if sinks.listening() {
+        let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
+        let run =
+            driver::run_with_listener(program.clone(), options, &provider, &toolbox, &mut listener);
+        runtime.block_on(crate::signals::unless_interrupted(run))
+    } else {
+        let run = driver::run_with_tools(program.clone(), options, &provider, &toolbox);
+        runtime.block_on(crate::signals::unless_interrupted(run))
+    };
+    // Flushed and cleared before anything else is printed, on every path out.
+    let written = sinks.finish();
+    let outcome = outcome
         .map_err(|e| Failure::run(e.to_string()))?
         .map_err(|signal| signal.failure())?;
+    written?;
     let result = report(&program, &outcome, args.json);
     match &args.record {
         Some(path) => provider.write_after(path, result),

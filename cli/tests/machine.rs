@@ -25,12 +25,12 @@ fn poll_returns_at_every_step_end_so_a_providerless_loop_times_out() {
     // The prompt never renders, so no provider call is ever made: only `poll` returning
     // at each step end lets the driver's clock advance.
     let p = program("# prompt: a\n{{ missing }}\n# post: a\n{{ set_context('next_step', 'a') }}\n");
-    let start = Instant::now();
+    let start = Duration::ZERO;
     let options = RunOptions {
         timeout: Duration::from_millis(100),
         ..RunOptions::default()
     };
-    let mut m = Machine::new(p, options, start);
+    let mut m = Machine::new(p, options);
     let mut polls = 0u64;
     loop {
         polls += 1;
@@ -58,12 +58,12 @@ fn poll_returns_at_every_step_end_so_a_providerless_loop_times_out() {
 
 #[test]
 fn deadline_passing_during_a_provider_call() {
-    let start = Instant::now();
+    let start = Duration::ZERO;
     let options = RunOptions {
         timeout: Duration::from_millis(50),
         ..RunOptions::default()
     };
-    let mut m = Machine::new(program(LOOP), options, start);
+    let mut m = Machine::new(program(LOOP), options);
     assert!(matches!(m.poll(start), Action::CallProvider(_)));
     assert_eq!(m.deadline(), start + Duration::from_millis(50));
     // Too early: nothing happens.
@@ -78,12 +78,12 @@ fn deadline_passing_during_a_provider_call() {
 
 #[test]
 fn a_response_arriving_after_the_deadline_times_out() {
-    let start = Instant::now();
+    let start = Duration::ZERO;
     let options = RunOptions {
         timeout: Duration::from_millis(50),
         ..RunOptions::default()
     };
-    let mut m = Machine::new(program(LOOP), options, start);
+    let mut m = Machine::new(program(LOOP), options);
     assert!(matches!(m.poll(start), Action::CallProvider(_)));
     m.handle_provider_response(start + Duration::from_millis(60), reply("late"));
     assert!(matches!(
@@ -97,13 +97,13 @@ fn a_response_arriving_after_the_deadline_times_out() {
 
 #[test]
 fn misuse_is_a_protocol_error_not_a_panic() {
-    let start = Instant::now();
-    let mut m = Machine::new(program(LOOP), RunOptions::default(), start);
+    let start = Duration::ZERO;
+    let mut m = Machine::new(program(LOOP), RunOptions::default());
     m.handle_provider_response(start, reply("unasked"));
     assert!(matches!(m.poll(start), Action::Done));
     assert_eq!(m.into_outcome().error.unwrap().kind, RunErrorKind::Protocol);
 
-    let mut m = Machine::new(program(LOOP), RunOptions::default(), start);
+    let mut m = Machine::new(program(LOOP), RunOptions::default());
     assert!(matches!(m.poll(start), Action::CallProvider(_)));
     assert!(
         matches!(m.poll(start), Action::Done),
@@ -111,18 +111,18 @@ fn misuse_is_a_protocol_error_not_a_panic() {
     );
     assert_eq!(m.into_outcome().error.unwrap().kind, RunErrorKind::Protocol);
 
-    let m = Machine::new(program(LOOP), RunOptions::default(), start);
+    let m = Machine::new(program(LOOP), RunOptions::default());
     assert_eq!(m.into_outcome().error.unwrap().kind, RunErrorKind::Protocol);
 }
 
 #[test]
 fn the_budget_is_checked_before_each_call() {
-    let start = Instant::now();
+    let start = Duration::ZERO;
     let options = RunOptions {
         max_runs: Some(2),
         ..RunOptions::default()
     };
-    let mut m = Machine::new(program(LOOP), options, start);
+    let mut m = Machine::new(program(LOOP), options);
     let mut calls = 0;
     loop {
         match m.poll(start) {
@@ -156,8 +156,8 @@ fn with_context_refuses_views_and_reserved_names() {
     for name in ["context", "context_history", "memory", "set_context"] {
         let options = RunOptions::default()
             .with_context_json(serde_json::json!({ name: 1 }).as_object().unwrap());
-        let mut m = Machine::new(program(LOOP), options, Instant::now());
-        assert!(matches!(m.poll(Instant::now()), Action::Done));
+        let mut m = Machine::new(program(LOOP), options);
+        assert!(matches!(m.poll(Duration::ZERO), Action::Done));
         assert_eq!(
             m.into_outcome().error.unwrap().kind,
             RunErrorKind::InvalidOptions,
@@ -201,8 +201,8 @@ fn no_tool_runs_once_the_deadline_has_passed() {
         tools: Arc::new(registry),
         ..RunOptions::default()
     };
-    let start = Instant::now();
-    let mut m = Machine::new(program("# prompt: a\nhi\n"), options, start);
+    let start = Duration::ZERO;
+    let mut m = Machine::new(program("# prompt: a\nhi\n"), options);
     assert!(matches!(m.poll(start), Action::CallProvider(_)));
     m.handle_provider_response(
         start + Duration::from_millis(10),
@@ -276,9 +276,9 @@ async fn declared_inputs_are_required_by_every_runner() {
         assert_eq!(outcome.history.len(), 0);
     };
     let both = "missing input: customer\nmissing input: topic";
-    let start = Instant::now();
+    let start = Duration::ZERO;
 
-    let mut m = Machine::new(p.clone(), RunOptions::default(), start);
+    let mut m = Machine::new(p.clone(), RunOptions::default());
     assert!(matches!(m.poll(start), Action::Done));
     check(m.into_outcome(), both);
 
@@ -310,8 +310,8 @@ async fn declared_inputs_are_required_by_every_runner() {
 /// failure says what the step kept failing on.
 #[test]
 fn a_retry_loop_against_a_failing_provider_ends_at_the_step_budget() {
-    let start = Instant::now();
-    let mut m = Machine::new(program(LOOP), RunOptions::default(), start);
+    let start = Duration::ZERO;
+    let mut m = Machine::new(program(LOOP), RunOptions::default());
     let mut calls = 0u64;
     loop {
         match m.poll(start) {
@@ -355,12 +355,12 @@ fn a_retry_loop_against_a_failing_provider_ends_at_the_step_budget() {
 
 #[test]
 fn the_step_budget_is_an_option_and_counts_steps_entered() {
-    let start = Instant::now();
+    let start = Duration::ZERO;
     let options = RunOptions {
         max_steps: 3,
         ..RunOptions::default()
     };
-    let mut m = Machine::new(program(LOOP), options, start);
+    let mut m = Machine::new(program(LOOP), options);
     loop {
         match m.poll(start) {
             Action::CallProvider(_) => m.handle_provider_response(start, reply("ok")),
@@ -382,7 +382,7 @@ fn the_step_budget_is_an_option_and_counts_steps_entered() {
         max_runs: Some(2_200),
         ..RunOptions::default()
     };
-    let mut m = Machine::new(program(LOOP), options, start);
+    let mut m = Machine::new(program(LOOP), options);
     loop {
         match m.poll(start) {
             Action::CallProvider(_) => m.handle_provider_response(start, reply("ok")),
@@ -413,9 +413,9 @@ fn a_timeout_during_a_tool_batch_keeps_the_finished_calls() {
     let call = |id: &str| serde_json::json!({"id": id, "type": "function", "function": {"name": "t", "arguments": "{}"}});
     let response = serde_json::json!({"choices": [{"message": {"role": "assistant",
         "content": null, "tool_calls": [call("1"), call("2"), call("3"), call("4")]}}]});
-    let at = |ms| Instant::now() + Duration::from_millis(ms);
-    let start = Instant::now();
-    let mut m = Machine::new(program("# prompt: a\nhi\n"), options, start);
+    let at = Duration::from_millis;
+    let start = Duration::ZERO;
+    let mut m = Machine::new(program("# prompt: a\nhi\n"), options);
     assert!(matches!(m.poll(start), Action::CallProvider(_)));
     m.handle_provider_response(start, Ok(response));
     assert!(matches!(m.poll(start), Action::CallTool(_)));
@@ -466,7 +466,9 @@ fn an_interrupt_stops_a_render_midway_and_cancels_the_run() {
     });
     let started = Instant::now();
     let mut provider = ScriptedProvider::from_json(r#"["never"]"#).unwrap();
-    let outcome = aplc_vm::run_scripted(program(SLOW_RENDER), options, &mut provider, Instant::now);
+    let outcome = aplc_vm::run_scripted(program(SLOW_RENDER), options, &mut provider, move || {
+        started.elapsed()
+    });
     canceller.join().unwrap();
     let error = outcome.error.expect("cancelled");
     assert_eq!(error.kind, RunErrorKind::Cancelled, "{}", error.message);

@@ -15,11 +15,26 @@ use serde_json::Value as Json;
 use crate::redact::Redactor;
 use aplc_vm::Program;
 use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
-use aplc_vm::{Action, Machine, RunOptions, RunOutcome};
+use aplc_vm::{Action, Event, Machine, RunOptions, RunOutcome};
 use aplc_vm::{ProviderError, ProviderRequest, ScriptedProvider};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the driver tells a provider about a call besides the request.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CallContext {
+    /// When the run times out. A provider must not retry or wait past it.
+    pub deadline: Instant,
+}
+
+impl CallContext {
+    /// A call that must end by `deadline`.
+    pub fn new(deadline: Instant) -> CallContext {
+        CallContext { deadline }
+    }
+}
 
 /// An LLM provider (§4): takes the context, returns an OpenAI-style response.
 pub trait Provider: Send + Sync {
@@ -27,8 +42,18 @@ pub trait Provider: Send + Sync {
     fn call<'a>(
         &'a self,
         request: &'a ProviderRequest,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>>;
 }
+
+/// Receives a run's events, in order, on the driver's task (see `spec/events.md`).
+///
+/// A callback rather than a channel: it costs nothing per event beyond the call, it keeps
+/// the order without a queue, and it is where backpressure belongs (a slow listener slows
+/// the run instead of growing a buffer). An embedder that wants a channel sends from it:
+/// `&mut |event: &Event| { let _ = tx.send(event.clone()); }`. It should be quick: the
+/// run waits for it, and the run's timeout keeps counting.
+pub type Listener<'a> = &'a mut (dyn FnMut(&Event) + Send);
 
 /// A native tool (§5): takes checked arguments (and the context, for `with_context`
 /// tools), returns a JSON result or an error message. A failure never aborts the run.
@@ -165,6 +190,7 @@ impl Provider for Scripted {
     fn call<'a>(
         &'a self,
         _request: &'a ProviderRequest,
+        _call: &'a CallContext,
     ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>> {
         Box::pin(async move {
             if !self.latency.is_zero() {
@@ -196,37 +222,77 @@ pub async fn run(
 /// mid-render, though not while the driver awaits a provider or a tool.
 pub async fn run_with_tools(
     program: Arc<Program>,
-    mut options: RunOptions,
+    options: RunOptions,
     provider: &dyn Provider,
     toolbox: &Toolbox,
 ) -> RunOutcome {
+    drive(program, options, provider, toolbox, None).await
+}
+
+/// [`run_with_tools`], handing every event of the run to `listener` as it happens
+/// (`options.events` is turned on). The last event is `run_finished`.
+pub async fn run_with_listener(
+    program: Arc<Program>,
+    mut options: RunOptions,
+    provider: &dyn Provider,
+    toolbox: &Toolbox,
+    listener: Listener<'_>,
+) -> RunOutcome {
+    options.events = true;
+    drive(program, options, provider, toolbox, Some(listener)).await
+}
+
+async fn drive(
+    program: Arc<Program>,
+    mut options: RunOptions,
+    provider: &dyn Provider,
+    toolbox: &Toolbox,
+    mut listener: Option<Listener<'_>>,
+) -> RunOutcome {
     options.tools = toolbox.registry();
-    let mut machine = Machine::new(program, options, now());
+    // The machine's clock: time since this instant, on tokio's clock, which the timers
+    // use too (and which tests can pause and advance).
+    let start = tokio::time::Instant::now();
+    let now = || start.elapsed();
+    let mut machine = Machine::new(program, options);
+    let deadline = start
+        .checked_add(machine.deadline())
+        .unwrap_or_else(|| start + FAR_FUTURE);
+    let call = CallContext::new(deadline.into_std());
     // A render blocks this thread, and on a current-thread runtime no tokio timer can
     // fire meanwhile: a watchdog thread sets the run's interrupt flag at the deadline.
     // It counts on the real clock from now, so a test's paused tokio clock cannot make
     // it fire early or late by more than the test's own drift.
-    let remaining = machine.deadline().saturating_duration_since(now());
-    let _watchdog = crate::watchdog::arm(Instant::now() + remaining, machine.deadline_flag());
+    let remaining = machine.deadline().saturating_sub(now());
+    let watch_at = Instant::now()
+        .checked_add(remaining)
+        .unwrap_or_else(|| Instant::now() + FAR_FUTURE);
+    let _watchdog = crate::watchdog::arm(watch_at, machine.deadline_flag());
+    let mut deliver = |machine: &mut Machine| {
+        if let Some(listener) = listener.as_mut() {
+            machine.drain_events().for_each(|event| listener(&event));
+        }
+    };
+    deliver(&mut machine);
     loop {
-        match machine.poll(now()) {
+        let action = machine.poll(now());
+        deliver(&mut machine);
+        match action {
             Action::CallProvider(request) => {
-                let deadline = machine.deadline();
-                match tokio::time::timeout_at(deadline.into(), provider.call(&request)).await {
+                match tokio::time::timeout_at(deadline, provider.call(&request, &call)).await {
                     Ok(result) => machine.handle_provider_response(now(), result),
                     // The timer fired at the deadline, so that is the earliest "now".
-                    Err(_) => machine.handle_timeout(now().max(deadline)),
+                    Err(_) => machine.handle_timeout(now().max(machine.deadline())),
                 }
             }
             Action::CallTool(invocation) => {
-                let deadline = machine.deadline();
                 let result = match toolbox.tools.get(&invocation.name) {
                     Some(tool) => {
-                        match tokio::time::timeout_at(deadline.into(), tool.call(&invocation)).await
-                        {
+                        match tokio::time::timeout_at(deadline, tool.call(&invocation)).await {
                             Ok(result) => result,
                             Err(_) => {
-                                machine.handle_timeout(now().max(deadline));
+                                machine.handle_timeout(now().max(machine.deadline()));
+                                deliver(&mut machine);
                                 continue;
                             }
                         }
@@ -235,14 +301,12 @@ pub async fn run_with_tools(
                 };
                 machine.handle_tool_result(now(), toolbox.redacted(result));
             }
-            Action::Continue => {}
+            Action::Continue => continue,
             Action::Done => return machine.into_outcome(),
         }
+        deliver(&mut machine);
     }
 }
 
-/// The current time on tokio's clock, which the driver's timers use too (and which tests
-/// can pause and advance).
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
+/// Stands in for a deadline too far away to represent (a timeout of `Duration::MAX`).
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

@@ -23,7 +23,7 @@ use reqwest::header;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value as Json;
 
-use crate::driver::{BoxFuture, Provider};
+use crate::driver::{BoxFuture, CallContext, Provider};
 use crate::http::HttpClient;
 use crate::redact::Redactor;
 use crate::transport::{
@@ -224,6 +224,7 @@ impl Provider for OpenAiProvider {
     fn call<'a>(
         &'a self,
         request: &'a ProviderRequest,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Json, ProviderError>> {
         Box::pin(async move {
             let body = encode_request(&request.model, &request.context).map_err(|message| {
@@ -231,7 +232,7 @@ impl Provider for OpenAiProvider {
                     message: self.redact(message),
                 }
             })?;
-            self.send(body, request.deadline)
+            self.send(body, call.deadline)
                 .await
                 .map_err(|e| ProviderError { message: e.message })
         })

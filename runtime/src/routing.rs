@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use crate::driver::{BoxFuture, Provider, Scripted};
+use crate::driver::{BoxFuture, CallContext, Provider, Scripted};
 use aplc_vm::text::json_kind as kind;
 use aplc_vm::{ProviderError, ProviderRequest, ScriptedProvider};
 
@@ -165,9 +165,10 @@ impl Provider for Router {
     fn call<'a>(
         &'a self,
         request: &'a ProviderRequest,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Json, ProviderError>> {
         match self.route(&request.model) {
-            Some(provider) => provider.call(request),
+            Some(provider) => provider.call(request, call),
             None => {
                 let message = if self.routes.is_empty() {
                     format!(

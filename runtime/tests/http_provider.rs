@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aplc_runtime::driver::{Provider, Scripted};
+use aplc_runtime::driver::{BoxFuture, CallContext, Provider, Scripted};
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
 use aplc_vm::minijinja::Value;
@@ -49,20 +49,36 @@ fn from_json(json: &Json) -> Value {
     Value::deserialize(json).expect("every JSON value is a template value")
 }
 
-fn request(overrides: Json) -> ProviderRequest {
+/// A request and the context of its call.
+struct Call {
+    request: ProviderRequest,
+    context: CallContext,
+}
+
+/// `Provider::call` on a [`Call`].
+trait SendCall {
+    fn send<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Json, aplc_vm::ProviderError>>;
+}
+
+impl<P: Provider + ?Sized> SendCall for P {
+    fn send<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Json, aplc_vm::ProviderError>> {
+        self.call(&call.request, &call.context)
+    }
+}
+
+fn request(overrides: Json) -> Call {
     request_with_deadline(overrides, Duration::from_secs(5))
 }
 
-fn request_with_deadline(overrides: Json, within: Duration) -> ProviderRequest {
+fn request_with_deadline(overrides: Json, within: Duration) -> Call {
     let context = context(overrides);
     let model = context
         .get("model")
         .and_then(|m| m.as_str().map(str::to_owned))
         .unwrap_or_default();
-    ProviderRequest {
-        model,
-        context,
-        deadline: Instant::now() + within,
+    Call {
+        request: ProviderRequest { model, context },
+        context: CallContext::new(Instant::now() + within),
     }
 }
 
@@ -83,7 +99,7 @@ fn provider(server: &Server) -> OpenAiProvider {
 async fn sent_body(overrides: Json) -> Json {
     let server = Server::start(vec![Reply::completion("ok")]).await;
     provider(&server)
-        .call(&request(overrides))
+        .send(&request(overrides))
         .await
         .expect("the call succeeds");
     let requests = server.requests();
@@ -92,9 +108,9 @@ async fn sent_body(overrides: Json) -> Json {
 }
 
 /// The error message of a failed call; it must not contain the key.
-async fn failure(provider: &OpenAiProvider, request: &ProviderRequest) -> String {
+async fn failure(provider: &OpenAiProvider, request: &Call) -> String {
     let message = provider
-        .call(request)
+        .send(request)
         .await
         .expect_err("the call fails")
         .message;
@@ -113,7 +129,7 @@ fn user(text: &str) -> Json {
 async fn minimal_request_leaves_out_every_unset_variable() {
     let server = Server::start(vec![Reply::completion("Hello!")]).await;
     let response = provider(&server)
-        .call(&request(json!({"prompts": user("How are you?")})))
+        .send(&request(json!({"prompts": user("How are you?")})))
         .await
         .unwrap();
     assert_eq!(response["choices"][0]["message"]["content"], "Hello!");
@@ -308,7 +324,7 @@ async fn base_url_ending_in_v1_is_not_doubled() {
     ] {
         let provider = OpenAiProvider::new(OpenAiConfig::new().base_url(base)).unwrap();
         provider
-            .call(&request(json!({"prompts": user("hi")})))
+            .send(&request(json!({"prompts": user("hi")})))
             .await
             .unwrap();
     }
@@ -332,7 +348,7 @@ async fn configured_headers_are_sent() {
     )
     .unwrap();
     provider
-        .call(&request(json!({"prompts": user("hi")})))
+        .send(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
     let sent = &server.requests()[0];
@@ -351,7 +367,7 @@ async fn server_error_is_retried_and_the_retry_succeeds() {
     ])
     .await;
     let response = provider(&server)
-        .call(&request(json!({"prompts": user("hi")})))
+        .send(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
     assert_eq!(
@@ -376,7 +392,7 @@ async fn retry_after_seconds_is_honoured() {
     .await;
     let started = Instant::now();
     provider(&server)
-        .call(&request(json!({"prompts": user("hi")})))
+        .send(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
     let waited = started.elapsed();
@@ -402,7 +418,7 @@ async fn retry_after_replaces_the_backoff() {
     .unwrap();
     let started = Instant::now();
     provider
-        .call(&request(json!({"prompts": user("hi")})))
+        .send(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(1));
@@ -596,8 +612,8 @@ async fn the_run_deadline_caps_the_request_timeout() {
     );
     assert_eq!(server.requests().len(), 1, "nothing is left to retry with");
 
-    let passed = ProviderRequest {
-        deadline: Instant::now(),
+    let passed = Call {
+        context: CallContext::new(Instant::now()),
         ..request(json!({"prompts": user("hi")}))
     };
     let message = failure(&provider(&server), &passed).await;
@@ -637,7 +653,7 @@ async fn connection_failures_are_retried_then_reported() {
 async fn a_dropped_connection_is_retried() {
     let server = Server::start(vec![Reply::Close, Reply::completion("ok")]).await;
     let response = provider(&server)
-        .call(&request(json!({"prompts": user("hi")})))
+        .send(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
     assert_eq!(response["choices"][0]["message"]["content"], "ok");
@@ -693,17 +709,17 @@ async fn router_picks_the_first_matching_route() {
     };
     let call = |model: &str| request(json!({"model": model, "prompts": user("hi")}));
     assert_eq!(
-        text(router.call(&call("gpt-4o-mini")).await.unwrap()),
+        text(router.send(&call("gpt-4o-mini")).await.unwrap()),
         "mini"
     );
-    assert_eq!(text(router.call(&call("gpt-4o")).await.unwrap()), "any gpt");
+    assert_eq!(text(router.send(&call("gpt-4o")).await.unwrap()), "any gpt");
     // Each route keeps its own script: the exact route has run out.
     assert_eq!(
-        router.call(&call("gpt-4o-mini")).await.unwrap_err().message,
+        router.send(&call("gpt-4o-mini")).await.unwrap_err().message,
         "mock provider exhausted"
     );
     assert_eq!(
-        text(router.call(&call("qwen3")).await.unwrap()),
+        text(router.send(&call("qwen3")).await.unwrap()),
         "from http"
     );
     let sent = &server.requests()[0];
@@ -713,7 +729,7 @@ async fn router_picks_the_first_matching_route() {
         Some(&*format!("Bearer {KEY}"))
     );
 
-    let error = router.call(&call("claude-3")).await.unwrap_err();
+    let error = router.send(&call("claude-3")).await.unwrap_err();
     assert_eq!(
         error.message,
         "no provider for model `claude-3` (routes: `gpt-4o-mini`, `gpt-*`, `llama-*`, `qwen?`)"
@@ -737,15 +753,15 @@ async fn router_for_rust_embedders() {
             .unwrap()
             .to_owned()
     };
-    assert_eq!(text(router.call(&call("gpt-4o")).await.unwrap()), "exact");
-    assert_eq!(text(router.call(&call("other")).await.unwrap()), "fallback");
+    assert_eq!(text(router.send(&call("gpt-4o")).await.unwrap()), "exact");
+    assert_eq!(text(router.send(&call("other")).await.unwrap()), "fallback");
 
     let single = Router::single(script("only"));
-    assert_eq!(text(single.call(&call("anything")).await.unwrap()), "only");
+    assert_eq!(text(single.send(&call("anything")).await.unwrap()), "only");
 
     let empty = Router::new();
     assert_eq!(
-        empty.call(&call("gpt-4o")).await.unwrap_err().message,
+        empty.send(&call("gpt-4o")).await.unwrap_err().message,
         "no provider for model `gpt-4o` (no routes are configured)"
     );
 }

@@ -15,6 +15,7 @@
 
 pub mod bundle;
 mod env;
+mod events;
 mod exchange;
 mod helpers;
 mod interrupt;
@@ -33,6 +34,10 @@ pub mod tools;
 pub mod wire;
 
 pub use env::{Limits, template_env};
+pub use events::{
+    EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage,
+    Totals,
+};
 pub use interrupt::{Interrupt, InterruptReason};
 pub use jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};
 pub use machine::{

@@ -6,7 +6,7 @@
 //!
 //! The contract, in the order a driver calls things:
 //!
-//! 1. [`Machine::new`] with the time the run starts.
+//! 1. [`Machine::new`]: the run starts; its clock reads zero.
 //! 2. [`Machine::poll`] with the current time. It runs instructions until the run needs
 //!    something from outside or a step ends, and returns an [`Action`]:
 //!    * [`Action::CallProvider`]: call the provider, then hand the result to
@@ -15,9 +15,15 @@
 //!    * [`Action::CallTool`]: execute the tool, then hand the result to
 //!      [`Machine::handle_tool_result`] (or call [`Machine::handle_timeout`]). Tool calls
 //!      come one at a time, in the order the model listed them.
-//!    * [`Action::Continue`]: a step ended; poll again (with a fresh time).
+//!    * [`Action::Continue`]: a step ended, or (with [`RunOptions::events`]) a phase
+//!      did; poll again (with a fresh time).
 //!    * [`Action::Done`]: the run is over; take the result with [`Machine::into_outcome`].
-//! 3. Repeat 2 until `Done`.
+//! 3. Repeat 2 until `Done`. With [`RunOptions::events`] on, take the events recorded
+//!    with [`Machine::drain_events`] after each call (`spec/events.md`).
+//!
+//! Every time is a [`Duration`] since the run started, as the driver measures it: the
+//! core never holds an `Instant`, which a `wasm32-unknown-unknown` embedder cannot make,
+//! and a journal of the times passed in replays a run exactly.
 //!
 //! `poll` returns at the latest at the end of every step, so a driver that passes a fresh
 //! time each call enforces the run timeout even in a loop that never calls the provider.
@@ -31,13 +37,14 @@
 //! Pure drivers such as [`run_scripted`] set neither.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use imbl::Vector;
 use minijinja::Value;
 
 use crate::bundle::{Instr, MessageEntry, SourceSpan, StepId, TemplateId};
 use crate::env::render;
+use crate::events::{Event, Phase, Recorder};
 use crate::interrupt::{Interrupt, InterruptReason};
 use crate::messages::build_message;
 use crate::names::{self, Initial, Section, Unsettable, VARIABLES};
@@ -83,6 +90,9 @@ pub struct RunOptions {
     /// ([`Interrupt::cancel`]). Clones share the flag, so a flag set once stops every
     /// run given a clone of it. See [`Interrupt`].
     pub interrupt: Interrupt,
+    /// Record [`Event`]s for [`Machine::drain_events`]. Off by default: a run nobody
+    /// listens to builds no event.
+    pub events: bool,
 }
 
 impl Default for RunOptions {
@@ -94,6 +104,7 @@ impl Default for RunOptions {
             with_context: Vec::new(),
             tools: Arc::new(ToolRegistry::new()),
             interrupt: Interrupt::new(),
+            events: false,
         }
     }
 }
@@ -121,7 +132,8 @@ pub enum Action {
     CallProvider(ProviderRequest),
     /// Execute this tool and pass the result to [`Machine::handle_tool_result`].
     CallTool(ToolInvocation),
-    /// A step ended: call [`Machine::poll`] again.
+    /// A step ended, or with [`RunOptions::events`] a phase did: call [`Machine::poll`]
+    /// again, with a fresh time (the phase's end).
     Continue,
     /// The run is over: take the result with [`Machine::into_outcome`].
     Done,
@@ -294,9 +306,8 @@ pub struct Machine {
     global_runs: u64,
     max_runs: Option<u64>,
     max_steps: u64,
-    started: Instant,
-    step_started: Instant,
-    deadline: Instant,
+    step_started: Duration,
+    deadline: Duration,
     timeout: Duration,
     /// The prompt of the current step failed to render: no provider call.
     prompt_failed: bool,
@@ -314,15 +325,19 @@ pub struct Machine {
     error: Option<RunError>,
     /// This run's own deadline flag (set by the driver) and the embedder's flag.
     interrupt: [Interrupt; 2],
+    events: Recorder,
 }
 
 impl Machine {
-    /// Starts a run at `now`.
+    /// Starts a run. Its clock reads zero now: every later time is measured from here.
     ///
     /// Invalid options (a `with_context` name the run refuses) and declared inputs
     /// missing from `with_context` end the run here: the first [`poll`](Self::poll)
     /// returns [`Action::Done`] and the outcome carries the error.
-    pub fn new(program: Arc<Program>, options: RunOptions, now: Instant) -> Machine {
+    pub fn new(program: Arc<Program>, options: RunOptions) -> Machine {
+        let mut events = Recorder::new(options.events);
+        let bundle = program.bundle();
+        events.run_started(&bundle.source_name, &bundle.source_hash, &options);
         let store = Store::new(initial_vars());
         let mut error = None;
         for (name, value) in &options.with_context {
@@ -355,11 +370,8 @@ impl Machine {
             global_runs: 0,
             max_runs: options.max_runs,
             max_steps: options.max_steps,
-            started: now,
-            step_started: now,
-            deadline: now
-                .checked_add(options.timeout)
-                .unwrap_or(now + DEFAULT_TIMEOUT * 1000),
+            step_started: Duration::ZERO,
+            deadline: options.timeout,
             timeout: options.timeout,
             prompt_failed: false,
             response: None,
@@ -373,12 +385,20 @@ impl Machine {
             steps: 0,
             error,
             interrupt: [Interrupt::new(), options.interrupt],
+            events,
         }
     }
 
-    /// When the run times out.
-    pub fn deadline(&self) -> Instant {
+    /// When the run times out, since it started.
+    pub fn deadline(&self) -> Duration {
         self.deadline
+    }
+
+    /// Takes the events recorded since the last call (none unless [`RunOptions::events`]
+    /// is on). Call after every `poll` and `handle_*`; the last one, `run_finished`,
+    /// comes with the `poll` that returns [`Action::Done`].
+    pub fn drain_events(&mut self) -> std::vec::Drain<'_, Event> {
+        self.events.drain()
     }
 
     /// The flag a driver sets when [`Machine::deadline`] passes, to stop a render that
@@ -393,7 +413,26 @@ impl Machine {
     }
 
     /// Runs until the next [`Action`].
-    pub fn poll(&mut self, now: Instant) -> Action {
+    pub fn poll(&mut self, now: Duration) -> Action {
+        if !self.events.on() {
+            return self.run_until_action(now);
+        }
+        self.events.at(now);
+        if self.events.phase_pending() {
+            self.events
+                .phase_finished(step_name(&self.program, self.step));
+        }
+        let action = self.run_until_action(now);
+        self.report_errors();
+        if matches!(action, Action::Done) {
+            let errors_left = !self.last_step_errors.is_empty();
+            self.events
+                .run_finished(self.error.as_ref(), errors_left, self.steps);
+        }
+        action
+    }
+
+    fn run_until_action(&mut self, now: Duration) -> Action {
         loop {
             match self.state {
                 State::Done => return Action::Done,
@@ -420,6 +459,9 @@ impl Machine {
                 }
                 continue;
             }
+            if self.events.on() {
+                self.report_errors();
+            }
             let Some(&instr) = self.program.bundle().code.get(self.pc) else {
                 // Validation guarantees every step ends in `Branch`; running off the end
                 // would be a VM bug, and ending the run is the safe answer.
@@ -438,15 +480,18 @@ impl Machine {
                 }
                 Instr::RenderPre(t) => {
                     self.update_times(now);
+                    self.events.phase_started(Phase::Pre);
                     self.render_phase(t);
                 }
                 Instr::RenderPost(t) => {
                     self.update_times(now);
+                    self.events.phase_started(Phase::Post);
                     self.render_phase(t);
                     self.post_ran = true;
                 }
                 Instr::BuildPrompts { first, count } => {
                     self.update_times(now);
+                    self.events.phase_started(Phase::Prompt);
                     self.build_prompts(first, count);
                 }
                 Instr::CallProvider => {
@@ -460,15 +505,20 @@ impl Machine {
                 Instr::Snapshot => self.snapshot(),
                 Instr::Branch => return self.branch(),
             }
+            // The machine reads no clock: a phase's end is the time of the next poll.
+            if self.events.phase_pending() && self.state == State::Running {
+                return Action::Continue;
+            }
         }
     }
 
     /// Hands the machine the result of the provider call it asked for.
     pub fn handle_provider_response(
         &mut self,
-        now: Instant,
+        now: Duration,
         result: Result<serde_json::Value, ProviderError>,
     ) {
+        self.events.at(now);
         if self.state != State::AwaitingProvider {
             self.fail(
                 RunErrorKind::Protocol,
@@ -477,6 +527,7 @@ impl Machine {
             return;
         }
         self.state = State::Running;
+        (self.events).provider_result_raw(step_name(&self.program, self.step), &result);
         if now >= self.deadline {
             self.fail_timeout();
             return;
@@ -486,7 +537,8 @@ impl Machine {
 
     /// Hands the machine the result of the tool call it asked for: the tool's output, or
     /// an error message.
-    pub fn handle_tool_result(&mut self, now: Instant, result: Result<serde_json::Value, String>) {
+    pub fn handle_tool_result(&mut self, now: Duration, result: Result<serde_json::Value, String>) {
+        self.events.at(now);
         if self.state != State::AwaitingTool {
             self.fail(
                 RunErrorKind::Protocol,
@@ -510,6 +562,8 @@ impl Machine {
             return;
         };
         let call = &round.calls[round.next - 1];
+        let step = step_name(&self.program, self.step);
+        (self.events).tool_result(step, &call.name, &call.id, result.is_err(), false, true);
         let entry = match result {
             Ok(content) => {
                 if let Some(key) = key {
@@ -527,12 +581,20 @@ impl Machine {
         if now >= self.deadline {
             self.fail_timeout();
         }
+        self.report_errors();
     }
 
     /// Tells the machine its deadline passed while it waited for the driver.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub fn handle_timeout(&mut self, now: Duration) {
+        self.events.at(now);
         if self.state != State::Done && now >= self.deadline {
+            if self.state == State::AwaitingProvider {
+                let step = step_name(&self.program, self.step);
+                let message = "no answer before the run's deadline";
+                (self.events).provider_result(step, None, None, Some(("timeout", message)));
+            }
             self.fail_timeout();
+            self.report_errors();
         }
     }
 
@@ -555,7 +617,7 @@ impl Machine {
         }
     }
 
-    fn enter_step(&mut self, step: StepId, now: Instant) {
+    fn enter_step(&mut self, step: StepId, now: Duration) {
         let prev = match self.step {
             Some(prev) => Value::from(self.program.step_name(prev)),
             None => Value::from(()),
@@ -571,18 +633,22 @@ impl Machine {
         self.store.set("next_step", Value::from(()));
         self.store.set("runs", Value::from(self.runs[step.index()]));
         self.update_times(now);
+        (self.events).step_started(self.program.step_name(step), self.runs[step.index()]);
     }
 
-    fn update_times(&self, now: Instant) {
+    fn update_times(&self, now: Duration) {
         let ms = |d: Duration| Value::from(d.as_secs_f64() * 1000.0);
-        self.store.set(
-            "time_elapsed",
-            ms(now.saturating_duration_since(self.step_started)),
-        );
-        self.store.set(
-            "time_elapsed_global",
-            ms(now.saturating_duration_since(self.started)),
-        );
+        self.store
+            .set("time_elapsed", ms(now.saturating_sub(self.step_started)));
+        self.store.set("time_elapsed_global", ms(now));
+    }
+
+    /// Records an `error` event for each entry appended to `errors` since the last call.
+    fn report_errors(&mut self) {
+        if self.events.on() {
+            let step = self.step.map(|s| self.program.step_name(s));
+            self.events.errors(step, self.store.get("errors"));
+        }
     }
 
     /// Renders a template; a failure is appended to `errors` and returns `None`. A
@@ -694,10 +760,10 @@ impl Machine {
             })
             .unwrap_or_default();
         self.state = State::AwaitingProvider;
+        (self.events).provider_call(step_name(&self.program, self.step), &model);
         Some(Action::CallProvider(ProviderRequest {
             model,
             context: self.store.vars(),
-            deadline: self.deadline,
         }))
     }
 
@@ -803,7 +869,7 @@ impl Machine {
 
     /// Checks the next tool calls in order. Returns the action for the first call that
     /// must execute; when every call is done, stores `result_tool_calls` and returns `None`.
-    fn advance_tools(&mut self, now: Instant) -> Option<Action> {
+    fn advance_tools(&mut self, now: Duration) -> Option<Action> {
         let allowed = Allowed::from_value(self.store.get("allowed_tools").as_ref());
         loop {
             let round = self.tool_round.as_mut()?;
@@ -814,6 +880,8 @@ impl Machine {
                 return None;
             };
             round.next += 1;
+            let step = step_name(&self.program, self.step);
+            self.events.tool_call(step, &call.name, &call.id);
             // A failure here never aborts the run: the call gets a failed result, the
             // message goes to `errors`, and the next call is checked.
             let checked = if now >= self.deadline {
@@ -825,6 +893,8 @@ impl Machine {
                 Ok(args) => args,
                 Err(message) => {
                     let message = format!("tool execution failed: `{}`: {message}", call.name);
+                    self.events
+                        .tool_result(step, &call.name, &call.id, true, false, false);
                     self.store.push_error(message.clone());
                     round
                         .results
@@ -838,6 +908,8 @@ impl Machine {
             };
             let key = Ledger::key(spec, &args);
             if let Some(cached) = key.as_ref().and_then(|k| self.ledger.get(spec, k, now)) {
+                self.events
+                    .tool_result(step, &call.name, &call.id, false, true, false);
                 let entry = tool_result(&call.id, value_from_json(cached), false, true);
                 round.results.push(entry);
                 continue;
@@ -864,11 +936,13 @@ impl Machine {
     /// `next_step`), so it is the run's last: its errors are the final `errors`, and a
     /// one-step agent whose provider failed shows the failure.
     fn snapshot(&mut self) {
+        self.report_errors();
         self.store.snapshot();
         self.last_errors_step = self.step;
         self.last_step_errors = self.current_errors();
         if self.post_ran {
             self.store.set("errors", Value::from(Vec::<Value>::new()));
+            self.events.errors_reset();
         }
     }
 
@@ -885,6 +959,8 @@ impl Machine {
     }
 
     fn branch(&mut self) -> Action {
+        self.events
+            .step_finished(step_name(&self.program, self.step));
         let next = self.store.get("next_step").unwrap_or_default();
         if next.is_none() || next.is_undefined() {
             self.state = State::Done;
@@ -903,6 +979,10 @@ impl Machine {
         match self.program.step_by_name(&name) {
             Some(step) => {
                 self.pc = self.program.bundle().steps[step.index()].entry as usize;
+                (self.events).jump(
+                    step_name(&self.program, self.step),
+                    self.program.step_name(step),
+                );
                 Action::Continue
             }
             None => {
@@ -1030,6 +1110,12 @@ fn tool_result(id: &str, content: Value, with_error: bool, reused: bool) -> Valu
     Value::from_pairs(fields)
 }
 
+/// The name of `step` ("" before the first step). A function, not a method, so that it
+/// borrows only the program while the event recorder is borrowed mutably.
+fn step_name(program: &Program, step: Option<StepId>) -> &str {
+    step.map_or("", |s| program.step_name(s))
+}
+
 /// The context a `with_context` tool receives: every variable, without the history.
 fn tool_context(vars: &Vars) -> serde_json::Value {
     serde_json::Value::Object(
@@ -1083,9 +1169,9 @@ fn invalid_context_name(name: &str) -> Option<&'static str> {
 
 /// Runs `program` to the end against a scripted provider, without any async runtime.
 ///
-/// The core never reads a clock: `clock` is asked for the time before every poll and
-/// after every provider call. Tests pass a simulated clock; benchmarks pass
-/// `Instant::now`.
+/// The core never reads a clock: `clock` is asked for the time since the run started
+/// before every poll and after every provider call. Tests pass a simulated clock;
+/// benchmarks pass the elapsed time of an `Instant` taken at the start.
 ///
 /// Nothing here sets [`Machine::deadline_flag`], so the timeout is enforced between
 /// instructions only; `options.interrupt` still cancels (set from another thread).
@@ -1093,9 +1179,9 @@ pub fn run_scripted(
     program: Arc<Program>,
     options: RunOptions,
     provider: &mut crate::ScriptedProvider,
-    mut clock: impl FnMut() -> Instant,
+    mut clock: impl FnMut() -> Duration,
 ) -> RunOutcome {
-    let mut machine = Machine::new(program, options, clock());
+    let mut machine = Machine::new(program, options);
     loop {
         match machine.poll(clock()) {
             Action::CallProvider(_) => {

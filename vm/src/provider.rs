@@ -19,8 +19,6 @@ pub struct ProviderRequest {
     pub model: String,
     /// An O(1) snapshot of the whole context, `prompts` and `tools` included.
     pub context: Vars,
-    /// When the run times out. A provider must not retry or wait past it.
-    pub deadline: std::time::Instant,
 }
 
 /// A failed provider call.

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value as Json;
 
@@ -153,6 +153,11 @@ impl ToolRegistry {
     /// The tool called `name`.
     pub fn get(&self, name: &str) -> Option<&ToolSpec> {
         self.by_name.get(name).map(|&i| &self.tools[i])
+    }
+
+    /// The tools' names, in registration order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.iter().map(|t| t.name.as_str())
     }
 
     /// Number of tools.
@@ -341,10 +346,11 @@ fn oversized_integer(text: &str) -> Option<String> {
     None
 }
 
-/// The per-run idempotency ledger: successful results by tool and argument hash.
+/// The per-run idempotency ledger: successful results by tool and argument hash, with
+/// the run-relative time each was stored at.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
-    entries: HashMap<String, (Json, Instant)>,
+    entries: HashMap<String, (Json, Duration)>,
 }
 
 impl Ledger {
@@ -367,17 +373,17 @@ impl Ledger {
     }
 
     /// A cached result that is still fresh at `now`.
-    pub fn get(&self, spec: &ToolSpec, key: &str, now: Instant) -> Option<&Json> {
+    pub fn get(&self, spec: &ToolSpec, key: &str, now: Duration) -> Option<&Json> {
         let (value, stored) = self.entries.get(key)?;
         let ttl = spec.idempotency.as_ref()?.ttl;
         match ttl {
-            Some(ttl) if now.saturating_duration_since(*stored) >= ttl => None,
+            Some(ttl) if now.saturating_sub(*stored) >= ttl => None,
             _ => Some(value),
         }
     }
 
     /// Remembers a successful result.
-    pub fn put(&mut self, key: String, value: Json, now: Instant) {
+    pub fn put(&mut self, key: String, value: Json, now: Duration) {
         self.entries.insert(key, (value, now));
     }
 }
@@ -576,8 +582,7 @@ mod tests {
         );
 
         let mut ledger = Ledger::default();
-        #[allow(clippy::disallowed_methods)] // until the ledger takes run-relative time
-        let t0 = Instant::now();
+        let t0 = Duration::from_secs(5);
         ledger.put(a.clone(), json!(3), t0);
         assert_eq!(
             ledger.get(&auto, &a, t0 + Duration::from_millis(99)),

@@ -1,0 +1,617 @@
+//! Run events: what a run did, in order, as plain data with a stable, versioned JSON form
+//! (`spec/events.md`).
+//!
+//! The machine records events only when [`RunOptions::events`](crate::RunOptions::events)
+//! is on; otherwise every recording call returns at its first line and no event is built.
+//! The machine buffers what it records; the driver takes the buffer after every `poll`
+//! and `handle_*` call ([`Machine::drain_events`](crate::Machine::drain_events)).
+//!
+//! Events are an I/O boundary type (they leave the process as JSON Lines), so they derive
+//! serde; the run's own state in `machine.rs` does not.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+use crate::machine::{RunError, RunErrorKind, RunOptions};
+
+/// The version of the events' JSON form, carried by [`EventKind::RunStarted`]. It changes
+/// when a field is removed, renamed or changes meaning; adding a field or an event type
+/// does not change it (readers ignore what they do not know).
+pub const EVENTS_VERSION: u32 = 1;
+
+/// One thing that happened in a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// 0 for `run_started`, then one more per event: no gaps, no repeats.
+    pub seq: u64,
+    /// Milliseconds since the run started, at microsecond resolution: the time the driver
+    /// passed in with the call that produced the event. Fractional, because a step of a
+    /// scripted run takes microseconds; integer milliseconds would make them all 0.
+    pub t_ms: f64,
+    /// What happened; its JSON form has the event's name in `type`.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+impl Event {
+    /// The event as one JSON object: `seq`, `t_ms`, `type` and the event's fields.
+    pub fn to_json(&self) -> Json {
+        // Every field is a string, number, bool, null, list or map with string keys:
+        // serialization cannot fail.
+        serde_json::to_value(self).unwrap_or(Json::Null)
+    }
+}
+
+/// The kinds of event, with their fields. Names of steps are the `.apl` step names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EventKind {
+    /// The run started (always the first event).
+    RunStarted {
+        /// [`EVENTS_VERSION`].
+        version: u32,
+        /// The file the agent was compiled from (`Bundle::source_name`).
+        agent: String,
+        /// The SHA-256 of the agent's source that the bundle records, in hex.
+        bundle_hash: String,
+        /// The run's options, without values that could hold secrets.
+        options: StartOptions,
+    },
+    /// A step was entered.
+    StepStarted {
+        /// The step.
+        step: String,
+        /// Its `runs` as the step starts.
+        runs: u64,
+    },
+    /// A phase of the running step finished rendering.
+    PhaseFinished {
+        /// The step.
+        step: String,
+        /// Which phase.
+        phase: Phase,
+        /// How long it took.
+        duration_ms: f64,
+    },
+    /// The machine asked for a provider call.
+    ProviderCall {
+        /// The step.
+        step: String,
+        /// The `model` variable.
+        model: String,
+    },
+    /// A provider call ended: answered, failed or timed out.
+    ProviderResult {
+        /// The step.
+        step: String,
+        /// The tokens the provider reported, if it did.
+        usage: Option<TokenUsage>,
+        /// Why the model stopped, as the provider reported it.
+        finish_reason: Option<String>,
+        /// From `provider_call` to this event.
+        latency_ms: f64,
+        /// Why the call failed, if it did.
+        error: Option<EventError>,
+    },
+    /// The model asked for a tool call (checked, reused or executed).
+    ToolCall {
+        /// The step.
+        step: String,
+        /// The tool's name as the model gave it.
+        tool: String,
+        /// The model's id for the call.
+        call_id: String,
+    },
+    /// A tool call's `result_tool_calls` entry is known.
+    ToolResult {
+        /// The step.
+        step: String,
+        /// The tool.
+        tool: String,
+        /// The model's id for the call.
+        call_id: String,
+        /// The entry's `with_error`.
+        with_error: bool,
+        /// From `tool_call` to this event (0 for calls that never executed).
+        duration_ms: f64,
+        /// The result came from the idempotency ledger.
+        reused: bool,
+    },
+    /// An entry was appended to `errors`.
+    Error {
+        /// The running step (none before the first).
+        step: Option<String>,
+        /// The entry, as `errors` holds it.
+        message: String,
+    },
+    /// The run goes from one step to another (`next_step`).
+    Jump {
+        /// The step that finished.
+        from: String,
+        /// The step entered next.
+        to: String,
+    },
+    /// A step finished (after its snapshot went into `context_history`).
+    StepFinished {
+        /// The step.
+        step: String,
+        /// From `step_started` to this event.
+        duration_ms: f64,
+    },
+    /// The run is over (always the last event).
+    RunFinished {
+        /// How it ended.
+        outcome: RunStatus,
+        /// Why it failed, if it did.
+        error: Option<EventError>,
+        /// What the run consumed.
+        totals: Totals,
+    },
+}
+
+/// A run's options as `run_started` reports them.
+///
+/// The `with_context` values are left out: they may be secrets or large, and a journal
+/// that replays the run records them as an input of its own (`spec/events.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartOptions {
+    /// `max_runs` (`None`: unlimited).
+    pub max_runs: Option<u64>,
+    /// `max_steps`.
+    pub max_steps: u64,
+    /// The run's timeout.
+    pub timeout_ms: u64,
+    /// The names given with `with_context`, in order.
+    pub with_context: Vec<String>,
+    /// The names of the tools the run may offer.
+    pub tools: Vec<String>,
+}
+
+/// The phases of a step that render templates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The `pre` phase.
+    Pre,
+    /// The prompt's role sections, rendered into `prompts` (not the provider call).
+    Prompt,
+    /// The `post` phase.
+    Post,
+}
+
+/// Tokens of one provider call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenUsage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+/// A failure with a machine-readable kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventError {
+    /// For providers, the provider error kinds (`auth`, `rate_limited`, `timeout`, …);
+    /// for a run, the [`RunErrorKind`] in snake case.
+    pub kind: String,
+    /// The message.
+    pub message: String,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// No run error, and the last step left no `errors` (`aplc run` exits 0).
+    Completed,
+    /// No run error, but the last step's `errors` were not empty (`aplc run` exits 3).
+    CompletedWithErrors,
+    /// A run error ended the run.
+    Failed,
+}
+
+/// What a run consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Steps entered.
+    pub steps: u64,
+    /// Provider calls asked for (answered or not).
+    pub provider_calls: u64,
+    /// Prompt tokens the providers reported.
+    pub input_tokens: u64,
+    /// Completion tokens the providers reported.
+    pub output_tokens: u64,
+    /// The run's length.
+    pub elapsed_ms: f64,
+}
+
+/// The machine's event buffer and the times its events measure from.
+///
+/// Every recording method starts with `if !self.on { return }`, so a run nobody listens
+/// to builds nothing; callers pass borrowed names so that nothing is allocated either.
+#[derive(Debug, Default)]
+pub(crate) struct Recorder {
+    on: bool,
+    buffer: Vec<Event>,
+    seq: u64,
+    /// The time of the call the machine is handling.
+    now: Duration,
+    step_started: Duration,
+    phase: Option<(Phase, Duration)>,
+    provider_started: Duration,
+    tool_started: Duration,
+    /// How many entries of the running step's `errors` have had an event.
+    errors_seen: usize,
+    provider_calls: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    finished: bool,
+}
+
+impl Recorder {
+    pub(crate) fn new(on: bool) -> Recorder {
+        Recorder {
+            on,
+            ..Recorder::default()
+        }
+    }
+
+    #[inline]
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// Takes every event recorded so far.
+    pub(crate) fn drain(&mut self) -> std::vec::Drain<'_, Event> {
+        self.buffer.drain(..)
+    }
+
+    /// Sets the time of the call being handled: every event until the next call has it.
+    #[inline]
+    pub(crate) fn at(&mut self, now: Duration) {
+        self.now = now;
+    }
+
+    fn push(&mut self, kind: EventKind) {
+        self.buffer.push(Event {
+            seq: self.seq,
+            t_ms: ms(self.now),
+            kind,
+        });
+        self.seq += 1;
+    }
+
+    pub(crate) fn run_started(&mut self, agent: &str, hash: &[u8; 32], options: &RunOptions) {
+        if !self.on {
+            return;
+        }
+        let bundle_hash = hash.iter().map(|b| format!("{b:02x}")).collect();
+        let options = StartOptions {
+            max_runs: options.max_runs,
+            max_steps: options.max_steps,
+            timeout_ms: u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
+            with_context: options
+                .with_context
+                .iter()
+                .map(|(k, _)| k.clone())
+                .collect(),
+            tools: options.tools.names().map(str::to_string).collect(),
+        };
+        self.push(EventKind::RunStarted {
+            version: EVENTS_VERSION,
+            agent: agent.to_string(),
+            bundle_hash,
+            options,
+        });
+    }
+
+    pub(crate) fn step_started(&mut self, step: &str, runs: u64) {
+        if !self.on {
+            return;
+        }
+        self.step_started = self.now;
+        self.errors_seen = 0;
+        self.push(EventKind::StepStarted {
+            step: step.to_string(),
+            runs,
+        });
+    }
+
+    /// A phase starts now; [`phase_finished`](Self::phase_finished) reports it at the
+    /// next call's time.
+    pub(crate) fn phase_started(&mut self, phase: Phase) {
+        if self.on {
+            self.phase = Some((phase, self.now));
+        }
+    }
+
+    /// Reports the phase started last, if it has not been reported yet.
+    pub(crate) fn phase_finished(&mut self, step: &str) {
+        let Some((phase, started)) = self.phase.take() else {
+            return;
+        };
+        let duration_ms = ms(self.now.saturating_sub(started));
+        self.push(EventKind::PhaseFinished {
+            step: step.to_string(),
+            phase,
+            duration_ms,
+        });
+    }
+
+    /// True while a phase waits for its end time.
+    pub(crate) fn phase_pending(&self) -> bool {
+        self.phase.is_some()
+    }
+
+    pub(crate) fn provider_call(&mut self, step: &str, model: &str) {
+        if !self.on {
+            return;
+        }
+        self.provider_started = self.now;
+        self.provider_calls += 1;
+        self.push(EventKind::ProviderCall {
+            step: step.to_string(),
+            model: model.to_string(),
+        });
+    }
+
+    /// A provider call ended, in the typed boundary's terms.
+    pub(crate) fn provider_result(
+        &mut self,
+        step: &str,
+        usage: Option<TokenUsage>,
+        finish_reason: Option<&str>,
+        error: Option<(&str, &str)>,
+    ) {
+        if !self.on {
+            return;
+        }
+        if let Some(usage) = usage {
+            self.input_tokens += usage.input_tokens;
+            self.output_tokens += usage.output_tokens;
+        }
+        let latency_ms = ms(self.now.saturating_sub(self.provider_started));
+        self.push(EventKind::ProviderResult {
+            step: step.to_string(),
+            usage,
+            finish_reason: finish_reason.map(str::to_string),
+            latency_ms,
+            error: error.map(|(kind, message)| EventError {
+                kind: kind.to_string(),
+                message: message.to_string(),
+            }),
+        });
+    }
+
+    /// A provider call ended with an OpenAI-shaped response or an untyped error.
+    pub(crate) fn provider_result_raw(
+        &mut self,
+        step: &str,
+        result: &Result<Json, crate::ProviderError>,
+    ) {
+        if !self.on {
+            return;
+        }
+        match result {
+            Ok(raw) => {
+                let reason = raw
+                    .pointer("/choices/0/finish_reason")
+                    .and_then(Json::as_str);
+                self.provider_result(step, usage_from_json(raw.get("usage")), reason, None);
+            }
+            Err(err) => self.provider_result(step, None, None, Some(("other", &err.message))),
+        }
+    }
+
+    pub(crate) fn tool_call(&mut self, step: &str, tool: &str, call_id: &str) {
+        if !self.on {
+            return;
+        }
+        self.tool_started = self.now;
+        self.push(EventKind::ToolCall {
+            step: step.to_string(),
+            tool: tool.to_string(),
+            call_id: call_id.to_string(),
+        });
+    }
+
+    /// A tool call's result; `executed` is false for calls refused by the checks or
+    /// answered from the ledger, which took no time.
+    pub(crate) fn tool_result(
+        &mut self,
+        step: &str,
+        tool: &str,
+        call_id: &str,
+        with_error: bool,
+        reused: bool,
+        executed: bool,
+    ) {
+        if !self.on {
+            return;
+        }
+        let duration_ms = if executed {
+            ms(self.now.saturating_sub(self.tool_started))
+        } else {
+            0.0
+        };
+        self.push(EventKind::ToolResult {
+            step: step.to_string(),
+            tool: tool.to_string(),
+            call_id: call_id.to_string(),
+            with_error,
+            duration_ms,
+            reused,
+        });
+    }
+
+    /// Reports the entries of `errors` past those already reported. `errors` is the
+    /// variable's current value: a template may have replaced it, so a shorter list
+    /// restarts the count.
+    pub(crate) fn errors(&mut self, step: Option<&str>, errors: Option<minijinja::Value>) {
+        if !self.on {
+            return;
+        }
+        // `push_error` turns anything else into a list before it appends; until then
+        // there is no entry to report.
+        let Some(errors) = errors.filter(|e| e.kind() == minijinja::value::ValueKind::Seq) else {
+            return;
+        };
+        let len = errors.len().unwrap_or(0);
+        if len < self.errors_seen {
+            self.errors_seen = len;
+        }
+        if len == self.errors_seen {
+            return;
+        }
+        let Ok(items) = errors.try_iter() else { return };
+        for entry in items.skip(self.errors_seen) {
+            let message = entry
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| entry.to_string());
+            self.push(EventKind::Error {
+                step: step.map(str::to_string),
+                message,
+            });
+        }
+        self.errors_seen = len;
+    }
+
+    /// `errors` was reset after a post phase.
+    pub(crate) fn errors_reset(&mut self) {
+        self.errors_seen = 0;
+    }
+
+    pub(crate) fn step_finished(&mut self, step: &str) {
+        if !self.on {
+            return;
+        }
+        let duration_ms = ms(self.now.saturating_sub(self.step_started));
+        self.push(EventKind::StepFinished {
+            step: step.to_string(),
+            duration_ms,
+        });
+    }
+
+    pub(crate) fn jump(&mut self, from: &str, to: &str) {
+        if !self.on {
+            return;
+        }
+        self.push(EventKind::Jump {
+            from: from.to_string(),
+            to: to.to_string(),
+        });
+    }
+
+    /// The last event; later calls do nothing.
+    pub(crate) fn run_finished(&mut self, error: Option<&RunError>, errors_left: bool, steps: u64) {
+        if !self.on || self.finished {
+            return;
+        }
+        self.finished = true;
+        let outcome = match (error, errors_left) {
+            (Some(_), _) => RunStatus::Failed,
+            (None, true) => RunStatus::CompletedWithErrors,
+            (None, false) => RunStatus::Completed,
+        };
+        let totals = Totals {
+            steps,
+            provider_calls: self.provider_calls,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            elapsed_ms: ms(self.now),
+        };
+        self.push(EventKind::RunFinished {
+            outcome,
+            error: error.map(|e| EventError {
+                kind: run_error_kind(e.kind).to_string(),
+                message: e.message.clone(),
+            }),
+            totals,
+        });
+    }
+}
+
+/// Milliseconds at microsecond resolution, so equal durations print equally.
+fn ms(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+/// `input_tokens`/`output_tokens` from an OpenAI-shaped (or Anthropic-shaped) `usage`.
+fn usage_from_json(usage: Option<&Json>) -> Option<TokenUsage> {
+    let usage = usage?.as_object()?;
+    let count = |names: [&str; 2]| names.iter().find_map(|n| usage.get(*n)?.as_u64());
+    let input_tokens = count(["prompt_tokens", "input_tokens"]);
+    let output_tokens = count(["completion_tokens", "output_tokens"]);
+    if input_tokens.is_none() && output_tokens.is_none() {
+        return None;
+    }
+    Some(TokenUsage {
+        input_tokens: input_tokens.unwrap_or(0),
+        output_tokens: output_tokens.unwrap_or(0),
+    })
+}
+
+/// A run error's kind as events spell it.
+pub(crate) fn run_error_kind(kind: RunErrorKind) -> &'static str {
+    match kind {
+        RunErrorKind::UnknownStep => "unknown_step",
+        RunErrorKind::BudgetExceeded => "budget_exceeded",
+        RunErrorKind::StepBudgetExceeded => "step_budget_exceeded",
+        RunErrorKind::Timeout => "timeout",
+        RunErrorKind::InvalidOptions => "invalid_options",
+        RunErrorKind::MissingInput => "missing_input",
+        RunErrorKind::Protocol => "protocol",
+        RunErrorKind::Cancelled => "cancelled",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_json_form_is_flat_with_type() {
+        let event = Event {
+            seq: 3,
+            t_ms: 1.5,
+            kind: EventKind::Jump {
+                from: "a".into(),
+                to: "b".into(),
+            },
+        };
+        assert_eq!(
+            event.to_json(),
+            serde_json::json!({"seq": 3, "t_ms": 1.5, "type": "jump", "from": "a", "to": "b"})
+        );
+        let back: Event = serde_json::from_value(event.to_json()).unwrap();
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn a_recorder_that_is_off_records_nothing() {
+        let mut recorder = Recorder::new(false);
+        recorder.step_started("a", 0);
+        recorder.provider_call("a", "m");
+        recorder.jump("a", "b");
+        recorder.run_finished(None, false, 1);
+        assert_eq!(recorder.drain().count(), 0);
+    }
+
+    #[test]
+    fn usage_reads_both_spellings() {
+        let openai = serde_json::json!({"prompt_tokens": 3, "completion_tokens": 4});
+        let anthropic = serde_json::json!({"input_tokens": 3, "output_tokens": 4});
+        let expected = Some(TokenUsage {
+            input_tokens: 3,
+            output_tokens: 4,
+        });
+        assert_eq!(usage_from_json(Some(&openai)), expected);
+        assert_eq!(usage_from_json(Some(&anthropic)), expected);
+        assert_eq!(usage_from_json(Some(&serde_json::json!({}))), None);
+        assert_eq!(usage_from_json(None), None);
+    }
+}
