@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use aplc_runtime::driver::{self, BoxFuture, Provider, Scripted};
+use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
 use aplc_vm::text::escape_control;
 use aplc_vm::{
-    Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider, run_scripted,
+    Completion, Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider, run_scripted,
 };
 use clap::Args;
 
@@ -155,12 +155,13 @@ struct Counting<'a> {
 }
 
 impl Provider for Counting<'_> {
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         request: &'a ProviderRequest,
-    ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>> {
+        call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.call(request)
+        self.inner.complete(request, call)
     }
 }
 

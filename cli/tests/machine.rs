@@ -14,8 +14,8 @@ fn program(source: &str) -> Arc<Program> {
     Arc::new(Program::from_bundle(bundle, Limits::default()).unwrap())
 }
 
-fn reply(text: &str) -> Result<serde_json::Value, aplc_vm::ProviderError> {
-    Ok(serde_json::json!({"choices": [{"message": {"role": "assistant", "content": text}}]}))
+fn reply(text: &str) -> Result<aplc_vm::Completion, aplc_vm::ProviderError> {
+    Ok(aplc_vm::Completion::text(text))
 }
 
 const LOOP: &str = "# prompt: a\nhi\n# post: a\n{{ set_context('next_step', 'a') }}\n";
@@ -183,9 +183,9 @@ async fn the_tokio_driver_enforces_the_timeout_on_a_slow_provider() {
     assert_eq!(outcome.error.unwrap().kind, RunErrorKind::Timeout);
 }
 
-fn tool_call_reply(name: &str, args: &str) -> Result<serde_json::Value, aplc_vm::ProviderError> {
-    Ok(
-        serde_json::json!({"choices": [{"message": {"role": "assistant", "content": null,
+fn tool_call_reply(name: &str, args: &str) -> Result<aplc_vm::Completion, aplc_vm::ProviderError> {
+    aplc_vm::wire::openai::decode_value(
+        &serde_json::json!({"choices": [{"message": {"role": "assistant", "content": null,
         "tool_calls": [{"id": "t1", "type": "function", "function": {"name": name, "arguments": args}}]}}]}),
     )
 }
@@ -317,9 +317,10 @@ fn a_retry_loop_against_a_failing_provider_ends_at_the_step_budget() {
         match m.poll(start) {
             Action::CallProvider(_) => {
                 calls += 1;
-                let error = aplc_vm::ProviderError {
-                    message: "HTTP 401: invalid api key \u{1b}[2J".into(),
-                };
+                let error = aplc_vm::ProviderError::new(
+                    aplc_vm::ProviderErrorKind::Auth,
+                    "HTTP 401: invalid api key \u{1b}[2J",
+                );
                 m.handle_provider_response(start, Err(error));
             }
             Action::CallTool(_) => panic!("no tools in this program"),
@@ -417,7 +418,7 @@ fn a_timeout_during_a_tool_batch_keeps_the_finished_calls() {
     let start = Instant::now();
     let mut m = Machine::new(program("# prompt: a\nhi\n"), options, start);
     assert!(matches!(m.poll(start), Action::CallProvider(_)));
-    m.handle_provider_response(start, Ok(response));
+    m.handle_provider_response(start, aplc_vm::wire::openai::decode_value(&response));
     assert!(matches!(m.poll(start), Action::CallTool(_)));
     m.handle_tool_result(start, Ok(serde_json::json!("done 1")));
     assert!(matches!(m.poll(start), Action::CallTool(_)));

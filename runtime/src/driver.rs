@@ -16,18 +16,34 @@ use crate::redact::Redactor;
 use aplc_vm::Program;
 use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Machine, RunOptions, RunOutcome};
-use aplc_vm::{ProviderError, ProviderRequest, ScriptedProvider};
+use aplc_vm::{Completion, ProviderError, ProviderRequest, ScriptedProvider};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// An LLM provider (§4): takes the context, returns an OpenAI-style response.
+/// What a provider call needs besides the request: what the driver knows about the run.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CallContext {
+    /// When the run times out. A provider must not retry or wait past it.
+    pub deadline: Instant,
+}
+
+impl CallContext {
+    /// A call that must be over by `deadline`.
+    pub fn new(deadline: Instant) -> CallContext {
+        CallContext { deadline }
+    }
+}
+
+/// An LLM provider (§4): takes the machine's typed request, returns a typed completion.
 pub trait Provider: Send + Sync {
     /// Calls the model. Errors become entries in `errors`; the step goes on.
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         request: &'a ProviderRequest,
-    ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>>;
+        call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>>;
 }
 
 /// A native tool (§5): takes checked arguments (and the context, for `with_context`
@@ -162,10 +178,11 @@ impl Scripted {
 }
 
 impl Provider for Scripted {
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         _request: &'a ProviderRequest,
-    ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>> {
+        _call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
             if !self.latency.is_zero() {
                 tokio::time::sleep(self.latency).await;
@@ -212,7 +229,9 @@ pub async fn run_with_tools(
         match machine.poll(now()) {
             Action::CallProvider(request) => {
                 let deadline = machine.deadline();
-                match tokio::time::timeout_at(deadline.into(), provider.call(&request)).await {
+                let call = CallContext::new(deadline);
+                let completion = provider.complete(&request, &call);
+                match tokio::time::timeout_at(deadline.into(), completion).await {
                     Ok(result) => machine.handle_provider_response(now(), result),
                     // The timer fired at the deadline, so that is the earliest "now".
                     Err(_) => machine.handle_timeout(now().max(deadline)),

@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use crate::driver::{BoxFuture, Provider, Scripted};
+use crate::driver::{BoxFuture, CallContext, Provider, Scripted};
 use aplc_vm::text::json_kind as kind;
-use aplc_vm::{ProviderError, ProviderRequest, ScriptedProvider};
+use aplc_vm::{Completion, ProviderError, ProviderErrorKind, ProviderRequest, ScriptedProvider};
 
 use crate::http::HttpClient;
 
@@ -162,12 +162,13 @@ impl Router {
 }
 
 impl Provider for Router {
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         request: &'a ProviderRequest,
-    ) -> BoxFuture<'a, Result<Json, ProviderError>> {
+        call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         match self.route(&request.model) {
-            Some(provider) => provider.call(request),
+            Some(provider) => provider.complete(request, call),
             None => {
                 let message = if self.routes.is_empty() {
                     format!(
@@ -182,7 +183,9 @@ impl Provider for Router {
                         patterns.join(", ")
                     )
                 };
-                Box::pin(std::future::ready(Err(ProviderError { message })))
+                // No provider can take the request as it is: the model names no route.
+                let error = ProviderError::new(ProviderErrorKind::InvalidRequest, message);
+                Box::pin(std::future::ready(Err(error)))
             }
         }
     }

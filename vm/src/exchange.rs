@@ -7,7 +7,7 @@
 //! receives it) reads [`ProviderRequest::context`], read-only.
 //!
 //! A provider answers with a [`Completion`]; the machine alone turns it into the
-//! `result_*` variables (§2.2.5, §2.2.6). Wire formats (`crate::wire`) are pure
+//! `result_*` variables (§2.2.5, §2.2.6). Wire formats ([`crate::wire`]) are pure
 //! `encode(request) -> body` and `decode(body) -> Completion` functions; HTTP providers
 //! add only transport, retries and auth.
 
@@ -45,6 +45,13 @@ pub struct Message {
     pub role: Role,
     /// What is said.
     pub content: Content,
+}
+
+impl Message {
+    /// A message.
+    pub fn new(role: Role, content: Content) -> Message {
+        Message { role, content }
+    }
 }
 
 /// A message's role: the role sections of §1.2.
@@ -107,8 +114,26 @@ pub struct ToolDefinition {
     pub name: String,
     /// What it does, for the model; may be empty.
     pub description: String,
-    /// The JSON schema of its arguments.
+    /// The JSON schema of its arguments; `null` when the descriptor has none.
     pub parameters: Json,
+    /// The descriptor's `strict` flag, when it has one.
+    pub strict: Option<bool>,
+}
+
+impl ToolDefinition {
+    /// A tool definition without a `strict` flag.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        parameters: Json,
+    ) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+            strict: None,
+        }
+    }
 }
 
 /// The §2.5 sampling parameters that are set. A variable counts as set unless it is
@@ -329,6 +354,25 @@ impl ProviderErrorKind {
             ProviderErrorKind::Other => "other",
         }
     }
+
+    /// The kind named `name` (a name [`as_str`](Self::as_str) gives), if any.
+    pub fn from_name(name: &str) -> Option<ProviderErrorKind> {
+        ProviderErrorKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+    }
+
+    /// Every kind, in the order of their declaration.
+    pub const ALL: [ProviderErrorKind; 8] = [
+        ProviderErrorKind::Auth,
+        ProviderErrorKind::RateLimited,
+        ProviderErrorKind::Server,
+        ProviderErrorKind::Timeout,
+        ProviderErrorKind::Transport,
+        ProviderErrorKind::InvalidRequest,
+        ProviderErrorKind::InvalidResponse,
+        ProviderErrorKind::Other,
+    ];
 }
 
 impl fmt::Display for ProviderErrorKind {
