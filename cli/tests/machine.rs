@@ -537,3 +537,25 @@ async fn a_toolbox_redacts_tool_results_and_errors() {
     assert!(!text.contains(&key[..16]), "{text}");
     assert!(text.contains("bad key <redacted>"), "{text}");
 }
+
+/// A request no provider could encode is never handed to one: the machine reports it as
+/// the step's provider error and goes on, and the script is not consumed.
+#[test]
+fn an_unbuildable_request_skips_the_call_whatever_the_provider() {
+    let p = program(
+        "# pre: a\n{{ set_context('output_mode', 'structured_output') }}\
+         {{ set_context('output_structure', '{not json') }}\n# prompt: a\nhi\n",
+    );
+    let mut script = ScriptedProvider::from_json(r#"["never sent"]"#).unwrap();
+    let start = Instant::now();
+    let outcome = aplc_vm::run_scripted(p, RunOptions::default(), &mut script, || start);
+    assert_eq!(script.remaining(), 1, "no call was made");
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert_eq!(
+        outcome.last_step_errors,
+        [
+            "provider error: `output_structure` is not valid JSON: key must be a string at line 1 column 2"
+        ]
+    );
+    assert_eq!(outcome.result_text(), "");
+}

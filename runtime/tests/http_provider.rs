@@ -95,7 +95,7 @@ fn request_with_deadline(overrides: Json, within: Duration) -> Call {
         .get("model")
         .and_then(|m| m.as_str().map(str::to_owned))
         .unwrap_or_default();
-    let request = build_request(model, &context, Arc::from(messages), Arc::from(tools))
+    let request = build_request(model, context, Arc::from(messages), Arc::from(tools))
         .expect("the request builds");
     Call {
         request,
@@ -354,7 +354,7 @@ async fn invalid_output_structure_is_refused_before_any_provider() {
     // The core refuses to build the request, so no provider is ever asked.
     let overrides = json!({"output_mode": "structured_output", "output_structure": "{not json"});
     let context = context(overrides);
-    let error = build_request("gpt-4o".into(), &context, Arc::from([]), Arc::from([]))
+    let error = build_request("gpt-4o".into(), context, Arc::from([]), Arc::from([]))
         .expect_err("the request cannot be built");
     assert_eq!(error.kind, ProviderErrorKind::InvalidRequest);
     assert_eq!(
@@ -799,4 +799,20 @@ async fn router_for_rust_embedders() {
         empty.call(&call("gpt-4o")).await.unwrap_err().message,
         "no provider for model `gpt-4o` (no routes are configured)"
     );
+}
+
+#[tokio::test]
+async fn a_completion_that_does_not_decode_is_an_invalid_response() {
+    let server = Server::start(vec![Reply::json(200, json!({"choices": [{"message": 3}]}))]).await;
+    let error = provider(&server)
+        .call(&request(json!({"prompts": user("hi")})))
+        .await
+        .expect_err("the body is not a completion");
+    assert_eq!(error.kind, ProviderErrorKind::InvalidResponse);
+    assert_eq!(
+        error.message,
+        "invalid provider response: expected the `message` of choice 0 to be an object, \
+         found a number"
+    );
+    assert_eq!(server.requests().len(), 1, "a decoded 200 is not retried");
 }

@@ -40,8 +40,7 @@ use crate::bundle::{Instr, MessageEntry, SourceSpan, StepId, TemplateId};
 use crate::env::render;
 use crate::exchange::{Completion, Message, Part, ProviderError, ProviderRequest, ToolCall};
 use crate::interrupt::{Interrupt, InterruptReason};
-use crate::messages::build_message;
-use crate::messages::message_value;
+use crate::messages::{build_message, message_value};
 use crate::names::{RESERVED_VARIABLES, user_defaults};
 use crate::program::Program;
 use crate::request::build_request;
@@ -119,8 +118,9 @@ impl RunOptions {
 #[must_use]
 pub enum Action {
     /// Call the provider with this request and pass the result to
-    /// [`Machine::handle_provider_response`].
-    CallProvider(ProviderRequest),
+    /// [`Machine::handle_provider_response`]. Boxed: a request is large, and comes once
+    /// per step at most.
+    CallProvider(Box<ProviderRequest>),
     /// Execute this tool and pass the result to [`Machine::handle_tool_result`].
     CallTool(ToolInvocation),
     /// A step ended: call [`Machine::poll`] again.
@@ -265,6 +265,10 @@ fn nested_deeper_than(value: &Value, budget: usize) -> bool {
 
 /// Where the run is in the calling contract, with what that point needs to remember.
 #[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per run, kept inline in the machine: boxing would only add an allocation"
+)]
 enum State {
     /// Running instructions.
     Running,
@@ -716,14 +720,14 @@ impl Machine {
             .unwrap_or_default();
         let request = build_request(
             model,
-            &self.store.vars(),
+            self.store.vars(),
             self.messages.clone(),
             self.tools.definitions(&allowed),
         );
         match request {
             Ok(request) => {
                 self.state = State::AwaitingProvider;
-                Some(Action::CallProvider(request))
+                Some(Action::CallProvider(Box::new(request)))
             }
             Err(error) => {
                 // No provider could encode this request, so none is asked: the failure is

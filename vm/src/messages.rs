@@ -78,7 +78,6 @@ fn part_value(part: &Part) -> Value {
         Part::ImageUrl(url) => ("image_url", url),
         Part::AudioInput(url) => ("audio_input", url),
         Part::File(url) => ("file", url),
-        // `Part` is non-exhaustive only for other crates; this one matches every kind.
     };
     Value::from_pairs([
         ("type", Value::from(kind)),

@@ -18,8 +18,11 @@ use crate::exchange::{
 use crate::store::Vars;
 use crate::text::json_kind as kind;
 
+/// Picks one field of a [`Sampling`].
+type Field = fn(&mut Sampling) -> &mut Option<Json>;
+
 /// The §2.5 variables that become [`Sampling`] fields, each with its field.
-const SAMPLING: [(&str, fn(&mut Sampling) -> &mut Option<Json>); 10] = [
+const SAMPLING: [(&str, Field); 10] = [
     ("temperature", |s| &mut s.temperature),
     ("max_tokens", |s| &mut s.max_tokens),
     ("top_p", |s| &mut s.top_p),
@@ -32,15 +35,15 @@ const SAMPLING: [(&str, fn(&mut Sampling) -> &mut Option<Json>); 10] = [
     ("repetition_penalty", |s| &mut s.repetition_penalty),
 ];
 
-/// Builds the request for `model` from the context, with the step's messages and the
-/// tools offered.
+/// Builds the request for `model` from the context (which the request keeps, read-only),
+/// with the step's messages and the tools offered.
 ///
 /// Fails (kind `invalid_request`) when no provider could encode the request: an
 /// `output_structure` that is neither a map nor a string holding a JSON object, or a
 /// sampling value that has no JSON form.
 pub fn build_request(
     model: String,
-    context: &Vars,
+    context: Vars,
     messages: Arc<[Message]>,
     tools: Arc<[ToolDefinition]>,
 ) -> Result<ProviderRequest, ProviderError> {
@@ -48,9 +51,9 @@ pub fn build_request(
         model,
         messages,
         tools,
-        sampling: sampling(context)?,
-        output: output_format(context)?,
-        context: context.clone(),
+        sampling: sampling(&context)?,
+        output: output_format(&context)?,
+        context,
     })
 }
 
@@ -165,7 +168,7 @@ mod tests {
     }
 
     fn build(vars: Json) -> Result<ProviderRequest, ProviderError> {
-        build_request("m".into(), &context(vars), Arc::new([]), Arc::new([]))
+        build_request("m".into(), context(vars), Arc::new([]), Arc::new([]))
     }
 
     #[test]

@@ -43,7 +43,7 @@ fn request(messages: Vec<Message>, tools: Vec<ToolDefinition>, vars: Json) -> Pr
         .get("model")
         .and_then(|m| m.as_str().map(str::to_owned))
         .unwrap_or_else(|| "gpt-4o".into());
-    build_request(model, &context, messages.into(), tools.into()).unwrap()
+    build_request(model, context, messages.into(), tools.into()).unwrap()
 }
 
 fn encoded(request: &ProviderRequest) -> String {
