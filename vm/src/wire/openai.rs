@@ -174,7 +174,10 @@ impl Serialize for Body<'_> {
         }
         match &request.output {
             OutputFormat::Text => {}
-            format => map.serialize_entry("response_format", &ResponseFormat(format))?,
+            OutputFormat::JsonObject => map.serialize_entry("response_format", &JsonObject)?,
+            OutputFormat::JsonSchema { name, schema } => {
+                map.serialize_entry("response_format", &SchemaFormat { name, schema })?;
+            }
         }
         map.end()
     }
@@ -309,22 +312,33 @@ impl Serialize for Function<'_> {
     }
 }
 
-/// `response_format`: `{"type": "json_object"}`, or `{"type": "json_schema",
-/// "json_schema": {"name", "schema", "strict": true}}`.
-struct ResponseFormat<'a>(&'a OutputFormat);
+/// `response_format` for any JSON object: `{"type": "json_object"}`.
+struct JsonObject;
 
-impl Serialize for ResponseFormat<'_> {
+impl Serialize for JsonObject {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry("type", "json_object")?;
+        map.end()
+    }
+}
+
+/// `response_format` for a schema: `{"type": "json_schema", "json_schema": {"name",
+/// "schema", "strict": true}}`.
+struct SchemaFormat<'a> {
+    name: &'a str,
+    schema: &'a Json,
+}
+
+impl Serialize for SchemaFormat<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(2))?;
-        match self.0 {
-            OutputFormat::Text | OutputFormat::JsonObject => {
-                map.serialize_entry("type", "json_object")?;
-            }
-            OutputFormat::JsonSchema { name, schema } => {
-                map.serialize_entry("type", "json_schema")?;
-                map.serialize_entry("json_schema", &JsonSchema { name, schema })?;
-            }
-        }
+        map.serialize_entry("type", "json_schema")?;
+        let inner = JsonSchema {
+            name: self.name,
+            schema: self.schema,
+        };
+        map.serialize_entry("json_schema", &inner)?;
         map.end()
     }
 }
