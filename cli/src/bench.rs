@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
 use aplc_vm::text::escape_control;
 use aplc_vm::{
-    Action, Machine, Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider,
-    run_scripted,
+    Action, Completion, Machine, Program, ProviderError, ProviderRequest, RunOptions,
+    ScriptedProvider, run_scripted,
 };
 use clap::Args;
 
@@ -214,13 +214,13 @@ struct Counting<'a> {
 }
 
 impl Provider for Counting<'_> {
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         request: &'a ProviderRequest,
         call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>> {
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.call(request, call)
+        self.inner.complete(request, call)
     }
 }
 

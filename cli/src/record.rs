@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 
 use aplc_runtime::driver::{BoxFuture, CallContext, Provider};
-use aplc_vm::ProviderError;
-use aplc_vm::ProviderRequest;
+use aplc_vm::wire::openai::response_json;
+use aplc_vm::{Completion, ProviderError, ProviderErrorKind, ProviderRequest};
 use serde_json::{Value as Json, json};
 
 use crate::Failure;
@@ -68,19 +68,25 @@ impl Recorder {
 }
 
 impl Provider for Recorder {
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         request: &'a ProviderRequest,
         call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<Json, ProviderError>> {
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
-            let result = self.inner.call(request, call).await;
+            let result = self.inner.complete(request, call).await;
             if let Some(entries) = &self.entries {
                 // The scripted provider's entry forms: a full response is replayed exactly
-                // as written, and `{"error": …}` fails that call with the same message.
+                // as written, and `{"error": …}` fails that call with the same message
+                // (and kind).
                 let entry = match &result {
-                    Ok(response) => response.clone(),
-                    Err(error) => json!({ "error": error.message }),
+                    Ok(completion) => recorded_response(completion),
+                    Err(error) if error.kind == ProviderErrorKind::Other => {
+                        json!({ "error": error.message })
+                    }
+                    Err(error) => {
+                        json!({ "error": {"message": error.message, "kind": error.kind.as_str()} })
+                    }
                 };
                 entries
                     .lock()
@@ -89,5 +95,14 @@ impl Provider for Recorder {
             }
             result
         })
+    }
+}
+
+/// The response as received when it is a Chat Completions response (the OpenAI-compatible
+/// and scripted providers keep one), otherwise the completion written in that format.
+fn recorded_response(completion: &Completion) -> Json {
+    match completion.raw.as_deref() {
+        Some(raw) if raw.get("choices").is_some_and(Json::is_array) => raw.clone(),
+        _ => response_json(completion),
     }
 }

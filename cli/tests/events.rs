@@ -161,6 +161,7 @@ fn drive(options: RunOptions) -> Vec<Event> {
                 let reply = serde_json::json!({"choices": [{"message": {"role": "assistant",
                     "content": "ok"}, "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": 5, "completion_tokens": 2}});
+                let reply = aplc_vm::wire::openai::decode_value(&reply).unwrap();
                 machine.handle_provider_response(tick(), Ok(reply));
                 events.extend(machine.drain_events());
             }

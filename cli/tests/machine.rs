@@ -14,8 +14,8 @@ fn program(source: &str) -> Arc<Program> {
     Arc::new(Program::from_bundle(bundle, Limits::default()).unwrap())
 }
 
-fn reply(text: &str) -> Result<serde_json::Value, aplc_vm::ProviderError> {
-    Ok(serde_json::json!({"choices": [{"message": {"role": "assistant", "content": text}}]}))
+fn reply(text: &str) -> Result<aplc_vm::Completion, aplc_vm::ProviderError> {
+    Ok(aplc_vm::Completion::text(text))
 }
 
 const LOOP: &str = "# prompt: a\nhi\n# post: a\n{{ set_context('next_step', 'a') }}\n";
@@ -183,9 +183,9 @@ async fn the_tokio_driver_enforces_the_timeout_on_a_slow_provider() {
     assert_eq!(outcome.error.unwrap().kind, RunErrorKind::Timeout);
 }
 
-fn tool_call_reply(name: &str, args: &str) -> Result<serde_json::Value, aplc_vm::ProviderError> {
-    Ok(
-        serde_json::json!({"choices": [{"message": {"role": "assistant", "content": null,
+fn tool_call_reply(name: &str, args: &str) -> Result<aplc_vm::Completion, aplc_vm::ProviderError> {
+    aplc_vm::wire::openai::decode_value(
+        &serde_json::json!({"choices": [{"message": {"role": "assistant", "content": null,
         "tool_calls": [{"id": "t1", "type": "function", "function": {"name": name, "arguments": args}}]}}]}),
     )
 }
@@ -317,9 +317,10 @@ fn a_retry_loop_against_a_failing_provider_ends_at_the_step_budget() {
         match m.poll(start) {
             Action::CallProvider(_) => {
                 calls += 1;
-                let error = aplc_vm::ProviderError {
-                    message: "HTTP 401: invalid api key \u{1b}[2J".into(),
-                };
+                let error = aplc_vm::ProviderError::new(
+                    aplc_vm::ProviderErrorKind::Auth,
+                    "HTTP 401: invalid api key \u{1b}[2J",
+                );
                 m.handle_provider_response(start, Err(error));
             }
             Action::CallTool(_) => panic!("no tools in this program"),
@@ -417,7 +418,7 @@ fn a_timeout_during_a_tool_batch_keeps_the_finished_calls() {
     let start = Duration::ZERO;
     let mut m = Machine::new(program("# prompt: a\nhi\n"), options);
     assert!(matches!(m.poll(start), Action::CallProvider(_)));
-    m.handle_provider_response(start, Ok(response));
+    m.handle_provider_response(start, aplc_vm::wire::openai::decode_value(&response));
     assert!(matches!(m.poll(start), Action::CallTool(_)));
     m.handle_tool_result(start, Ok(serde_json::json!("done 1")));
     assert!(matches!(m.poll(start), Action::CallTool(_)));
@@ -537,4 +538,25 @@ async fn a_toolbox_redacts_tool_results_and_errors() {
     let text = json.to_string();
     assert!(!text.contains(&key[..16]), "{text}");
     assert!(text.contains("bad key <redacted>"), "{text}");
+}
+
+/// A request no provider could encode is never handed to one: the machine reports it as
+/// the step's provider error and goes on, and the script is not consumed.
+#[test]
+fn an_unbuildable_request_skips_the_call_whatever_the_provider() {
+    let p = program(
+        "# pre: a\n{{ set_context('output_mode', 'structured_output') }}\
+         {{ set_context('output_structure', '{not json') }}\n# prompt: a\nhi\n",
+    );
+    let mut script = ScriptedProvider::from_json(r#"["never sent"]"#).unwrap();
+    let outcome = aplc_vm::run_scripted(p, RunOptions::default(), &mut script, || Duration::ZERO);
+    assert_eq!(script.remaining(), 1, "no call was made");
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    assert_eq!(
+        outcome.last_step_errors,
+        [
+            "provider error: `output_structure` is not valid JSON: key must be a string at line 1 column 2"
+        ]
+    );
+    assert_eq!(outcome.result_text(), "");
 }

@@ -13,11 +13,12 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use aplc_vm::typed::{Completion, ProviderError, ProviderRequest};
 use aplc_vm::wire::anthropic as wire;
+use aplc_vm::{Completion, ProviderError, ProviderRequest};
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value as Json;
 
+use crate::driver::{BoxFuture, CallContext, Provider};
 use crate::http::HttpClient;
 use crate::openai::{
     DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_BASE_DELAY, DEFAULT_RETRY_MAX_DELAY,
@@ -291,5 +292,15 @@ mod tests {
         );
         let e = AnthropicProvider::new(AnthropicConfig::new().api_version("a\nb")).unwrap_err();
         assert_eq!(e, "the API version is not a valid HTTP header value");
+    }
+}
+
+impl Provider for AnthropicProvider {
+    fn complete<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+        call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        Box::pin(AnthropicProvider::complete(self, request, call.deadline))
     }
 }

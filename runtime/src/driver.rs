@@ -16,12 +16,12 @@ use crate::redact::Redactor;
 use aplc_vm::Program;
 use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Event, Machine, RunOptions, RunOutcome};
-use aplc_vm::{ProviderError, ProviderRequest, ScriptedProvider};
+use aplc_vm::{Completion, ProviderError, ProviderRequest, ScriptedProvider};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What the driver tells a provider about a call besides the request.
+/// What a provider call needs besides the request: what the driver knows about the run.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct CallContext {
@@ -30,20 +30,20 @@ pub struct CallContext {
 }
 
 impl CallContext {
-    /// A call that must end by `deadline`.
+    /// A call that must be over by `deadline`.
     pub fn new(deadline: Instant) -> CallContext {
         CallContext { deadline }
     }
 }
 
-/// An LLM provider (§4): takes the context, returns an OpenAI-style response.
+/// An LLM provider (§4): takes the machine's typed request, returns a typed completion.
 pub trait Provider: Send + Sync {
     /// Calls the model. Errors become entries in `errors`; the step goes on.
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         request: &'a ProviderRequest,
         call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>>;
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>>;
 }
 
 /// Receives a run's events, in order, on the driver's task (see `spec/events.md`).
@@ -187,11 +187,11 @@ impl Scripted {
 }
 
 impl Provider for Scripted {
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         _request: &'a ProviderRequest,
         _call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<serde_json::Value, ProviderError>> {
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
             if !self.latency.is_zero() {
                 tokio::time::sleep(self.latency).await;
@@ -279,7 +279,7 @@ async fn drive(
         deliver(&mut machine);
         match action {
             Action::CallProvider(request) => {
-                match tokio::time::timeout_at(deadline, provider.call(&request, &call)).await {
+                match tokio::time::timeout_at(deadline, provider.complete(&request, &call)).await {
                     Ok(result) => machine.handle_provider_response(now(), result),
                     // The timer fired at the deadline, so that is the earliest "now".
                     Err(_) => machine.handle_timeout(now().max(machine.deadline())),

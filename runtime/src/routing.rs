@@ -17,7 +17,7 @@ use serde_json::{Map, Value as Json};
 
 use crate::driver::{BoxFuture, CallContext, Provider, Scripted};
 use aplc_vm::text::json_kind as kind;
-use aplc_vm::{ProviderError, ProviderRequest, ScriptedProvider};
+use aplc_vm::{Completion, ProviderError, ProviderErrorKind, ProviderRequest, ScriptedProvider};
 
 use crate::http::HttpClient;
 
@@ -162,13 +162,13 @@ impl Router {
 }
 
 impl Provider for Router {
-    fn call<'a>(
+    fn complete<'a>(
         &'a self,
         request: &'a ProviderRequest,
         call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<Json, ProviderError>> {
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         match self.route(&request.model) {
-            Some(provider) => provider.call(request, call),
+            Some(provider) => provider.complete(request, call),
             None => {
                 let message = if self.routes.is_empty() {
                     format!(
@@ -183,7 +183,9 @@ impl Provider for Router {
                         patterns.join(", ")
                     )
                 };
-                Box::pin(std::future::ready(Err(ProviderError { message })))
+                // No provider can take the request as it is: the model names no route.
+                let error = ProviderError::new(ProviderErrorKind::InvalidRequest, message);
+                Box::pin(std::future::ready(Err(error)))
             }
         }
     }
@@ -306,19 +308,25 @@ fn configured_route(
             let (provider, description) = openai_route(route, env, client)?;
             Ok((patterns, provider, description))
         }
+        Some(Json::String(k)) if k == "anthropic" => {
+            let config = anthropic_config(route, env, client)?;
+            let provider = crate::anthropic::AnthropicProvider::new(config)?;
+            let description = format!("anthropic {}", provider.endpoint());
+            Ok((patterns, Arc::new(provider), description))
+        }
         Some(Json::String(k)) if k == "mock" => {
             check_keys(route, &[&COMMON_KEYS[..], &MOCK_KEYS[..]].concat(), "mock")?;
             let (provider, description) = mock_route(route)?;
             Ok((patterns, provider, description))
         }
         Some(Json::String(other)) => Err(format!(
-            "unknown `kind` `{other}` (expected `openai` or `mock`)"
+            "unknown `kind` `{other}` (expected `openai`, `anthropic` or `mock`)"
         )),
         Some(other) => Err(format!(
             "expected `kind` to be a string, found {}",
             kind(other)
         )),
-        None => Err("missing `kind` (`openai` or `mock`)".into()),
+        None => Err("missing `kind` (`openai`, `anthropic` or `mock`)".into()),
     }
 }
 
@@ -612,11 +620,11 @@ mod tests {
             ),
             (
                 r#"{"routes": [{"model": "*"}]}"#,
-                "providers config: routes[0]: missing `kind` (`openai` or `mock`)",
+                "providers config: routes[0]: missing `kind` (`openai`, `anthropic` or `mock`)",
             ),
             (
-                r#"{"routes": [{"model": "*", "kind": "anthropic"}]}"#,
-                "providers config: routes[0]: unknown `kind` `anthropic` (expected `openai` or `mock`)",
+                r#"{"routes": [{"model": "*", "kind": "gemini"}]}"#,
+                "providers config: routes[0]: unknown `kind` `gemini` (expected `openai`, `anthropic` or `mock`)",
             ),
             (
                 r#"{"routes": [{"model": "*", "kind": "mock"}]}"#,

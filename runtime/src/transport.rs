@@ -14,7 +14,7 @@
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use aplc_vm::typed::{ProviderError, ProviderErrorKind};
+use aplc_vm::{ProviderError, ProviderErrorKind};
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 use serde_json::Value as Json;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aplc_runtime::anthropic::{AnthropicConfig, AnthropicProvider};
-use aplc_vm::typed::{
+use aplc_vm::{
     Completion, Content, FinishReason, Message, Part, ProviderError, ProviderErrorKind,
     ProviderRequest, Role, ToolCall, ToolDefinition,
 };

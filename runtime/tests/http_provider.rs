@@ -2,7 +2,8 @@
 //! 127.0.0.1: the exact request JSON for each mapping rule (spec/providers.md §1–§3),
 //! failures and retries (§4), routing (§5), and that secrets never leak (§6).
 //!
-//! Run with `cargo test -p aplc-vm --features http`.
+//! Requests are built as the machine builds them (`aplc_vm::build_request` over a
+//! context), so the JSON pinned here is what a run sends.
 
 mod support;
 
@@ -13,7 +14,10 @@ use aplc_runtime::driver::{BoxFuture, CallContext, Provider, Scripted};
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
 use aplc_vm::minijinja::Value;
-use aplc_vm::{ProviderRequest, ScriptedProvider, Vars, user_defaults};
+use aplc_vm::{
+    Completion, Content, Message, Part, ProviderError, ProviderErrorKind, ProviderRequest, Role,
+    ScriptedProvider, ToolDefinition, Vars, build_request, user_defaults,
+};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 use support::{Reply, Server};
@@ -49,20 +53,23 @@ fn from_json(json: &Json) -> Value {
     Value::deserialize(json).expect("every JSON value is a template value")
 }
 
-/// A request and the context of its call.
+/// A request and the deadline of its call.
 struct Call {
     request: ProviderRequest,
-    context: CallContext,
+    deadline: Instant,
 }
 
-/// `Provider::call` on a [`Call`].
-trait SendCall {
-    fn send<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Json, aplc_vm::ProviderError>>;
+/// `provider.call(&request(…))`: one `complete` with the call's deadline.
+trait CallExt {
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Completion, ProviderError>>;
 }
 
-impl<P: Provider + ?Sized> SendCall for P {
-    fn send<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Json, aplc_vm::ProviderError>> {
-        self.call(&call.request, &call.context)
+impl<P: Provider> CallExt for P {
+    fn call<'a>(&'a self, call: &'a Call) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        Box::pin(async move {
+            let context = CallContext::new(call.deadline);
+            self.complete(&call.request, &context).await
+        })
     }
 }
 
@@ -70,15 +77,79 @@ fn request(overrides: Json) -> Call {
     request_with_deadline(overrides, Duration::from_secs(5))
 }
 
+/// The request the machine builds from the context: `prompts` and `tools` given as JSON
+/// here become the typed messages and tool definitions the machine would have.
 fn request_with_deadline(overrides: Json, within: Duration) -> Call {
+    let messages: Vec<Message> = overrides
+        .get("prompts")
+        .and_then(Json::as_array)
+        .map(|prompts| prompts.iter().map(message).collect())
+        .unwrap_or_default();
+    let tools: Vec<ToolDefinition> = overrides
+        .get("tools")
+        .and_then(Json::as_array)
+        .map(|tools| tools.iter().map(tool).collect())
+        .unwrap_or_default();
     let context = context(overrides);
     let model = context
         .get("model")
         .and_then(|m| m.as_str().map(str::to_owned))
         .unwrap_or_default();
+    let request = build_request(model, context, Arc::from(messages), Arc::from(tools))
+        .expect("the request builds");
     Call {
-        request: ProviderRequest { model, context },
-        context: CallContext::new(Instant::now() + within),
+        request,
+        deadline: Instant::now() + within,
+    }
+}
+
+/// A `prompts` entry as a typed message.
+fn message(json: &Json) -> Message {
+    let role = match json["role"].as_str().expect("a role") {
+        "system" => Role::System,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "developer" => Role::Developer,
+        "tool_result" => Role::ToolResult,
+        other => panic!("no role {other}"),
+    };
+    let content = match &json["content"] {
+        Json::String(text) => Content::Text(text.clone()),
+        Json::Array(parts) => Content::Parts(
+            parts
+                .iter()
+                .map(|part| {
+                    let url = |kind: &str| part[kind]["url"].as_str().unwrap().to_owned();
+                    match part["type"].as_str().unwrap() {
+                        "text" => Part::Text(part["text"].as_str().unwrap().to_owned()),
+                        "image_url" => Part::ImageUrl(url("image_url")),
+                        "audio_input" => Part::AudioInput(url("audio_input")),
+                        "file" => Part::File(url("file")),
+                        other => panic!("no part type {other}"),
+                    }
+                })
+                .collect(),
+        ),
+        other => panic!("no content {other}"),
+    };
+    Message::new(role, content)
+}
+
+/// A tool descriptor (bare, or wrapped as an API tool) as a typed definition.
+fn tool(json: &Json) -> ToolDefinition {
+    let function = json.get("function").unwrap_or(json);
+    ToolDefinition::new(
+        function["name"].as_str().unwrap(),
+        function["description"].as_str().unwrap_or_default(),
+        function["parameters"].clone(),
+    )
+}
+
+/// The completion's text.
+fn text(completion: &Completion) -> &str {
+    match completion.content.as_slice() {
+        [Part::Text(text)] => text,
+        other => panic!("not one text part: {other:?}"),
     }
 }
 
@@ -99,7 +170,7 @@ fn provider(server: &Server) -> OpenAiProvider {
 async fn sent_body(overrides: Json) -> Json {
     let server = Server::start(vec![Reply::completion("ok")]).await;
     provider(&server)
-        .send(&request(overrides))
+        .call(&request(overrides))
         .await
         .expect("the call succeeds");
     let requests = server.requests();
@@ -110,7 +181,7 @@ async fn sent_body(overrides: Json) -> Json {
 /// The error message of a failed call; it must not contain the key.
 async fn failure(provider: &OpenAiProvider, request: &Call) -> String {
     let message = provider
-        .send(request)
+        .call(request)
         .await
         .expect_err("the call fails")
         .message;
@@ -129,10 +200,15 @@ fn user(text: &str) -> Json {
 async fn minimal_request_leaves_out_every_unset_variable() {
     let server = Server::start(vec![Reply::completion("Hello!")]).await;
     let response = provider(&server)
-        .send(&request(json!({"prompts": user("How are you?")})))
+        .call(&request(json!({"prompts": user("How are you?")})))
         .await
         .unwrap();
-    assert_eq!(response["choices"][0]["message"]["content"], "Hello!");
+    assert_eq!(text(&response), "Hello!");
+    assert_eq!(
+        response.raw.as_ref().unwrap()["choices"][0]["message"]["content"],
+        "Hello!",
+        "the response is kept as received"
+    );
     let requests = server.requests();
     let sent = &requests[0];
     assert_eq!(sent.method, "POST");
@@ -175,30 +251,6 @@ async fn roles_pass_through_and_tool_result_becomes_user() {
                 {"role": "user", "content": "[{\"tool_call_id\": \"c1\", \"content\": 42}]"},
             ]
         })
-    );
-}
-
-#[tokio::test]
-async fn tool_result_with_a_known_call_id_becomes_a_tool_message() {
-    let call = json!({"id": "call_1", "type": "function",
-                      "function": {"name": "calc", "arguments": "{\"a\": 1}"}});
-    let body = sent_body(json!({
-        "prompts": [
-            {"role": "user", "content": "1?"},
-            {"role": "assistant", "content": null, "tool_calls": [call]},
-            {"role": "tool_result", "tool_call_id": "call_1", "content": "1"},
-            {"role": "tool_result", "tool_call_id": "call_unknown", "content": "2"},
-        ]
-    }))
-    .await;
-    assert_eq!(
-        body["messages"],
-        json!([
-            {"role": "user", "content": "1?"},
-            {"role": "assistant", "content": null, "tool_calls": [call]},
-            {"role": "tool", "content": "1", "tool_call_id": "call_1"},
-            {"role": "user", "content": "2"},
-        ])
     );
 }
 
@@ -298,21 +350,17 @@ async fn output_modes_set_the_response_format() {
 }
 
 #[tokio::test]
-async fn invalid_output_structure_fails_before_sending() {
-    let server = Server::start(vec![]).await;
-    let message = failure(
-        &provider(&server),
-        &request(
-            json!({"prompts": user("x"), "output_mode": "structured_output",
-                        "output_structure": "{not json"}),
-        ),
-    )
-    .await;
+async fn invalid_output_structure_is_refused_before_any_provider() {
+    // The core refuses to build the request, so no provider is ever asked.
+    let overrides = json!({"output_mode": "structured_output", "output_structure": "{not json"});
+    let context = context(overrides);
+    let error = build_request("gpt-4o".into(), context, Arc::from([]), Arc::from([]))
+        .expect_err("the request cannot be built");
+    assert_eq!(error.kind, ProviderErrorKind::InvalidRequest);
     assert_eq!(
-        message,
+        error.message,
         "`output_structure` is not valid JSON: key must be a string at line 1 column 2"
     );
-    assert!(server.requests().is_empty());
 }
 
 #[tokio::test]
@@ -324,7 +372,7 @@ async fn base_url_ending_in_v1_is_not_doubled() {
     ] {
         let provider = OpenAiProvider::new(OpenAiConfig::new().base_url(base)).unwrap();
         provider
-            .send(&request(json!({"prompts": user("hi")})))
+            .call(&request(json!({"prompts": user("hi")})))
             .await
             .unwrap();
     }
@@ -348,7 +396,7 @@ async fn configured_headers_are_sent() {
     )
     .unwrap();
     provider
-        .send(&request(json!({"prompts": user("hi")})))
+        .call(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
     let sent = &server.requests()[0];
@@ -367,13 +415,10 @@ async fn server_error_is_retried_and_the_retry_succeeds() {
     ])
     .await;
     let response = provider(&server)
-        .send(&request(json!({"prompts": user("hi")})))
+        .call(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
-    assert_eq!(
-        response["choices"][0]["message"]["content"],
-        "second time lucky"
-    );
+    assert_eq!(text(&response), "second time lucky");
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
     assert_eq!(
@@ -392,7 +437,7 @@ async fn retry_after_seconds_is_honoured() {
     .await;
     let started = Instant::now();
     provider(&server)
-        .send(&request(json!({"prompts": user("hi")})))
+        .call(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
     let waited = started.elapsed();
@@ -418,7 +463,7 @@ async fn retry_after_replaces_the_backoff() {
     .unwrap();
     let started = Instant::now();
     provider
-        .send(&request(json!({"prompts": user("hi")})))
+        .call(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(1));
@@ -613,7 +658,7 @@ async fn the_run_deadline_caps_the_request_timeout() {
     assert_eq!(server.requests().len(), 1, "nothing is left to retry with");
 
     let passed = Call {
-        context: CallContext::new(Instant::now()),
+        deadline: Instant::now(),
         ..request(json!({"prompts": user("hi")}))
     };
     let message = failure(&provider(&server), &passed).await;
@@ -653,10 +698,10 @@ async fn connection_failures_are_retried_then_reported() {
 async fn a_dropped_connection_is_retried() {
     let server = Server::start(vec![Reply::Close, Reply::completion("ok")]).await;
     let response = provider(&server)
-        .send(&request(json!({"prompts": user("hi")})))
+        .call(&request(json!({"prompts": user("hi")})))
         .await
         .unwrap();
-    assert_eq!(response["choices"][0]["message"]["content"], "ok");
+    assert_eq!(text(&response), "ok");
     assert_eq!(server.requests().len(), 2);
 }
 
@@ -701,25 +746,20 @@ async fn router_picks_the_first_matching_route() {
     ]});
     let env = |name: &str| (name == "LOCAL_KEY").then(|| KEY.to_string());
     let router = Router::from_config_json(&config.to_string(), &env).unwrap();
-    let text = |response: Json| {
-        response["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
+    let text = |response: Completion| text(&response).to_owned();
     let call = |model: &str| request(json!({"model": model, "prompts": user("hi")}));
     assert_eq!(
-        text(router.send(&call("gpt-4o-mini")).await.unwrap()),
+        text(router.call(&call("gpt-4o-mini")).await.unwrap()),
         "mini"
     );
-    assert_eq!(text(router.send(&call("gpt-4o")).await.unwrap()), "any gpt");
+    assert_eq!(text(router.call(&call("gpt-4o")).await.unwrap()), "any gpt");
     // Each route keeps its own script: the exact route has run out.
     assert_eq!(
-        router.send(&call("gpt-4o-mini")).await.unwrap_err().message,
+        router.call(&call("gpt-4o-mini")).await.unwrap_err().message,
         "mock provider exhausted"
     );
     assert_eq!(
-        text(router.send(&call("qwen3")).await.unwrap()),
+        text(router.call(&call("qwen3")).await.unwrap()),
         "from http"
     );
     let sent = &server.requests()[0];
@@ -729,7 +769,7 @@ async fn router_picks_the_first_matching_route() {
         Some(&*format!("Bearer {KEY}"))
     );
 
-    let error = router.send(&call("claude-3")).await.unwrap_err();
+    let error = router.call(&call("claude-3")).await.unwrap_err();
     assert_eq!(
         error.message,
         "no provider for model `claude-3` (routes: `gpt-4o-mini`, `gpt-*`, `llama-*`, `qwen?`)"
@@ -747,21 +787,32 @@ async fn router_for_rust_embedders() {
         .with_provider("gpt-4o", script("exact"))
         .with_provider("*", script("fallback"));
     let call = |model: &str| request(json!({"model": model}));
-    let text = |r: Json| {
-        r["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-    assert_eq!(text(router.send(&call("gpt-4o")).await.unwrap()), "exact");
-    assert_eq!(text(router.send(&call("other")).await.unwrap()), "fallback");
+    let text = |response: Completion| text(&response).to_owned();
+    assert_eq!(text(router.call(&call("gpt-4o")).await.unwrap()), "exact");
+    assert_eq!(text(router.call(&call("other")).await.unwrap()), "fallback");
 
     let single = Router::single(script("only"));
-    assert_eq!(text(single.send(&call("anything")).await.unwrap()), "only");
+    assert_eq!(text(single.call(&call("anything")).await.unwrap()), "only");
 
     let empty = Router::new();
     assert_eq!(
-        empty.send(&call("gpt-4o")).await.unwrap_err().message,
+        empty.call(&call("gpt-4o")).await.unwrap_err().message,
         "no provider for model `gpt-4o` (no routes are configured)"
     );
+}
+
+#[tokio::test]
+async fn a_completion_that_does_not_decode_is_an_invalid_response() {
+    let server = Server::start(vec![Reply::json(200, json!({"choices": [{"message": 3}]}))]).await;
+    let error = provider(&server)
+        .call(&request(json!({"prompts": user("hi")})))
+        .await
+        .expect_err("the body is not a completion");
+    assert_eq!(error.kind, ProviderErrorKind::InvalidResponse);
+    assert_eq!(
+        error.message,
+        "invalid provider response: expected the `message` of choice 0 to be an object, \
+         found a number"
+    );
+    assert_eq!(server.requests().len(), 1, "a decoded 200 is not retried");
 }

@@ -386,23 +386,33 @@ impl Recorder {
         });
     }
 
-    /// A provider call ended with an OpenAI-shaped response or an untyped error.
-    pub(crate) fn provider_result_raw(
+    /// A provider call ended: with the completion or the typed error.
+    pub(crate) fn provider_outcome(
         &mut self,
         step: &str,
-        result: &Result<Json, crate::ProviderError>,
+        result: &Result<crate::Completion, crate::ProviderError>,
     ) {
         if !self.on {
             return;
         }
         match result {
-            Ok(raw) => {
-                let reason = raw
-                    .pointer("/choices/0/finish_reason")
-                    .and_then(Json::as_str);
-                self.provider_result(step, usage_from_json(raw.get("usage")), reason, None);
+            Ok(completion) => {
+                let usage = completion.usage.as_ref().and_then(|usage| {
+                    if usage.input_tokens.is_none() && usage.output_tokens.is_none() {
+                        return None;
+                    }
+                    Some(TokenUsage {
+                        input_tokens: usage.input_tokens.unwrap_or(0),
+                        output_tokens: usage.output_tokens.unwrap_or(0),
+                    })
+                });
+                let reason = completion.finish_reason.as_ref().map(|r| r.as_str());
+                self.provider_result(step, usage, reason, None);
             }
-            Err(err) => self.provider_result(step, None, None, Some(("other", &err.message))),
+            Err(err) => {
+                let error = Some((err.kind.as_str(), err.message.as_str()));
+                self.provider_result(step, None, None, error);
+            }
         }
     }
 
@@ -540,21 +550,6 @@ fn ms(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0
 }
 
-/// `input_tokens`/`output_tokens` from an OpenAI-shaped (or Anthropic-shaped) `usage`.
-fn usage_from_json(usage: Option<&Json>) -> Option<TokenUsage> {
-    let usage = usage?.as_object()?;
-    let count = |names: [&str; 2]| names.iter().find_map(|n| usage.get(*n)?.as_u64());
-    let input_tokens = count(["prompt_tokens", "input_tokens"]);
-    let output_tokens = count(["completion_tokens", "output_tokens"]);
-    if input_tokens.is_none() && output_tokens.is_none() {
-        return None;
-    }
-    Some(TokenUsage {
-        input_tokens: input_tokens.unwrap_or(0),
-        output_tokens: output_tokens.unwrap_or(0),
-    })
-}
-
 /// A run error's kind as events spell it.
 pub(crate) fn run_error_kind(kind: RunErrorKind) -> &'static str {
     match kind {
@@ -599,19 +594,5 @@ mod tests {
         recorder.jump("a", "b");
         recorder.run_finished(None, false, 1);
         assert_eq!(recorder.drain().count(), 0);
-    }
-
-    #[test]
-    fn usage_reads_both_spellings() {
-        let openai = serde_json::json!({"prompt_tokens": 3, "completion_tokens": 4});
-        let anthropic = serde_json::json!({"input_tokens": 3, "output_tokens": 4});
-        let expected = Some(TokenUsage {
-            input_tokens: 3,
-            output_tokens: 4,
-        });
-        assert_eq!(usage_from_json(Some(&openai)), expected);
-        assert_eq!(usage_from_json(Some(&anthropic)), expected);
-        assert_eq!(usage_from_json(Some(&serde_json::json!({}))), None);
-        assert_eq!(usage_from_json(None), None);
     }
 }

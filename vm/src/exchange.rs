@@ -7,7 +7,7 @@
 //! receives it) reads [`ProviderRequest::context`], read-only.
 //!
 //! A provider answers with a [`Completion`]; the machine alone turns it into the
-//! `result_*` variables (§2.2.5, §2.2.6). Wire formats (`crate::wire`) are pure
+//! `result_*` variables (§2.2.5, §2.2.6). Wire formats ([`crate::wire`]) are pure
 //! `encode(request) -> body` and `decode(body) -> Completion` functions; HTTP providers
 //! add only transport, retries and auth.
 
@@ -134,13 +134,14 @@ pub struct ToolDefinition {
     pub name: String,
     /// What it does, for the model; may be empty.
     pub description: String,
-    /// The JSON schema of its arguments.
+    /// The JSON schema of its arguments; `null` when the descriptor has none.
     pub parameters: Json,
+    /// The descriptor's `strict` flag, when it has one.
+    pub strict: Option<bool>,
 }
 
 impl ToolDefinition {
-    /// A tool called `name`, described by `description`, taking arguments that match
-    /// the JSON schema `parameters`.
+    /// A tool definition without a `strict` flag.
     pub fn new(
         name: impl Into<String>,
         description: impl Into<String>,
@@ -150,6 +151,7 @@ impl ToolDefinition {
             name: name.into(),
             description: description.into(),
             parameters,
+            strict: None,
         }
     }
 }
@@ -372,6 +374,25 @@ impl ProviderErrorKind {
             ProviderErrorKind::Other => "other",
         }
     }
+
+    /// The kind named `name` (a name [`as_str`](Self::as_str) gives), if any.
+    pub fn from_name(name: &str) -> Option<ProviderErrorKind> {
+        ProviderErrorKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+    }
+
+    /// Every kind, in the order of their declaration.
+    pub const ALL: [ProviderErrorKind; 8] = [
+        ProviderErrorKind::Auth,
+        ProviderErrorKind::RateLimited,
+        ProviderErrorKind::Server,
+        ProviderErrorKind::Timeout,
+        ProviderErrorKind::Transport,
+        ProviderErrorKind::InvalidRequest,
+        ProviderErrorKind::InvalidResponse,
+        ProviderErrorKind::Other,
+    ];
 }
 
 impl fmt::Display for ProviderErrorKind {

@@ -6,7 +6,10 @@
 //! * [`Machine`]: one run, as a sans-IO state machine. It takes the current time and the
 //!   results of provider and tool calls in, and hands out [`Action`]s. It never reads a
 //!   clock, spawns, or touches the network or the file system.
-//! * [`ScriptedProvider`]: canned provider responses, for tests, `--mock` and benches.
+//! * The provider boundary, typed: the [`ProviderRequest`] the machine builds
+//!   ([`build_request`]), the [`Completion`] or [`ProviderError`] a provider answers, and
+//!   the pure [`wire`] formats that encode and decode them.
+//! * [`ScriptedProvider`]: canned completions, for tests, `--mock` and benches.
 //!
 //! This crate performs no I/O at all: no files, sockets, threads or clocks, with any
 //! features. The `aplc-runtime` crate drives a [`Machine`] with tokio and owns the
@@ -25,6 +28,7 @@ mod messages;
 mod program;
 mod provider;
 mod python;
+mod request;
 mod response;
 mod store;
 mod template_check;
@@ -38,6 +42,10 @@ pub use events::{
     EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage,
     Totals,
 };
+pub use exchange::{
+    Completion, Content, FinishReason, Message, OutputFormat, Part, ProviderError,
+    ProviderErrorKind, ProviderRequest, Role, Sampling, ToolCall, ToolDefinition, Usage,
+};
 pub use interrupt::{Interrupt, InterruptReason};
 pub use jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};
 pub use machine::{
@@ -47,11 +55,8 @@ pub use machine::{
 pub mod names;
 pub use names::{RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
-pub use provider::{ProviderError, ProviderRequest, ScriptedProvider};
-/// The typed provider boundary (issue #11); the machine moves onto it next.
-pub mod typed {
-    pub use crate::exchange::*;
-}
+pub use provider::ScriptedProvider;
+pub use request::build_request;
 pub use store::{Snapshot, Store, Vars, value_from_json};
 pub use template_check::{
     MAX_EXPRESSION_DEPTH, TemplateFault, check_depth, check_statements, check_template,

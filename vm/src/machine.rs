@@ -45,12 +45,13 @@ use minijinja::Value;
 use crate::bundle::{Instr, MessageEntry, SourceSpan, StepId, TemplateId};
 use crate::env::render;
 use crate::events::{Event, Phase, Recorder};
+use crate::exchange::{Completion, Message, Part, ProviderError, ProviderRequest, ToolCall};
 use crate::interrupt::{Interrupt, InterruptReason};
-use crate::messages::build_message;
+use crate::messages::{build_message, message_value};
 use crate::names::{self, Initial, Section, Unsettable, VARIABLES};
 use crate::program::Program;
-use crate::provider::{ProviderError, ProviderRequest};
-use crate::response::{Completion, parse_completion, parse_json_output, validate_output};
+use crate::request::build_request;
+use crate::response::{parse_json_output, validate_output};
 use crate::store::{CONTEXT_HISTORY, Store, Vars, value_from_json};
 use crate::text::{escape_control, truncate_chars};
 use crate::tools::{Allowed, Ledger, ToolInvocation, ToolRegistry, check_call};
@@ -128,8 +129,9 @@ impl RunOptions {
 #[must_use]
 pub enum Action {
     /// Call the provider with this request and pass the result to
-    /// [`Machine::handle_provider_response`].
-    CallProvider(ProviderRequest),
+    /// [`Machine::handle_provider_response`]. Boxed: a request is large, and comes once
+    /// per step at most.
+    CallProvider(Box<ProviderRequest>),
     /// Execute this tool and pass the result to [`Machine::handle_tool_result`].
     CallTool(ToolInvocation),
     /// A step ended, or with [`RunOptions::events`] a phase did: call [`Machine::poll`]
@@ -273,24 +275,39 @@ fn nested_deeper_than(value: &Value, budget: usize) -> bool {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where the run is in the calling contract, with what that point needs to remember.
+#[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per run, kept inline in the machine: boxing would only add an allocation"
+)]
 enum State {
+    /// Running instructions.
     Running,
+    /// Running, but a role section of the step failed to render: the step's provider call
+    /// is skipped.
+    PromptFailed,
+    /// Waiting for [`Machine::handle_provider_response`].
     AwaitingProvider,
-    AwaitingTool,
+    /// Running, with the provider's answer for `ProcessResponse` to read.
+    Responded(Result<Completion, ProviderError>),
+    /// Waiting for [`Machine::handle_tool_result`] for the running call of the tool round.
+    AwaitingTool {
+        /// The call's idempotency key, if its result may be reused.
+        key: Option<String>,
+    },
+    /// The run is over.
     Done,
 }
 
 /// The tool calls of one response, being worked through in order.
 #[derive(Debug)]
 struct ToolRound {
-    calls: Vec<crate::response::ToolCall>,
+    calls: Vec<ToolCall>,
     /// Index of the next call to check.
     next: usize,
     /// One `result_tool_calls` entry per finished call.
     results: Vec<Value>,
-    /// The call the driver is executing: its idempotency key, if any.
-    running: Option<Option<String>>,
 }
 
 /// One run of a [`Program`]. See the module docs for the calling contract.
@@ -309,10 +326,10 @@ pub struct Machine {
     step_started: Duration,
     deadline: Duration,
     timeout: Duration,
-    /// The prompt of the current step failed to render: no provider call.
-    prompt_failed: bool,
-    response: Option<Result<serde_json::Value, ProviderError>>,
-    completion: Option<Completion>,
+    /// The step's messages, as rendered by its role sections, for the provider request.
+    messages: Arc<[Message]>,
+    /// The tool calls of the step's response, until `CallTools` starts them.
+    tool_calls: Vec<ToolCall>,
     tools: Arc<ToolRegistry>,
     tool_round: Option<ToolRound>,
     ledger: Ledger,
@@ -373,9 +390,8 @@ impl Machine {
             step_started: Duration::ZERO,
             deadline: options.timeout,
             timeout: options.timeout,
-            prompt_failed: false,
-            response: None,
-            completion: None,
+            messages: Arc::new([]),
+            tool_calls: Vec::new(),
             tools: options.tools,
             tool_round: None,
             ledger: Ledger::default(),
@@ -436,14 +452,14 @@ impl Machine {
         loop {
             match self.state {
                 State::Done => return Action::Done,
-                State::AwaitingProvider | State::AwaitingTool => {
+                State::AwaitingProvider | State::AwaitingTool { .. } => {
                     self.fail(
                         RunErrorKind::Protocol,
                         "poll called while a provider or tool call is outstanding".into(),
                     );
                     return Action::Done;
                 }
-                State::Running => {}
+                State::Running | State::PromptFailed | State::Responded(_) => {}
             }
             if now >= self.deadline {
                 self.fail_timeout();
@@ -506,7 +522,7 @@ impl Machine {
                 Instr::Branch => return self.branch(),
             }
             // The machine reads no clock: a phase's end is the time of the next poll.
-            if self.events.phase_pending() && self.state == State::Running {
+            if self.events.phase_pending() && matches!(self.state, State::Running) {
                 return Action::Continue;
             }
         }
@@ -516,37 +532,41 @@ impl Machine {
     pub fn handle_provider_response(
         &mut self,
         now: Duration,
-        result: Result<serde_json::Value, ProviderError>,
+        result: Result<Completion, ProviderError>,
     ) {
         self.events.at(now);
-        if self.state != State::AwaitingProvider {
+        if !matches!(self.state, State::AwaitingProvider) {
             self.fail(
                 RunErrorKind::Protocol,
                 "provider response without a provider call".into(),
             );
             return;
         }
-        self.state = State::Running;
-        (self.events).provider_result_raw(step_name(&self.program, self.step), &result);
+        (self.events).provider_outcome(step_name(&self.program, self.step), &result);
         if now >= self.deadline {
+            self.state = State::Running;
             self.fail_timeout();
             return;
         }
-        self.response = Some(result);
+        self.state = State::Responded(result);
     }
 
     /// Hands the machine the result of the tool call it asked for: the tool's output, or
     /// an error message.
     pub fn handle_tool_result(&mut self, now: Duration, result: Result<serde_json::Value, String>) {
         self.events.at(now);
-        if self.state != State::AwaitingTool {
-            self.fail(
-                RunErrorKind::Protocol,
-                "tool result without a tool call".into(),
-            );
-            return;
-        }
-        self.state = State::Running;
+        let key = match std::mem::replace(&mut self.state, State::Running) {
+            State::AwaitingTool { key } => key,
+            other => {
+                self.state = other;
+                self.fail(
+                    RunErrorKind::Protocol,
+                    "tool result without a tool call".into(),
+                );
+                return;
+            }
+        };
+        // `AwaitingTool` is only entered with a round whose running call is `next - 1`.
         let Some(round) = self.tool_round.as_mut() else {
             self.fail(
                 RunErrorKind::Protocol,
@@ -554,14 +574,13 @@ impl Machine {
             );
             return;
         };
-        let Some(key) = round.running.take() else {
+        let Some(call) = round.next.checked_sub(1).and_then(|i| round.calls.get(i)) else {
             self.fail(
                 RunErrorKind::Protocol,
                 "tool result without a tool call".into(),
             );
             return;
         };
-        let call = &round.calls[round.next - 1];
         let step = step_name(&self.program, self.step);
         (self.events).tool_result(step, &call.name, &call.id, result.is_err(), false, true);
         let entry = match result {
@@ -587,8 +606,8 @@ impl Machine {
     /// Tells the machine its deadline passed while it waited for the driver.
     pub fn handle_timeout(&mut self, now: Duration) {
         self.events.at(now);
-        if self.state != State::Done && now >= self.deadline {
-            if self.state == State::AwaitingProvider {
+        if !matches!(self.state, State::Done) && now >= self.deadline {
+            if matches!(self.state, State::AwaitingProvider) {
                 let step = step_name(&self.program, self.step);
                 let message = "no answer before the run's deadline";
                 (self.events).provider_result(step, None, None, Some(("timeout", message)));
@@ -601,7 +620,7 @@ impl Machine {
     /// The result of the run. Call after [`Action::Done`]; earlier, the run counts as
     /// failed with a protocol error.
     pub fn into_outcome(mut self) -> RunOutcome {
-        if self.state != State::Done && self.error.is_none() {
+        if !matches!(self.state, State::Done) && self.error.is_none() {
             self.fail(
                 RunErrorKind::Protocol,
                 "the run was stopped before it finished".into(),
@@ -625,10 +644,9 @@ impl Machine {
         self.step = Some(step);
         self.steps += 1;
         self.step_started = now;
-        self.prompt_failed = false;
+        self.state = State::Running;
         self.post_ran = false;
-        self.response = None;
-        self.completion = None;
+        self.tool_calls = Vec::new();
         self.store.set("prev_step", prev);
         self.store.set("next_step", Value::from(()));
         self.store.set("runs", Value::from(self.runs[step.index()]));
@@ -717,24 +735,31 @@ impl Machine {
         let bundle = program.bundle();
         // Validation checked `first + count <= messages.len()`.
         let entries: &[MessageEntry] = &bundle.messages[first as usize..(first + count) as usize];
-        let mut prompts = Vec::with_capacity(entries.len());
+        let mut messages = Vec::with_capacity(entries.len());
+        let mut failed = false;
         for entry in entries {
-            if self.state == State::Done {
+            if matches!(self.state, State::Done) {
                 // Interrupted: the run is over.
                 return;
             }
             match self.render(entry.template) {
-                Some(text) => prompts.extend(build_message(entry.role, &text)),
-                None => self.prompt_failed = true,
+                Some(text) => messages.extend(build_message(entry.role, &text)),
+                None => failed = true,
             }
         }
+        if failed && !matches!(self.state, State::Done) {
+            self.state = State::PromptFailed;
+        }
+        let prompts: Vec<Value> = messages.iter().map(message_value).collect();
         self.store.set("prompts", Value::from(prompts));
+        self.messages = messages.into();
     }
 
     fn call_provider(&mut self) -> Option<Action> {
-        if self.prompt_failed {
+        if matches!(self.state, State::PromptFailed) {
             // Sending a prompt that failed to render would bill for a wrong request; the
             // error is in `errors` and the step goes on to its post phase.
+            self.state = State::Running;
             return None;
         }
         if let Some(max) = self.max_runs
@@ -759,54 +784,84 @@ impl Machine {
                     .unwrap_or_else(|| m.to_string())
             })
             .unwrap_or_default();
-        self.state = State::AwaitingProvider;
-        (self.events).provider_call(step_name(&self.program, self.step), &model);
-        Some(Action::CallProvider(ProviderRequest {
+        let request = build_request(
             model,
-            context: self.store.vars(),
-        }))
+            self.store.vars(),
+            self.messages.clone(),
+            self.tools.definitions(&allowed),
+        );
+        match request {
+            Ok(request) => {
+                self.state = State::AwaitingProvider;
+                (self.events).provider_call(step_name(&self.program, self.step), &request.model);
+                Some(Action::CallProvider(Box::new(request)))
+            }
+            Err(error) => {
+                // No provider could encode this request, so none is asked: the failure is
+                // the step's, like a failed call.
+                self.store
+                    .push_error(format!("provider error: {}", error.message));
+                None
+            }
+        }
     }
 
     fn process_response(&mut self) {
-        let Some(response) = self.response.take() else {
+        let State::Responded(response) = std::mem::replace(&mut self.state, State::Running) else {
+            // No call was made (a failed prompt, an unbuildable request): nothing to read.
             return;
         };
-        let raw = match response {
-            Ok(raw) => raw,
+        let completion = match response {
+            Ok(completion) => completion,
             Err(err) => {
                 self.store
                     .push_error(format!("provider error: {}", err.message));
                 return;
             }
         };
-        let completion = match parse_completion(&raw) {
-            Ok(c) => c,
-            Err(message) => {
-                self.store.push_error(format!("provider error: {message}"));
-                return;
-            }
+        let text = result_text(&completion.content);
+        let urls = |pick: fn(&Part) -> Option<&String>| {
+            let urls: Vec<Value> = completion
+                .content
+                .iter()
+                .filter_map(pick)
+                .map(|url| Value::from(url.as_str()))
+                .collect();
+            Value::from(urls)
         };
         let set = |name: &str, value: Value| self.store.set(name, value);
         set("result_role", Value::from(completion.role.as_str()));
-        set("result_text", Value::from(completion.text.as_str()));
+        set("result_text", Value::from(text.as_str()));
         set(
             "result_image_urls",
-            Value::from(completion.image_urls.clone()),
+            urls(|p| match p {
+                Part::ImageUrl(url) => Some(url),
+                _ => None,
+            }),
         );
         set(
             "result_audio_inputs",
-            Value::from(completion.audio_inputs.clone()),
+            urls(|p| match p {
+                Part::AudioInput(url) => Some(url),
+                _ => None,
+            }),
         );
-        set("result_files", Value::from(completion.files.clone()));
+        set(
+            "result_files",
+            urls(|p| match p {
+                Part::File(url) => Some(url),
+                _ => None,
+            }),
+        );
         set(
             "usage",
             completion
                 .usage
                 .as_ref()
-                .map(value_from_json)
+                .map(|usage| value_from_json(&serde_json::Value::Object(usage.fields.clone())))
                 .unwrap_or(Value::from(())),
         );
-        self.structured_output(&completion.text);
+        self.structured_output(&text);
 
         if let Some(step) = self.step {
             self.runs[step.index()] += 1;
@@ -814,7 +869,7 @@ impl Machine {
             self.store.set("runs", Value::from(self.runs[step.index()]));
             self.store.set("global_runs", Value::from(self.global_runs));
         }
-        self.completion = Some(completion);
+        self.tool_calls = completion.tool_calls;
     }
 
     /// With `output_mode` json or structured_output: parse `result_json` and validate it
@@ -853,17 +908,14 @@ impl Machine {
 
     /// Starts working through the response's tool calls (§2.2.2), if it has any.
     fn start_tools(&mut self) {
-        let Some(completion) = self.completion.take() else {
-            return;
-        };
-        if completion.tool_calls.is_empty() {
+        let calls = std::mem::take(&mut self.tool_calls);
+        if calls.is_empty() {
             return;
         }
         self.tool_round = Some(ToolRound {
-            calls: completion.tool_calls,
+            calls,
             next: 0,
             results: Vec::new(),
-            running: None,
         });
     }
 
@@ -923,8 +975,7 @@ impl Machine {
                 arguments: args,
                 context,
             };
-            round.running = Some(key);
-            self.state = State::AwaitingTool;
+            self.state = State::AwaitingTool { key };
             return Some(Action::CallTool(invocation));
         }
     }
@@ -1038,7 +1089,7 @@ impl Machine {
             return;
         };
         let mut unfinished = Vec::new();
-        if round.running.take().is_some() {
+        if matches!(self.state, State::AwaitingTool { .. }) {
             // `next` was advanced past the running call when it started.
             unfinished.push((
                 round.next.saturating_sub(1),
@@ -1093,6 +1144,24 @@ impl Machine {
             texts.join("; ")
         )
     }
+}
+
+/// `result_text`: the text parts joined with a newline (as the reference runtime does),
+/// `""` when there are none.
+fn result_text(content: &[Part]) -> String {
+    let mut texts = content.iter().filter_map(|part| match part {
+        Part::Text(text) => Some(text.as_str()),
+        _ => None,
+    });
+    let Some(first) = texts.next() else {
+        return String::new();
+    };
+    let mut text = first.to_owned();
+    for more in texts {
+        text.push('\n');
+        text.push_str(more);
+    }
+    text
 }
 
 /// One `result_tool_calls` entry (§2.2.4); `reused` marks a result taken from the

@@ -9,41 +9,83 @@ use std::sync::LazyLock;
 use minijinja::Value;
 use regex::Regex;
 
-use crate::bundle::Role;
+use crate::bundle::Role as Section;
+use crate::exchange::{Content, Message, Part, Role};
 
 /// Builds the message for one rendered role section, or `None` when it is empty.
 ///
 /// Every line that is a whole attachment directive (§1.2.1: column 0, `https` only) is
 /// removed from the text and becomes a content part. What remains, trimmed and with CRLF
 /// line endings turned into `\n`, is the text.
-/// Without attachments the message is `{"role", "content": "<text>"}`; with attachments
-/// `content` is a list of parts: the text part first (when the text is not empty), then
-/// the attachments in the order they appear. A section with no text and no attachments
-/// gives `None`: the spec has no use for an empty message and providers reject them.
-#[allow(dead_code)]
-pub(crate) fn build_message(role: Role, rendered: &str) -> Option<Value> {
+/// Without attachments the content is the text; with attachments it is a list of parts:
+/// the text part first (when the text is not empty), then the attachments in the order
+/// they appear. A section with no text and no attachments gives `None`: the spec has no
+/// use for an empty message and providers reject them.
+pub(crate) fn build_message(section: Section, rendered: &str) -> Option<Message> {
     let (text, attachments) = split_attachments(rendered);
     // A file saved with CRLF line endings renders CRLF text; the model gets `\n` only.
     let text = text.trim().replace("\r\n", "\n");
-    let text = text.as_str();
     let content = if attachments.is_empty() {
         if text.is_empty() {
             return None;
         }
-        Value::from(text)
+        Content::Text(text)
     } else {
-        let text_part = (!text.is_empty()).then(|| {
-            Value::from_pairs([("type", Value::from("text")), ("text", Value::from(text))])
-        });
-        text_part
-            .into_iter()
-            .chain(attachments.iter().map(Attachment::to_part))
-            .collect()
+        let text_part = (!text.is_empty()).then_some(Part::Text(text));
+        Content::Parts(
+            text_part
+                .into_iter()
+                .chain(attachments.iter().map(Attachment::to_part))
+                .collect(),
+        )
     };
-    Some(Value::from_pairs([
-        ("role", Value::from(role.as_str())),
+    Some(Message::new(role(section), content))
+}
+
+/// The message as the `prompts` variable shows it (§3): `{"role", "content"}`, the
+/// content a string or a list of OpenAI-style parts.
+pub(crate) fn message_value(message: &Message) -> Value {
+    let content = match &message.content {
+        Content::Text(text) => Value::from(text.as_str()),
+        Content::Parts(parts) => parts.iter().map(part_value).collect(),
+    };
+    Value::from_pairs([
+        ("role", Value::from(message.role.as_str())),
         ("content", content),
-    ]))
+    ])
+}
+
+/// A role section's message role.
+fn role(section: Section) -> Role {
+    match section {
+        Section::System => Role::System,
+        Section::User => Role::User,
+        Section::Assistant => Role::Assistant,
+        Section::Developer => Role::Developer,
+        Section::ToolResult => Role::ToolResult,
+    }
+}
+
+/// `{"type": "text", "text": …}` or `{"type": kind, kind: {"url": url}}`.
+fn part_value(part: &Part) -> Value {
+    let (kind, url) = match part {
+        Part::Text(text) => {
+            return Value::from_pairs([
+                ("type", Value::from("text")),
+                ("text", Value::from(text.as_str())),
+            ]);
+        }
+        Part::ImageUrl(url) => ("image_url", url),
+        Part::AudioInput(url) => ("audio_input", url),
+        Part::File(url) => ("file", url),
+    };
+    Value::from_pairs([
+        ("type", Value::from(kind)),
+        (
+            kind,
+            Value::from_pairs([("url", Value::from(url.as_str()))]),
+        ),
+    ])
 }
 
 /// One `@<kind> <url>` directive.
@@ -55,15 +97,14 @@ struct Attachment<'a> {
 }
 
 impl Attachment<'_> {
-    /// The OpenAI-style content part: `{"type": kind, kind: {"url": url}}`.
-    fn to_part(&self) -> Value {
-        Value::from_pairs([
-            ("type", Value::from(self.kind)),
-            (
-                self.kind,
-                Value::from_pairs([("url", Value::from(self.url))]),
-            ),
-        ])
+    /// The content part.
+    fn to_part(&self) -> Part {
+        let url = self.url.to_owned();
+        match self.kind {
+            "image_url" => Part::ImageUrl(url),
+            "audio_input" => Part::AudioInput(url),
+            _ => Part::File(url),
+        }
     }
 }
 
@@ -104,10 +145,11 @@ fn split_attachments(rendered: &str) -> (std::borrow::Cow<'_, str>, Vec<Attachme
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle::Role;
 
     /// The message as JSON text, for readable assertions.
     fn json(role: Role, rendered: &str) -> Option<String> {
-        build_message(role, rendered).map(|v| serde_json::to_string(&v).unwrap())
+        build_message(role, rendered).map(|m| serde_json::to_string(&message_value(&m)).unwrap())
     }
 
     #[test]
@@ -231,7 +273,8 @@ mod tests {
 
     #[test]
     fn value_is_a_map_usable_from_templates() {
-        let msg = build_message(Role::User, "Hi\n@file https://e.com/a.pdf").unwrap();
+        let msg =
+            message_value(&build_message(Role::User, "Hi\n@file https://e.com/a.pdf").unwrap());
         let env = minijinja::Environment::new();
         let out = env
             .render_str(

@@ -1,33 +1,16 @@
-//! What the machine asks a provider, what it gets back, and the scripted provider.
+//! The scripted provider: canned completions handed out in order, with no I/O at all.
 //!
-//! Performing a provider call is the driver's job, not this file's: the machine only
-//! hands out a [`ProviderRequest`] and takes the raw response (or a [`ProviderError`])
-//! back. [`ScriptedProvider`] answers from a fixed list, with no I/O at all.
+//! Performing a provider call is the driver's job, not this file's: the machine hands out
+//! a [`ProviderRequest`](crate::ProviderRequest) and takes a [`Completion`] (or a
+//! [`ProviderError`]) back.
 
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::response::parse_completion;
-use crate::store::Vars;
+use crate::exchange::{Completion, ProviderError, ProviderErrorKind};
 use crate::text::json_kind as kind;
-
-/// A provider call the machine asks the driver to make.
-#[derive(Debug, Clone)]
-pub struct ProviderRequest {
-    /// The model to call (`model` variable).
-    pub model: String,
-    /// An O(1) snapshot of the whole context, `prompts` and `tools` included.
-    pub context: Vars,
-}
-
-/// A failed provider call.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct ProviderError {
-    /// What went wrong, in words.
-    pub message: String,
-}
+use crate::wire::openai::read_completion;
 
 /// Canned provider responses, handed out in order: for tests, `--mock` and benches.
 ///
@@ -37,13 +20,17 @@ pub struct ProviderError {
 ///   `{"choices": [{"message": {"role": "assistant", "content": <string>}}]}`;
 /// * an assistant message, an object with `content` and/or `tool_calls` and optionally
 ///   `role` (default `"assistant"`) and `usage` (moved to the response level);
-/// * a full response, an object with `choices`: returned exactly as written, so a
-///   script can also feed the machine a malformed response on purpose;
+/// * a full response, an object with `choices`: read as the OpenAI wire format reads a
+///   response body, and kept as the completion's `raw`. One that does not read is kept
+///   too, as a failed call (kind `invalid_response`, the message the HTTP provider would
+///   give), so a script can feed the machine a malformed response on purpose;
 /// * `{"error": "<message>"}` (or `{"error": {"message": "<message>"}}`): that call fails
-///   with a [`ProviderError`] carrying the message.
+///   with a [`ProviderError`] of kind `other` carrying the message. `{"error":
+///   {"message": …, "kind": "rate_limited"}}` gives the failure that kind (any name of
+///   [`ProviderErrorKind::as_str`]).
 ///
-/// Every entry is checked when the script is built, and errors name the entry by its
-/// 0-based index (`mock entry 3: …`). Each [`next_response`](Self::next_response) call
+/// Every entry is checked and decoded when the script is built, so a call costs a clone;
+/// errors name the entry by its 0-based index (`mock entry 3: …`). Each [`next_response`](Self::next_response) call
 /// consumes one entry; after the last one every call fails with `mock provider
 /// exhausted`. Entries are shared, so cloning a provider is cheap, and each clone keeps
 /// its own position.
@@ -75,26 +62,22 @@ impl ScriptedProvider {
             .into_iter()
             .enumerate()
             .map(|(index, entry)| {
-                Entry::normalize(entry).map_err(|why| format!("mock entry {index}: {why}"))
+                normalize(entry).map_err(|why| format!("mock entry {index}: {why}"))
             })
             .collect::<Result<Arc<[Entry]>, String>>()?;
         Ok(ScriptedProvider { entries, cursor: 0 })
     }
 
-    /// Hands out the next response, or the scripted error, and moves past it.
-    pub fn next_response(&mut self) -> Result<Value, ProviderError> {
+    /// Hands out the next completion, or the scripted error, and moves past it.
+    pub fn next_response(&mut self) -> Result<Completion, ProviderError> {
         let Some(entry) = self.entries.get(self.cursor) else {
-            return Err(ProviderError {
-                message: "mock provider exhausted".into(),
-            });
+            return Err(ProviderError::new(
+                ProviderErrorKind::Other,
+                "mock provider exhausted",
+            ));
         };
         self.cursor += 1;
-        match entry {
-            Entry::Response(response) => Ok(response.clone()),
-            Entry::Error(message) => Err(ProviderError {
-                message: message.clone(),
-            }),
-        }
+        entry.clone()
     }
 
     /// How many entries are left to hand out.
@@ -118,98 +101,133 @@ impl ScriptedProvider {
     }
 }
 
-/// One normalized script entry.
-#[derive(Debug, Clone, PartialEq)]
-enum Entry {
-    /// A whole provider response.
-    Response(Value),
-    /// A failed call, with its message.
-    Error(String),
-}
+/// One decoded script entry: what the call returns.
+type Entry = Result<Completion, ProviderError>;
 
 /// The keys an assistant-message entry may have. Anything else is more likely a typo
 /// (`tool_call`) than an intent, and a full response is there for everything else.
 const MESSAGE_KEYS: [&str; 4] = ["role", "content", "tool_calls", "usage"];
 
-impl Entry {
-    /// Recognizes and checks one entry, or says why it is not one.
-    fn normalize(entry: Value) -> Result<Entry, String> {
-        let mut object = match entry {
-            Value::String(text) => {
-                return Ok(Entry::Response(wrap(assistant_message(Value::String(
-                    text,
-                )))));
-            }
-            Value::Object(object) => object,
-            other => {
-                return Err(format!(
-                    "expected a string, an assistant message, a full response or \
-                     {{\"error\": …}}, found {}",
-                    kind(&other)
-                ));
-            }
-        };
-        if object.contains_key("choices") {
-            return Ok(Entry::Response(Value::Object(object)));
+/// Recognizes, checks and decodes one entry, or says why it is not one.
+fn normalize(entry: Value) -> Result<Entry, String> {
+    let mut object = match entry {
+        Value::String(text) => {
+            let raw = wrap(assistant_message(Value::String(text)));
+            return decode(raw);
         }
-        if let Some(error) = object.get("error") {
-            if let Some(extra) = object.keys().find(|k| *k != "error") {
-                return Err(format!("unexpected key `{extra}` next to `error`"));
-            }
-            return match error {
-                Value::String(message) => Ok(Entry::Error(message.clone())),
-                Value::Object(inner) => match inner.get("message") {
-                    Some(Value::String(message)) => Ok(Entry::Error(message.clone())),
-                    _ => Err("expected `error.message` to be a string".into()),
-                },
-                other => Err(format!(
-                    "expected `error` to be a string, found {}",
-                    kind(other)
-                )),
-            };
-        }
-        if !object.contains_key("content") && !object.contains_key("tool_calls") {
-            return Err(
-                "expected a string, an assistant message, a full response or \
-                 {\"error\": …}, found an object without `choices`, `content`, \
-                 `tool_calls` or `error`"
-                    .into(),
-            );
-        }
-        if let Some(extra) = object.keys().find(|k| !MESSAGE_KEYS.contains(&k.as_str())) {
+        Value::Object(object) => object,
+        other => {
             return Err(format!(
-                "unexpected key `{extra}` in an assistant message \
-                 (expected `role`, `content`, `tool_calls` or `usage`)"
+                "expected a string, an assistant message, a full response or \
+                     {{\"error\": …}}, found {}",
+                kind(&other)
             ));
         }
-        let usage = object.shift_remove("usage");
-        if !object.contains_key("role") {
-            // Put `role` first, as providers do, so dumps of the script read naturally.
-            let mut message = Map::with_capacity(object.len() + 1);
-            message.insert("role".into(), Value::from("assistant"));
-            message.extend(object);
-            object = message;
+    };
+    if object.contains_key("choices") {
+        let raw = Value::Object(object);
+        return Ok(read_completion(&raw)
+            .map(|completion| Completion {
+                raw: Some(Arc::new(raw.clone())),
+                ..completion
+            })
+            .map_err(|detail| {
+                ProviderError::new(
+                    ProviderErrorKind::InvalidResponse,
+                    format!("invalid provider response: {detail}"),
+                )
+            }));
+    }
+    if let Some(error) = object.get("error") {
+        if let Some(extra) = object.keys().find(|k| *k != "error") {
+            return Err(format!("unexpected key `{extra}` next to `error`"));
         }
-        let mut response = wrap(Value::Object(object));
-        if let Some(usage) = usage {
-            if !usage.is_object() {
-                return Err(format!(
-                    "expected `usage` to be an object, found {}",
-                    kind(&usage)
-                ));
-            }
-            if let Value::Object(response) = &mut response {
-                response.insert("usage".into(), usage);
-            }
+        return scripted_error(error).map(Err);
+    }
+    if !object.contains_key("content") && !object.contains_key("tool_calls") {
+        return Err(
+            "expected a string, an assistant message, a full response or \
+                 {\"error\": …}, found an object without `choices`, `content`, \
+                 `tool_calls` or `error`"
+                .into(),
+        );
+    }
+    if let Some(extra) = object.keys().find(|k| !MESSAGE_KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            "unexpected key `{extra}` in an assistant message \
+                 (expected `role`, `content`, `tool_calls` or `usage`)"
+        ));
+    }
+    let usage = object.shift_remove("usage");
+    if !object.contains_key("role") {
+        // Put `role` first, as providers do, so dumps of the script read naturally.
+        let mut message = Map::with_capacity(object.len() + 1);
+        message.insert("role".into(), Value::from("assistant"));
+        message.extend(object);
+        object = message;
+    }
+    let mut response = wrap(Value::Object(object));
+    if let Some(usage) = usage {
+        if !usage.is_object() {
+            return Err(format!(
+                "expected `usage` to be an object, found {}",
+                kind(&usage)
+            ));
         }
-        // A hand-written message should be one the machine can read; check it now rather
-        // than in the middle of a run.
-        parse_completion(&response).map_err(|e| {
-            e.strip_prefix("invalid provider response: ")
-                .unwrap_or(&e)
-                .to_owned()
-        })?;
-        Ok(Entry::Response(response))
+        if let Value::Object(response) = &mut response {
+            response.insert("usage".into(), usage);
+        }
+    }
+    // A hand-written message should be one the machine can read; check it now rather
+    // than in the middle of a run.
+    decode(response)
+}
+
+/// A hand-written response, decoded; one the machine could not read is a script error.
+fn decode(raw: Value) -> Result<Entry, String> {
+    let completion = read_completion(&raw)?;
+    Ok(Ok(Completion {
+        raw: Some(Arc::new(raw)),
+        ..completion
+    }))
+}
+
+/// The failure an `error` entry scripts.
+fn scripted_error(error: &Value) -> Result<ProviderError, String> {
+    match error {
+        Value::String(message) => Ok(ProviderError::new(
+            ProviderErrorKind::Other,
+            message.clone(),
+        )),
+        Value::Object(inner) => {
+            let Some(Value::String(message)) = inner.get("message") else {
+                return Err("expected `error.message` to be a string".into());
+            };
+            let kind = match inner.get("kind") {
+                None => ProviderErrorKind::Other,
+                Some(Value::String(name)) => {
+                    ProviderErrorKind::from_name(name).ok_or_else(|| {
+                        let names: Vec<&str> =
+                            ProviderErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+                        format!(
+                            "unknown `error.kind` `{name}` (expected one of {})",
+                            names.join(", ")
+                        )
+                    })?
+                }
+                Some(other) => {
+                    return Err(format!(
+                        "expected `error.kind` to be a string, found {}",
+                        kind(other)
+                    ));
+                }
+            };
+            Ok(ProviderError::new(kind, message.clone()))
+        }
+        other => Err(format!(
+            "expected `error` to be a string, found {}",
+            kind(other)
+        )),
     }
 }
 
@@ -244,6 +262,15 @@ mod tests {
         ScriptedProvider::from_json(text).unwrap_err()
     }
 
+    /// The next completion's `raw`, as JSON text.
+    fn next_raw(p: &mut ScriptedProvider) -> String {
+        p.next_response().unwrap().raw.unwrap().to_string()
+    }
+
+    fn other(message: &str) -> ProviderError {
+        ProviderError::new(ProviderErrorKind::Other, message)
+    }
+
     #[test]
     fn is_clone_send_sync() {
         fn check<T: Clone + Send + Sync + 'static>() {}
@@ -253,8 +280,11 @@ mod tests {
     #[test]
     fn string_entry_is_assistant_text() {
         let mut p = script(r#"["Hello!"]"#);
+        let completion = p.clone().next_response().unwrap();
+        assert_eq!(completion.content, [crate::Part::Text("Hello!".into())]);
+        assert_eq!(completion.role, "assistant");
         assert_eq!(
-            p.next_response().unwrap().to_string(),
+            next_raw(&mut p),
             r#"{"choices":[{"message":{"role":"assistant","content":"Hello!"}}]}"#
         );
     }
@@ -271,19 +301,27 @@ mod tests {
             ]"#,
         );
         assert_eq!(
-            p.next_response().unwrap().to_string(),
+            next_raw(&mut p),
             r#"{"choices":[{"message":{"role":"assistant","content":"Hi"}}]}"#
         );
+        let calls = p.next_response().unwrap();
         assert_eq!(
-            p.next_response().unwrap(),
+            *calls.raw.unwrap(),
             json!({"choices": [{"message": {"role": "assistant", "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
             ]}}]})
         );
         assert_eq!(
-            p.next_response().unwrap().to_string(),
+            calls.tool_calls,
+            [crate::ToolCall::new("c1", "calc", json!("{}"))]
+        );
+        let third = p.next_response().unwrap();
+        assert_eq!(
+            third.raw.as_ref().unwrap().to_string(),
             r#"{"choices":[{"message":{"role":"model","content":[{"type":"text","text":"x"}]}}],"usage":{"total_tokens":3}}"#
         );
+        assert_eq!(third.role, "model");
+        assert_eq!(third.usage.unwrap().fields.len(), 1);
     }
 
     #[test]
@@ -296,23 +334,35 @@ mod tests {
         // Even a malformed one, so scripts can exercise the machine's error path.
         let broken = json!({"choices": []});
         let mut p = ScriptedProvider::from_entries(vec![full.clone(), broken.clone()]).unwrap();
-        assert_eq!(p.next_response(), Ok(full));
-        assert_eq!(p.next_response(), Ok(broken));
+        let completion = p.next_response().unwrap();
+        assert_eq!(*completion.raw.unwrap(), full);
+        assert_eq!(completion.finish_reason, Some(crate::FinishReason::Stop));
+        assert_eq!(completion.usage.unwrap().input_tokens, Some(1));
+        assert_eq!(
+            p.next_response(),
+            Err(ProviderError::new(
+                ProviderErrorKind::InvalidResponse,
+                "invalid provider response: `choices` is empty"
+            ))
+        );
     }
 
     #[test]
     fn error_entry() {
         let mut p = script(
-            r#"[{"error": "rate limited"}, {"error": {"message": "boom", "code": 1}}, "ok"]"#,
+            r#"[{"error": "rate limited"}, {"error": {"message": "boom", "code": 1}}, "ok",
+                {"error": {"message": "slow down", "kind": "rate_limited"}}]"#,
         );
-        assert_eq!(
-            p.next_response(),
-            Err(ProviderError {
-                message: "rate limited".into()
-            })
-        );
+        assert_eq!(p.next_response(), Err(other("rate limited")));
         assert_eq!(p.next_response().unwrap_err().to_string(), "boom");
         assert!(p.next_response().is_ok());
+        assert_eq!(
+            p.next_response(),
+            Err(ProviderError::new(
+                ProviderErrorKind::RateLimited,
+                "slow down"
+            ))
+        );
     }
 
     #[test]
@@ -324,12 +374,7 @@ mod tests {
         p.next_response().unwrap();
         assert_eq!(p.remaining(), 0);
         for _ in 0..2 {
-            assert_eq!(
-                p.next_response(),
-                Err(ProviderError {
-                    message: "mock provider exhausted".into()
-                })
-            );
+            assert_eq!(p.next_response(), Err(other("mock provider exhausted")));
         }
         assert_eq!((p.len(), p.remaining()), (2, 0));
 
@@ -405,6 +450,16 @@ mod tests {
             (
                 r#"[{"error": {"code": 5}}]"#,
                 "mock entry 0: expected `error.message` to be a string".into(),
+            ),
+            (
+                r#"[{"error": {"message": "x", "kind": "bad"}}]"#,
+                "mock entry 0: unknown `error.kind` `bad` (expected one of auth, rate_limited, \
+                 server, timeout, transport, invalid_request, invalid_response, other)"
+                    .into(),
+            ),
+            (
+                r#"[{"error": {"message": "x", "kind": 1}}]"#,
+                "mock entry 0: expected `error.kind` to be a string, found a number".into(),
             ),
             (
                 r#"[{"error": "x", "content": "y"}]"#,

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use serde_json::Value as Json;
 
+use crate::exchange::ToolDefinition;
+
 /// One registered tool: its OpenAI function descriptor and how to call it.
 #[derive(Clone)]
 pub struct ToolSpec {
@@ -24,6 +26,8 @@ pub struct ToolSpec {
     /// `{"type": "function", "function": descriptor}` as a template value, built once:
     /// `describe_tools` runs before every provider call.
     described: minijinja::Value,
+    /// The typed definition the provider request carries, built once too.
+    definition: ToolDefinition,
     with_context: bool,
     idempotency: Option<Idempotency>,
     validator: Option<Arc<jsonschema::Validator>>,
@@ -89,10 +93,21 @@ impl ToolSpec {
         let described = crate::store::value_from_json(
             &serde_json::json!({"type": "function", "function": descriptor}),
         );
+        let definition = ToolDefinition {
+            name: name.clone(),
+            description: map
+                .get("description")
+                .and_then(Json::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            parameters: map.get("parameters").cloned().unwrap_or(Json::Null),
+            strict: map.get("strict").and_then(Json::as_bool),
+        };
         Ok(ToolSpec {
             name,
             descriptor,
             described,
+            definition,
             with_context: false,
             idempotency: None,
             validator,
@@ -132,6 +147,9 @@ impl ToolSpec {
 pub struct ToolRegistry {
     tools: Vec<ToolSpec>,
     by_name: HashMap<String, usize>,
+    /// Every tool's definition, in registration order: what a request offers when every
+    /// tool is allowed, shared by an `Arc` clone.
+    definitions: Arc<[ToolDefinition]>,
 }
 
 impl ToolRegistry {
@@ -147,6 +165,7 @@ impl ToolRegistry {
         }
         self.by_name.insert(spec.name.clone(), self.tools.len());
         self.tools.push(spec);
+        self.definitions = self.tools.iter().map(|t| t.definition.clone()).collect();
         Ok(())
     }
 
@@ -178,6 +197,20 @@ impl ToolRegistry {
             .filter(|t| allowed.permits(&t.name))
             .map(|t| t.described.clone())
             .collect()
+    }
+
+    /// The typed definitions of the allowed tools, in registration order, for the
+    /// provider request. When every tool is allowed this is an `Arc` clone.
+    pub fn definitions(&self, allowed: &Allowed) -> Arc<[ToolDefinition]> {
+        match allowed {
+            Allowed::All => self.definitions.clone(),
+            _ => self
+                .tools
+                .iter()
+                .filter(|t| allowed.permits(&t.name))
+                .map(|t| t.definition.clone())
+                .collect(),
+        }
     }
 }
 
