@@ -255,6 +255,16 @@ fn api_message(json: &Json, redactor: &Redactor) -> Option<String> {
     wire::error_message(json).map(|message| redactor.clip(&message, EXCERPT_CHARS))
 }
 
+impl Provider for AnthropicProvider {
+    fn complete<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+        call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        Box::pin(AnthropicProvider::complete(self, request, call.deadline))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,15 +302,5 @@ mod tests {
         );
         let e = AnthropicProvider::new(AnthropicConfig::new().api_version("a\nb")).unwrap_err();
         assert_eq!(e, "the API version is not a valid HTTP header value");
-    }
-}
-
-impl Provider for AnthropicProvider {
-    fn complete<'a>(
-        &'a self,
-        request: &'a ProviderRequest,
-        call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
-        Box::pin(AnthropicProvider::complete(self, request, call.deadline))
     }
 }
