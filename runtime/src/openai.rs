@@ -209,8 +209,10 @@ impl OpenAiProvider {
         let delivered = self.transport.send(body, deadline).await?;
         let json = completion(delivered.status, &delivered.body, self.transport.redactor())
             .map_err(|message| self.transport.invalid_response(&delivered, message))?;
+        // A JSON body with `choices` that is still not a completion is the model's
+        // answer, not the transport's: its message is the machine's usual one (§2.2.5).
         wire::openai::decode_value(&json)
-            .map_err(|e| self.transport.invalid_response(&delivered, e.message))
+            .map_err(|e| ProviderError::new(e.kind, self.redact(e.message)))
     }
 
     /// Replaces every run of a secret in `message` with `<redacted>`: a server may echo

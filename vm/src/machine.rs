@@ -198,7 +198,7 @@ impl RunOutcome {
     /// `result_text` as a string ("" when it is not a string).
     pub fn result_text(&self) -> String {
         self.vars
-            .get("result_text")
+            .get(names::RESULT_TEXT)
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default()
     }
@@ -517,7 +517,7 @@ impl Machine {
                 }
                 Instr::ProcessResponse => self.process_response(),
                 Instr::CallTools => self.start_tools(),
-                Instr::ClearNextStep => self.store.set("next_step", Value::from(())),
+                Instr::ClearNextStep => self.store.set(names::NEXT_STEP, Value::from(())),
                 Instr::Snapshot => self.snapshot(),
                 Instr::Branch => return self.branch(),
             }
@@ -647,25 +647,28 @@ impl Machine {
         self.state = State::Running;
         self.post_ran = false;
         self.tool_calls = Vec::new();
-        self.store.set("prev_step", prev);
-        self.store.set("next_step", Value::from(()));
-        self.store.set("runs", Value::from(self.runs[step.index()]));
+        self.store.set(names::PREV_STEP, prev);
+        self.store.set(names::NEXT_STEP, Value::from(()));
+        self.store
+            .set(names::RUNS, Value::from(self.runs[step.index()]));
         self.update_times(now);
         (self.events).step_started(self.program.step_name(step), self.runs[step.index()]);
     }
 
     fn update_times(&self, now: Duration) {
         let ms = |d: Duration| Value::from(d.as_secs_f64() * 1000.0);
-        self.store
-            .set("time_elapsed", ms(now.saturating_sub(self.step_started)));
-        self.store.set("time_elapsed_global", ms(now));
+        self.store.set(
+            names::TIME_ELAPSED,
+            ms(now.saturating_sub(self.step_started)),
+        );
+        self.store.set(names::TIME_ELAPSED_GLOBAL, ms(now));
     }
 
     /// Records an `error` event for each entry appended to `errors` since the last call.
     fn report_errors(&mut self) {
         if self.events.on() {
             let step = self.step.map(|s| self.program.step_name(s));
-            self.events.errors(step, self.store.get("errors"));
+            self.events.errors(step, self.store.get(names::ERRORS));
         }
     }
 
@@ -751,7 +754,7 @@ impl Machine {
             self.state = State::PromptFailed;
         }
         let prompts: Vec<Value> = messages.iter().map(message_value).collect();
-        self.store.set("prompts", Value::from(prompts));
+        self.store.set(names::PROMPTS, Value::from(prompts));
         self.messages = messages.into();
     }
 
@@ -772,12 +775,12 @@ impl Machine {
             self.store.set(name, value());
         }
         // describe_tools (§2.2.1): the registered tools that `allowed_tools` permits.
-        let allowed = Allowed::from_value(self.store.get("allowed_tools").as_ref());
+        let allowed = Allowed::from_value(self.store.get(names::ALLOWED_TOOLS).as_ref());
         let tools = self.tools.describe(&allowed);
-        self.store.set("tools", Value::from(tools));
+        self.store.set(names::TOOLS, Value::from(tools));
         let model = self
             .store
-            .get("model")
+            .get(names::MODEL)
             .map(|m| {
                 m.as_str()
                     .map(str::to_string)
@@ -830,31 +833,31 @@ impl Machine {
             Value::from(urls)
         };
         let set = |name: &str, value: Value| self.store.set(name, value);
-        set("result_role", Value::from(completion.role.as_str()));
-        set("result_text", Value::from(text.as_str()));
+        set(names::RESULT_ROLE, Value::from(completion.role.as_str()));
+        set(names::RESULT_TEXT, Value::from(text.as_str()));
         set(
-            "result_image_urls",
+            names::RESULT_IMAGE_URLS,
             urls(|p| match p {
                 Part::ImageUrl(url) => Some(url),
                 _ => None,
             }),
         );
         set(
-            "result_audio_inputs",
+            names::RESULT_AUDIO_INPUTS,
             urls(|p| match p {
                 Part::AudioInput(url) => Some(url),
                 _ => None,
             }),
         );
         set(
-            "result_files",
+            names::RESULT_FILES,
             urls(|p| match p {
                 Part::File(url) => Some(url),
                 _ => None,
             }),
         );
         set(
-            "usage",
+            names::USAGE,
             completion
                 .usage
                 .as_ref()
@@ -866,8 +869,10 @@ impl Machine {
         if let Some(step) = self.step {
             self.runs[step.index()] += 1;
             self.global_runs += 1;
-            self.store.set("runs", Value::from(self.runs[step.index()]));
-            self.store.set("global_runs", Value::from(self.global_runs));
+            self.store
+                .set(names::RUNS, Value::from(self.runs[step.index()]));
+            self.store
+                .set(names::GLOBAL_RUNS, Value::from(self.global_runs));
         }
         self.tool_calls = completion.tool_calls;
     }
@@ -875,7 +880,7 @@ impl Machine {
     /// With `output_mode` json or structured_output: parse `result_json` and validate it
     /// against `output_structure` (§2.2.6, steps 5 and 7).
     fn structured_output(&self, text: &str) {
-        let mode = self.store.get("output_mode").unwrap_or_default();
+        let mode = self.store.get(names::OUTPUT_MODE).unwrap_or_default();
         match mode.as_str() {
             Some("json") | Some("structured_output") => {}
             Some("text") | None => return,
@@ -893,8 +898,8 @@ impl Machine {
                 return;
             }
         };
-        self.store.set("result_json", value_from_json(&value));
-        let schema = self.store.get("output_structure").unwrap_or_default();
+        self.store.set(names::RESULT_JSON, value_from_json(&value));
+        let schema = self.store.get(names::OUTPUT_STRUCTURE).unwrap_or_default();
         if schema.is_none() || schema.is_undefined() {
             return;
         }
@@ -922,13 +927,14 @@ impl Machine {
     /// Checks the next tool calls in order. Returns the action for the first call that
     /// must execute; when every call is done, stores `result_tool_calls` and returns `None`.
     fn advance_tools(&mut self, now: Duration) -> Option<Action> {
-        let allowed = Allowed::from_value(self.store.get("allowed_tools").as_ref());
+        let allowed = Allowed::from_value(self.store.get(names::ALLOWED_TOOLS).as_ref());
         loop {
             let round = self.tool_round.as_mut()?;
             let Some(call) = round.calls.get(round.next) else {
                 let results = std::mem::take(&mut round.results);
                 self.tool_round = None;
-                self.store.set("result_tool_calls", Value::from(results));
+                self.store
+                    .set(names::RESULT_TOOL_CALLS, Value::from(results));
                 return None;
             };
             round.next += 1;
@@ -992,7 +998,8 @@ impl Machine {
         self.last_errors_step = self.step;
         self.last_step_errors = self.current_errors();
         if self.post_ran {
-            self.store.set("errors", Value::from(Vec::<Value>::new()));
+            self.store
+                .set(names::ERRORS, Value::from(Vec::<Value>::new()));
             self.events.errors_reset();
         }
     }
@@ -1000,7 +1007,7 @@ impl Machine {
     /// The running step's `errors`, as text.
     fn current_errors(&self) -> Vec<String> {
         self.store
-            .get("errors")
+            .get(names::ERRORS)
             .and_then(|e| {
                 e.try_iter()
                     .ok()
@@ -1012,7 +1019,7 @@ impl Machine {
     fn branch(&mut self) -> Action {
         self.events
             .step_finished(step_name(&self.program, self.step));
-        let next = self.store.get("next_step").unwrap_or_default();
+        let next = self.store.get(names::NEXT_STEP).unwrap_or_default();
         if next.is_none() || next.is_undefined() {
             self.state = State::Done;
             return Action::Done;
@@ -1109,7 +1116,7 @@ impl Machine {
                 .push(tool_result(&call.id, Value::from(message), true, false));
         }
         self.store
-            .set("result_tool_calls", Value::from(round.results));
+            .set(names::RESULT_TOOL_CALLS, Value::from(round.results));
     }
 
     /// Why a run that hit a budget or the timeout was probably stuck: the errors of the

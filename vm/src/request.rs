@@ -15,6 +15,7 @@ use crate::exchange::{
     Message, OutputFormat, ProviderError, ProviderErrorKind, ProviderRequest, Sampling,
     ToolDefinition,
 };
+use crate::names;
 use crate::store::Vars;
 use crate::text::json_kind as kind;
 
@@ -23,16 +24,16 @@ type Field = fn(&mut Sampling) -> &mut Option<Json>;
 
 /// The §2.5 variables that become [`Sampling`] fields, each with its field.
 const SAMPLING: [(&str, Field); 10] = [
-    ("temperature", |s| &mut s.temperature),
-    ("max_tokens", |s| &mut s.max_tokens),
-    ("top_p", |s| &mut s.top_p),
-    ("presence_penalty", |s| &mut s.presence_penalty),
-    ("frequency_penalty", |s| &mut s.frequency_penalty),
-    ("seed", |s| &mut s.seed),
-    ("stop_sequences", |s| &mut s.stop_sequences),
-    ("logit_bias", |s| &mut s.logit_bias),
-    ("top_k", |s| &mut s.top_k),
-    ("repetition_penalty", |s| &mut s.repetition_penalty),
+    (names::TEMPERATURE, |s| &mut s.temperature),
+    (names::MAX_TOKENS, |s| &mut s.max_tokens),
+    (names::TOP_P, |s| &mut s.top_p),
+    (names::PRESENCE_PENALTY, |s| &mut s.presence_penalty),
+    (names::FREQUENCY_PENALTY, |s| &mut s.frequency_penalty),
+    (names::SEED, |s| &mut s.seed),
+    (names::STOP_SEQUENCES, |s| &mut s.stop_sequences),
+    (names::LOGIT_BIAS, |s| &mut s.logit_bias),
+    (names::TOP_K, |s| &mut s.top_k),
+    (names::REPETITION_PENALTY, |s| &mut s.repetition_penalty),
 ];
 
 /// Builds the request for `model` from the context (which the request keeps, read-only),
@@ -74,10 +75,10 @@ fn sampling(context: &Vars) -> Result<Sampling, ProviderError> {
 /// `output_structure` (or, without one, for any JSON object). Other modes ask nothing:
 /// the machine reports an unknown mode when the response comes.
 fn output_format(context: &Vars) -> Result<OutputFormat, ProviderError> {
-    match context.get("output_mode").and_then(|m| m.as_str()) {
+    match context.get(names::OUTPUT_MODE).and_then(|m| m.as_str()) {
         Some("json") => Ok(OutputFormat::JsonObject),
         Some("structured_output") => {
-            let Some(structure) = context.get("output_structure").filter(|s| is_set(s)) else {
+            let Some(structure) = context.get(names::OUTPUT_STRUCTURE).filter(|s| is_set(s)) else {
                 return Ok(OutputFormat::JsonObject);
             };
             let schema = schema(structure)?;
@@ -169,6 +170,18 @@ mod tests {
 
     fn build(vars: Json) -> Result<ProviderRequest, ProviderError> {
         build_request("m".into(), context(vars), Arc::new([]), Arc::new([]))
+    }
+
+    /// The mapping covers exactly the name table's §2.5 sampling rows.
+    #[test]
+    fn every_sampling_variable_of_the_table_is_mapped_once() {
+        let mut table: Vec<&str> = names::section(names::Section::Sampling)
+            .map(|v| v.name)
+            .collect();
+        let mut mapped: Vec<&str> = SAMPLING.iter().map(|(name, _)| *name).collect();
+        table.sort_unstable();
+        mapped.sort_unstable();
+        assert_eq!(mapped, table);
     }
 
     #[test]
