@@ -17,7 +17,7 @@ use crate::exchange::{
 };
 use crate::names;
 use crate::store::Vars;
-use crate::text::json_kind as kind;
+use crate::text::{json_kind as kind, value_kind};
 
 /// Picks one field of a [`Sampling`].
 type Field = fn(&mut Sampling) -> &mut Option<Json>;
@@ -131,21 +131,6 @@ fn is_schema_name(name: &str) -> bool {
 /// map (the "empty defaults" of §2.5: `stop_sequences = []`, `logit_bias = {}`).
 fn is_set(value: &Value) -> bool {
     !(value.is_none() || value.is_undefined() || value.len() == Some(0))
-}
-
-/// "a string", "a list", …: how errors name the value they found.
-fn value_kind(value: &Value) -> &'static str {
-    match value.kind() {
-        ValueKind::Undefined => "undefined",
-        ValueKind::None => "none",
-        ValueKind::Bool => "a boolean",
-        ValueKind::Number => "a number",
-        ValueKind::String => "a string",
-        ValueKind::Bytes => "bytes",
-        ValueKind::Seq | ValueKind::Iterable => "a list",
-        ValueKind::Map => "a map",
-        _ => "an object",
-    }
 }
 
 #[cold]
