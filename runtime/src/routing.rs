@@ -427,30 +427,74 @@ fn env_value(
     }
 }
 
-fn openai_route(
+/// The builder methods every HTTP provider's configuration has, so one function reads
+/// the keys `openai` and `anthropic` routes share.
+trait HttpRouteConfig: Sized {
+    fn base_url(self, url: String) -> Self;
+    fn api_key(self, key: String) -> Self;
+    fn header(self, name: String, value: String) -> Self;
+    fn request_timeout(self, timeout: std::time::Duration) -> Self;
+    fn max_retries(self, retries: u32) -> Self;
+    fn retry_delays(self, base: std::time::Duration, max: std::time::Duration) -> Self;
+    fn http_client(self, client: HttpClient) -> Self;
+}
+
+macro_rules! http_route_config {
+    ($config:ty) => {
+        impl HttpRouteConfig for $config {
+            fn base_url(self, url: String) -> Self {
+                <$config>::base_url(self, url)
+            }
+            fn api_key(self, key: String) -> Self {
+                <$config>::api_key(self, key)
+            }
+            fn header(self, name: String, value: String) -> Self {
+                <$config>::header(self, name, value)
+            }
+            fn request_timeout(self, timeout: std::time::Duration) -> Self {
+                <$config>::request_timeout(self, timeout)
+            }
+            fn max_retries(self, retries: u32) -> Self {
+                <$config>::max_retries(self, retries)
+            }
+            fn retry_delays(self, base: std::time::Duration, max: std::time::Duration) -> Self {
+                <$config>::retry_delays(self, base, max)
+            }
+            fn http_client(self, client: HttpClient) -> Self {
+                <$config>::http_client(self, client)
+            }
+        }
+    };
+}
+
+http_route_config!(crate::openai::OpenAiConfig);
+http_route_config!(crate::anthropic::AnthropicConfig);
+
+/// Applies the keys every HTTP route has (`base_url`, `api_key_env`, `headers`,
+/// `headers_env`, `timeout_ms`, `max_retries`, `retry_base_delay_ms`) and the shared
+/// client to `config`.
+fn http_route<C: HttpRouteConfig>(
+    mut config: C,
     route: &Map<String, Json>,
     env: &dyn Fn(&str) -> Option<String>,
     client: Option<&HttpClient>,
-) -> Result<(Arc<dyn Provider>, String), String> {
+) -> Result<C, String> {
     use std::time::Duration;
 
-    use crate::openai::{DEFAULT_RETRY_MAX_DELAY, OpenAiConfig, OpenAiProvider};
+    use crate::openai::DEFAULT_RETRY_MAX_DELAY;
 
-    let mut config = OpenAiConfig::new();
     if let Some(url) = string(route, "base_url")? {
-        config = config.base_url(url);
+        config = config.base_url(url.to_owned());
     }
     if let Some(variable) = string(route, "api_key_env")? {
         config = config.api_key(env_value(env, variable, "api_key_env")?);
     }
     for (name, value) in string_map(route, "headers")? {
-        config = config.header(name, value);
+        config = config.header(name.to_owned(), value.to_owned());
     }
     for (name, variable) in string_map(route, "headers_env")? {
-        config = config.header(
-            name,
-            env_value(env, variable, &format!("headers_env.{name}"))?,
-        );
+        let value = env_value(env, variable, &format!("headers_env.{name}"))?;
+        config = config.header(name.to_owned(), value);
     }
     if let Some(ms) = integer(route, "timeout_ms", MAX_MILLIS)? {
         config = config.request_timeout(Duration::from_millis(ms));
@@ -465,6 +509,17 @@ fn openai_route(
     if let Some(client) = client {
         config = config.http_client(client.clone());
     }
+    Ok(config)
+}
+
+fn openai_route(
+    route: &Map<String, Json>,
+    env: &dyn Fn(&str) -> Option<String>,
+    client: Option<&HttpClient>,
+) -> Result<(Arc<dyn Provider>, String), String> {
+    use crate::openai::{OpenAiConfig, OpenAiProvider};
+
+    let config = http_route(OpenAiConfig::new(), route, env, client)?;
     let provider = OpenAiProvider::new(config)?;
     let description = format!("openai {}", provider.endpoint());
     Ok((Arc::new(provider), description))
@@ -478,47 +533,14 @@ pub fn anthropic_config(
     env: &dyn Fn(&str) -> Option<String>,
     client: Option<&HttpClient>,
 ) -> Result<crate::anthropic::AnthropicConfig, String> {
-    use std::time::Duration;
-
-    use crate::anthropic::AnthropicConfig;
-    use crate::openai::DEFAULT_RETRY_MAX_DELAY;
-
     check_keys(
         route,
         &[&COMMON_KEYS[..], &ANTHROPIC_KEYS[..]].concat(),
         "anthropic",
     )?;
-    let mut config = AnthropicConfig::new();
-    if let Some(url) = string(route, "base_url")? {
-        config = config.base_url(url);
-    }
-    if let Some(variable) = string(route, "api_key_env")? {
-        config = config.api_key(env_value(env, variable, "api_key_env")?);
-    }
+    let mut config = http_route(crate::anthropic::AnthropicConfig::new(), route, env, client)?;
     if let Some(version) = string(route, "anthropic_version")? {
         config = config.api_version(version);
-    }
-    for (name, value) in string_map(route, "headers")? {
-        config = config.header(name, value);
-    }
-    for (name, variable) in string_map(route, "headers_env")? {
-        config = config.header(
-            name,
-            env_value(env, variable, &format!("headers_env.{name}"))?,
-        );
-    }
-    if let Some(ms) = integer(route, "timeout_ms", MAX_MILLIS)? {
-        config = config.request_timeout(Duration::from_millis(ms));
-    }
-    if let Some(retries) = integer(route, "max_retries", MAX_RETRIES)? {
-        config = config.max_retries(retries as u32);
-    }
-    if let Some(ms) = integer(route, "retry_base_delay_ms", MAX_MILLIS)? {
-        let base = Duration::from_millis(ms);
-        config = config.retry_delays(base, DEFAULT_RETRY_MAX_DELAY.max(base));
-    }
-    if let Some(client) = client {
-        config = config.http_client(client.clone());
     }
     Ok(config)
 }

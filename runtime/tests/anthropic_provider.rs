@@ -404,3 +404,28 @@ async fn the_key_never_appears_in_debug_output() {
          <redacted>)], request_timeout: 60s, max_retries: 2, .. }"
     );
 }
+
+/// A providers file with `kind: "anthropic"` routes a model to the Anthropic provider,
+/// with the key from the environment in `x-api-key`: the route the CLI and embedders use.
+#[tokio::test]
+async fn a_providers_file_routes_claude_models_to_anthropic() {
+    use aplc_runtime::driver::{CallContext, Provider};
+    use aplc_runtime::routing::Router;
+
+    let server = Server::start(vec![text_reply("Bonjour")]).await;
+    let config = json!({"routes": [
+        {"model": "claude-*", "kind": "anthropic", "base_url": server.base_url(),
+         "api_key_env": "TEST_ANTHROPIC_KEY", "max_retries": 0},
+        {"model": "*", "kind": "mock", "responses": ["the fallback"]},
+    ]});
+    let env = |name: &str| (name == "TEST_ANTHROPIC_KEY").then(|| KEY.to_string());
+    let router = Router::from_config_json(&config.to_string(), &env).unwrap();
+    assert!(!format!("{router:?}").contains(KEY));
+    let call = CallContext::new(deadline());
+    let completion = router.complete(&hello(), &call).await.unwrap();
+    assert_eq!(completion.content, [Part::Text("Bonjour".into())]);
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].header("x-api-key"), Some(KEY));
+    assert_eq!(requests[0].json()["model"], "claude-test");
+}
