@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 use serde_json::Value as Json;
 
+/// A message's role: the role sections of §1.2, the same type the bundle stores.
+pub use crate::bundle::Role;
 use crate::store::Vars;
 
 /// A provider call the machine asks the driver to make.
@@ -71,35 +73,6 @@ impl Message {
     /// A text-only message.
     pub fn text(role: Role, text: impl Into<String>) -> Message {
         Message::new(role, Content::Text(text.into()))
-    }
-}
-
-/// A message's role: the role sections of §1.2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Role {
-    /// `## system`.
-    System,
-    /// `## user`.
-    User,
-    /// `## assistant`.
-    Assistant,
-    /// `## developer`.
-    Developer,
-    /// `## tool_result`: a tool's output, without a tool call id (APL sections carry none).
-    ToolResult,
-}
-
-impl Role {
-    /// The role's name in APL and in `prompts`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Developer => "developer",
-            Role::ToolResult => "tool_result",
-        }
     }
 }
 

@@ -9,8 +9,8 @@ use std::sync::LazyLock;
 use minijinja::Value;
 use regex::Regex;
 
-use crate::bundle::Role as Section;
-use crate::exchange::{Content, Message, Part, Role};
+use crate::bundle::Role;
+use crate::exchange::{Content, Message, Part};
 
 /// Builds the message for one rendered role section, or `None` when it is empty.
 ///
@@ -21,7 +21,7 @@ use crate::exchange::{Content, Message, Part, Role};
 /// the text part first (when the text is not empty), then the attachments in the order
 /// they appear. A section with no text and no attachments gives `None`: the spec has no
 /// use for an empty message and providers reject them.
-pub(crate) fn build_message(section: Section, rendered: &str) -> Option<Message> {
+pub(crate) fn build_message(role: Role, rendered: &str) -> Option<Message> {
     let (text, attachments) = split_attachments(rendered);
     // A file saved with CRLF line endings renders CRLF text; the model gets `\n` only.
     let text = text.trim().replace("\r\n", "\n");
@@ -39,7 +39,7 @@ pub(crate) fn build_message(section: Section, rendered: &str) -> Option<Message>
                 .collect(),
         )
     };
-    Some(Message::new(role(section), content))
+    Some(Message::new(role, content))
 }
 
 /// The message as the `prompts` variable shows it (§3): `{"role", "content"}`, the
@@ -53,17 +53,6 @@ pub(crate) fn message_value(message: &Message) -> Value {
         ("role", Value::from(message.role.as_str())),
         ("content", content),
     ])
-}
-
-/// A role section's message role.
-fn role(section: Section) -> Role {
-    match section {
-        Section::System => Role::System,
-        Section::User => Role::User,
-        Section::Assistant => Role::Assistant,
-        Section::Developer => Role::Developer,
-        Section::ToolResult => Role::ToolResult,
-    }
 }
 
 /// `{"type": "text", "text": …}` or `{"type": kind, kind: {"url": url}}`.
@@ -145,7 +134,6 @@ fn split_attachments(rendered: &str) -> (std::borrow::Cow<'_, str>, Vec<Attachme
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bundle::Role;
 
     /// The message as JSON text, for readable assertions.
     fn json(role: Role, rendered: &str) -> Option<String> {
