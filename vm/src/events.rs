@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
+use crate::bundle::Bundle;
 use crate::machine::{RunError, RunErrorKind, RunOptions};
 
 /// The version of the events' JSON form, carried by [`EventKind::RunStarted`]. It changes
@@ -284,11 +285,12 @@ impl Recorder {
         self.seq += 1;
     }
 
-    pub(crate) fn run_started(&mut self, agent: &str, hash: &[u8; 32], options: &RunOptions) {
+    pub(crate) fn run_started(&mut self, bundle: &Bundle, options: &RunOptions) {
         if !self.on {
             return;
         }
-        let bundle_hash = hash.iter().map(|b| format!("{b:02x}")).collect();
+        let agent = bundle.source_name.as_str();
+        let bundle_hash = bundle.source_hash_hex();
         let options = StartOptions {
             max_runs: options.max_runs,
             max_steps: options.max_steps,

@@ -354,7 +354,7 @@ impl Machine {
     pub fn new(program: Arc<Program>, options: RunOptions) -> Machine {
         let mut events = Recorder::new(options.events);
         let bundle = program.bundle();
-        events.run_started(&bundle.source_name, &bundle.source_hash, &options);
+        events.run_started(bundle, &options);
         let store = Store::new(initial_vars());
         let mut error = None;
         for (name, value) in &options.with_context {

@@ -25,11 +25,7 @@ impl Bundle {
 
 fn render(bundle: &Bundle, header: Option<&HeaderFields>) -> String {
     let mut out = String::new();
-    let hash: String = bundle
-        .source_hash
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = bundle.source_hash_hex();
     if let Some(h) = header {
         let _ = writeln!(
             out,

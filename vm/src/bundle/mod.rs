@@ -85,6 +85,16 @@ pub enum TemplateKind {
     Post,
 }
 
+impl Bundle {
+    /// [`Bundle::source_hash`] in lowercase hex, as listings and run events show it.
+    pub fn source_hash_hex(&self) -> String {
+        self.source_hash
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
 /// A prompt message: a role and the template that renders its content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MessageEntry {
