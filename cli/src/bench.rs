@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
 use aplc_vm::text::escape_control;
 use aplc_vm::{
-    Action, Completion, Machine, Program, ProviderError, ProviderRequest, RunOptions,
-    ScriptedProvider, run_scripted,
+    Completion, Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider,
+    run_scripted, run_scripted_with_listener,
 };
 use clap::Args;
 
@@ -102,7 +102,15 @@ fn sequential(
         let start = Instant::now();
         let outcome = match &mut events {
             None => run_scripted(program.clone(), options, &mut script, || start.elapsed()),
-            Some(out) => with_events(program.clone(), options, &mut script, start, out),
+            Some(out) => run_scripted_with_listener(
+                program.clone(),
+                options,
+                &mut script,
+                || start.elapsed(),
+                &mut |event| {
+                    let _ = serde_json::to_writer(&mut *out, event).map(|()| out.write_all(b"\n"));
+                },
+            ),
         };
         let elapsed = start.elapsed();
         if i == args.warmup {
@@ -166,45 +174,6 @@ fn sequential(
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// [`run_scripted`] with events on, each written as one JSON line to `out` (write errors
-/// are ignored: this measures the cost, and the flush at the end reports a bad file).
-fn with_events(
-    program: Arc<Program>,
-    options: RunOptions,
-    script: &mut ScriptedProvider,
-    start: Instant,
-    out: &mut impl Write,
-) -> aplc_vm::RunOutcome {
-    let mut machine = Machine::new(
-        program,
-        RunOptions {
-            events: true,
-            ..options
-        },
-    );
-    let mut write = |machine: &mut Machine| {
-        for event in machine.drain_events() {
-            let _ = serde_json::to_writer(&mut *out, &event).map(|()| out.write_all(b"\n"));
-        }
-    };
-    loop {
-        let action = machine.poll(start.elapsed());
-        write(&mut machine);
-        match action {
-            Action::CallProvider(_) => {
-                machine.handle_provider_response(start.elapsed(), script.next_response());
-            }
-            Action::CallTool(_) => {
-                let message = "tools cannot execute in aplc bench".to_string();
-                machine.handle_tool_result(start.elapsed(), Err(message));
-            }
-            Action::Continue => continue,
-            Action::Done => return machine.into_outcome(),
-        }
-        write(&mut machine);
-    }
 }
 
 /// Counts provider calls, to compute the latency bound.

@@ -219,13 +219,15 @@ pub async fn run(
 /// render: a watchdog thread sets the run's [`Machine::deadline_flag`] at the deadline.
 /// Cancelling through `options.interrupt` ([`Interrupt::cancel`](crate::Interrupt::cancel))
 /// stops the run at its next instruction, or within a few hundred template instructions
-/// mid-render, though not while the driver awaits a provider or a tool.
+/// mid-render, though not while the driver awaits a provider or a tool. Nobody listens,
+/// so `options.events` is turned off: use [`run_with_listener`] for the events.
 pub async fn run_with_tools(
     program: Arc<Program>,
-    options: RunOptions,
+    mut options: RunOptions,
     provider: &dyn Provider,
     toolbox: &Toolbox,
 ) -> RunOutcome {
+    options.events = false;
     drive(program, options, provider, toolbox, None).await
 }
 

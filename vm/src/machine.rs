@@ -1255,11 +1255,56 @@ pub fn run_scripted(
     program: Arc<Program>,
     options: RunOptions,
     provider: &mut crate::ScriptedProvider,
-    mut clock: impl FnMut() -> Duration,
+    clock: impl FnMut() -> Duration,
 ) -> RunOutcome {
-    let mut machine = Machine::new(program, options);
+    scripted(Machine::new(program, options), provider, clock, None)
+}
+
+/// [`run_scripted`] with [`RunOptions::events`] on, handing every event to `on_event` as
+/// soon as the machine records it.
+pub fn run_scripted_with_listener(
+    program: Arc<Program>,
+    options: RunOptions,
+    provider: &mut crate::ScriptedProvider,
+    clock: impl FnMut() -> Duration,
+    on_event: &mut dyn FnMut(&Event),
+) -> RunOutcome {
+    let options = RunOptions {
+        events: true,
+        ..options
+    };
+    scripted(
+        Machine::new(program, options),
+        provider,
+        clock,
+        Some(on_event),
+    )
+}
+
+/// The scripted run loop, draining events to `listener` after every call into the
+/// machine.
+fn scripted(
+    mut machine: Machine,
+    provider: &mut crate::ScriptedProvider,
+    mut clock: impl FnMut() -> Duration,
+    mut listener: Option<&mut dyn FnMut(&Event)>,
+) -> RunOutcome {
+    // Without a listener the events are dropped as they come, so a caller that turned
+    // `RunOptions::events` on without one does not buffer a whole run's events.
+    let mut deliver = |machine: &mut Machine| {
+        if machine.events.on() {
+            let events = machine.events.drain();
+            match listener.as_mut() {
+                Some(listener) => events.for_each(|event| listener(&event)),
+                None => drop(events),
+            }
+        }
+    };
+    deliver(&mut machine);
     loop {
-        match machine.poll(clock()) {
+        let action = machine.poll(clock());
+        deliver(&mut machine);
+        match action {
             Action::CallProvider(_) => {
                 let response = provider.next_response();
                 machine.handle_provider_response(clock(), response);
@@ -1269,9 +1314,10 @@ pub fn run_scripted(
                 let message = "tools cannot execute in run_scripted; use the driver".to_string();
                 machine.handle_tool_result(clock(), Err(message));
             }
-            Action::Continue => {}
+            Action::Continue => continue,
             Action::Done => return machine.into_outcome(),
         }
+        deliver(&mut machine);
     }
 }
 
