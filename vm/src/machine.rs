@@ -475,9 +475,7 @@ impl Machine {
                 }
                 continue;
             }
-            if self.events.on() {
-                self.report_errors();
-            }
+            self.report_errors();
             let Some(&instr) = self.program.bundle().code.get(self.pc) else {
                 // Validation guarantees every step ends in `Branch`; running off the end
                 // would be a VM bug, and ending the run is the safe answer.
