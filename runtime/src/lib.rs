@@ -18,6 +18,7 @@ pub mod manifest;
 pub mod openai;
 mod redact;
 pub mod routing;
+pub mod store;
 mod transport;
 mod watchdog;
 

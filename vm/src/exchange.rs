@@ -55,7 +55,7 @@ impl ProviderRequest {
 }
 
 /// One message of the request (§3).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Message {
     /// Who speaks.
@@ -77,7 +77,7 @@ impl Message {
 }
 
 /// A message's content: plain text, or parts (text and attachments, §1.2.1).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Content {
     /// Text only.
     Text(String),
@@ -86,7 +86,7 @@ pub enum Content {
 }
 
 /// One content part, in a request message or a completion.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum Part {
     /// `{"type": "text", "text": …}`.
@@ -177,7 +177,7 @@ pub enum OutputFormat {
 }
 
 /// A provider's answer, typed (§2.2.5).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Completion {
     /// The message's role; `assistant` when the provider gave none.
@@ -194,6 +194,7 @@ pub struct Completion {
     pub model: Option<String>,
     /// The response as received, kept for the record (`aplc run --record`, journals).
     /// `None` when a provider has nothing better to keep than the fields above.
+    #[serde(skip)]
     pub raw: Option<Arc<Json>>,
 }
 
@@ -221,7 +222,7 @@ impl Completion {
 }
 
 /// One tool call as the model sent it (§2.2.4).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct ToolCall {
     /// The id exactly as given (§2.2.4: any string, never checked). A number id becomes
@@ -246,7 +247,7 @@ impl ToolCall {
 }
 
 /// Token usage (§2.4.1).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Usage {
     /// Tokens in the prompt (`prompt_tokens`; Anthropic's `input_tokens`).
@@ -259,7 +260,7 @@ pub struct Usage {
 }
 
 /// Why the model stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum FinishReason {
     /// A natural end or a stop sequence (`stop`; Anthropic's `end_turn`, `stop_sequence`).
@@ -290,7 +291,7 @@ impl FinishReason {
 
 /// A failed provider call: what kind of failure, and the message (already free of
 /// secrets). Nothing branches on the message's text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 #[error("{message}")]
 #[non_exhaustive]
 pub struct ProviderError {
@@ -311,7 +312,7 @@ impl ProviderError {
 }
 
 /// The kinds of provider failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum ProviderErrorKind {
     /// The credentials were refused (401, 403).

@@ -23,6 +23,7 @@ mod exchange;
 mod helpers;
 mod interrupt;
 mod jinja2;
+pub mod journal;
 mod machine;
 mod messages;
 mod program;

@@ -39,6 +39,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::journal::{Checkpoint, JournalError};
+
 use imbl::Vector;
 use minijinja::Value;
 
@@ -632,6 +634,40 @@ impl Machine {
             last_step_errors: self.last_step_errors,
             steps: self.steps,
         }
+    }
+
+    /// Steps entered so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Entries in `context_history` so far.
+    pub fn history_len(&self) -> u64 {
+        todo!("checkpoint: history_len")
+    }
+
+    /// The machine's state at rest, for [`Machine::restore`]: valid when the next input
+    /// is a `poll` (not while a provider or tool call is outstanding). `history_start` is
+    /// the first `context_history` entry to include: earlier entries are in earlier
+    /// checkpoints. Fails with [`JournalError::Unencodable`] when a variable holds a value
+    /// with no durable form; the caller then skips this checkpoint.
+    pub fn checkpoint(&self, history_start: u64) -> Result<Checkpoint, JournalError> {
+        let _ = history_start;
+        todo!("checkpoint: Machine::checkpoint")
+    }
+
+    /// Rebuilds a machine from checkpoints of a run of `program` with `options`:
+    /// `history` is every checkpoint's `(history_start, history)` segment, oldest first,
+    /// and `state` is the newest checkpoint's state. The result behaves exactly as the
+    /// checkpointed machine did (its events continue the same sequence).
+    pub fn restore(
+        program: Arc<Program>,
+        options: RunOptions,
+        history: &[(u64, &[u8])],
+        state: &[u8],
+    ) -> Result<Machine, JournalError> {
+        let _ = (program, options, history, state);
+        todo!("checkpoint: Machine::restore")
     }
 
     fn enter_step(&mut self, step: StepId, now: Duration) {
