@@ -12,6 +12,7 @@
 mod agent_test;
 mod bench;
 mod compile;
+mod durable;
 mod events;
 mod graph;
 mod init;
@@ -66,6 +67,12 @@ enum Command {
     },
     /// Run an agent: an .apl file (compiled in memory) or a bundle.
     Run(run::RunArgs),
+    /// Continue an unfinished durable run (`aplc run --store`) after a crash or a kill:
+    /// takes the same provider and tool flags as `run`, prints like `run`.
+    Resume(durable::ResumeArgs),
+    /// List and inspect the runs in a store.
+    #[command(subcommand)]
+    Runs(durable::RunsCommand),
     /// Print the step graph of an .apl file or a bundle (DOT or Mermaid) on stdout.
     Graph(graph::GraphArgs),
     /// Print a readable listing of a bundle: header, steps, instructions, templates, graph.
@@ -109,6 +116,8 @@ fn main() -> ExitCode {
             report,
         } => compile::build(&file, &output, &compile, &report),
         Command::Run(args) => run::run(args),
+        Command::Resume(args) => durable::resume(args),
+        Command::Runs(command) => durable::runs(command),
         Command::Graph(args) => graph::graph(&args),
         Command::Inspect(args) => inspect::inspect(&args),
         Command::Bench(args) => bench::bench(args),

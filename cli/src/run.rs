@@ -25,19 +25,9 @@ use crate::{CompileArgs, Failure};
 pub(crate) struct RunArgs {
     /// The agent: .apl source or a bundle (recognised by its magic bytes).
     file: PathBuf,
-    /// Print the final context as one JSON object instead of `result_text`.
-    #[arg(long)]
-    json: bool,
-    /// Use the scripted provider with these responses (a JSON array, one entry per call).
-    #[arg(long, value_name = "RESPONSES.json")]
-    mock: Option<PathBuf>,
     /// A JSON object whose entries are injected as variables (`with_context`).
     #[arg(long, value_name = "CONTEXT.json")]
     context: Option<PathBuf>,
-    /// Tool manifest: a JSON object from tool name to `{"command": [...]}` or `{"url": ...}`
-    /// with its OpenAI function `descriptor` (see spec/tools.md).
-    #[arg(long, value_name = "TOOLS.json")]
-    tools: Option<PathBuf>,
     /// Cap on successful provider calls (`global_runs`) for the whole run.
     #[arg(long, value_name = "N")]
     max_runs: Option<u64>,
@@ -51,6 +41,24 @@ pub(crate) struct RunArgs {
     timeout: u64,
     #[command(flatten)]
     compile: CompileArgs,
+    #[command(flatten)]
+    pub(crate) with: WithArgs,
+    #[command(flatten)]
+    pub(crate) output: OutputArgs,
+    #[command(flatten)]
+    pub(crate) store: crate::durable::StoreArgs,
+}
+
+/// The provider and the tools of a run: shared by `aplc run` and `aplc resume`.
+#[derive(Args, Debug)]
+pub(crate) struct WithArgs {
+    /// Use the scripted provider with these responses (a JSON array, one entry per call).
+    #[arg(long, value_name = "RESPONSES.json")]
+    pub(crate) mock: Option<PathBuf>,
+    /// Tool manifest: a JSON object from tool name to `{"command": [...]}` or `{"url": ...}`
+    /// with its OpenAI function `descriptor` (see spec/tools.md).
+    #[arg(long, value_name = "TOOLS.json")]
+    pub(crate) tools: Option<PathBuf>,
     /// Route models to providers with this JSON file (see spec/providers.md).
     #[arg(long, value_name = "PROVIDERS.json")]
     providers: Option<PathBuf>,
@@ -62,46 +70,96 @@ pub(crate) struct RunArgs {
     /// trailing /v1 is fine).
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
+}
+
+/// What a run prints and records: shared by `aplc run` and `aplc resume`.
+#[derive(Args, Debug)]
+pub(crate) struct OutputArgs {
+    /// Print the final context as one JSON object instead of `result_text`.
+    #[arg(long)]
+    pub(crate) json: bool,
     /// Write the provider's responses of this run, in order, to this file: a JSON array
     /// that `--mock` and a test's `responses = { file = "…" }` replay (spec/testing.md).
     #[arg(long, value_name = "RESPONSES.json")]
-    record: Option<PathBuf>,
+    pub(crate) record: Option<PathBuf>,
     /// Write the run's events to this file as JSON Lines, one object per line
     /// (spec/events.md). `/dev/stderr` works.
     #[arg(long, value_name = "FILE")]
-    events: Option<PathBuf>,
+    pub(crate) events: Option<PathBuf>,
     /// No progress line on stderr (it is shown only when stderr is a terminal).
     #[arg(long, short = 'q')]
-    quiet: bool,
+    pub(crate) quiet: bool,
+}
+
+/// A run's provider (wrapped for `--record`), tools and secrets, from its flags.
+pub(crate) struct Equipment {
+    pub(crate) provider: Recorder,
+    pub(crate) toolbox: driver::Toolbox,
+    pub(crate) secrets: Secrets,
+    /// The HTTP provider has no key for api.openai.com: warn once the agent loaded.
+    pub(crate) no_key: bool,
+    /// The `--mock` provider, which a resumed run advances past the calls it replayed.
+    pub(crate) scripted: Option<Arc<Scripted>>,
+}
+
+impl WithArgs {
+    /// Builds the provider and the toolbox.
+    pub(crate) fn equip(&self, recording: bool) -> Result<Equipment, Failure> {
+        // One HTTP client for the provider and HTTP tools: one set of redirect, proxy and
+        // body-size rules, one connection pool. Not built for a mock run without tools.
+        let http = if self.mock.is_none() || self.tools.is_some() {
+            Some(HttpClient::new().map_err(Failure::usage)?)
+        } else {
+            None
+        };
+        let mut secrets = Secrets::new();
+        let (provider, no_key, scripted) = select_provider(self, http.as_ref(), &mut secrets)?;
+        let provider = Recorder::new(provider, recording);
+        let mut toolbox = match (&self.tools, &http) {
+            (Some(path), Some(http)) => {
+                let text = read_json(path)?;
+                let base = path.parent().unwrap_or(Path::new("."));
+                aplc_runtime::manifest::toolbox_from_manifest_with_client(
+                    &text,
+                    base,
+                    http,
+                    secrets.variables(),
+                )
+                .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
+            }
+            _ => driver::Toolbox::new(),
+        };
+        toolbox.redact_with(secrets.redactor());
+        Ok(Equipment {
+            provider,
+            toolbox,
+            secrets,
+            no_key,
+            scripted,
+        })
+    }
+}
+
+/// The warning for an HTTP provider without a key, once it is certain the run calls it.
+pub(crate) fn warn_no_key(no_key: bool) {
+    if no_key {
+        eprintln!(
+            "warning: no API key: set OPENAI_API_KEY or pass --api-key \
+             (or --mock RESPONSES.json to run without a model)"
+        );
+    }
+}
+
+/// The async runtime a run is driven on.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    // One HTTP client for the provider and HTTP tools: one set of redirect, proxy and
-    // body-size rules, one connection pool. Not built for a mock run without tools.
-    let http = if args.mock.is_none() || args.tools.is_some() {
-        Some(HttpClient::new().map_err(Failure::usage)?)
-    } else {
-        None
-    };
-    let mut secrets = Secrets::new();
-    let (provider, no_key) = select_provider(&args, http.as_ref(), &mut secrets)?;
-    let provider = Recorder::new(provider, args.record.is_some());
-    let mut toolbox = match (&args.tools, &http) {
-        (Some(path), Some(http)) => {
-            let text = read_json(path)?;
-            let base = path.parent().unwrap_or(Path::new("."));
-            aplc_runtime::manifest::toolbox_from_manifest_with_client(
-                &text,
-                base,
-                http,
-                secrets.variables(),
-            )
-            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
-        }
-        _ => driver::Toolbox::new(),
-    };
-    toolbox.redact_with(secrets.redactor());
-
+    let equipment = args.with.equip(args.output.record.is_some())?;
     let options = RunOptions {
         timeout: Duration::from_millis(args.timeout),
         max_runs: args.max_runs,
@@ -112,19 +170,20 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
     // Only now is it certain that the run will call the HTTP provider: an unreadable or
     // invalid agent fails above without a warning about a key it never needed.
-    if no_key {
-        eprintln!(
-            "warning: no API key: set OPENAI_API_KEY or pass --api-key \
-             (or --mock RESPONSES.json to run without a model)"
-        );
+    warn_no_key(equipment.no_key);
+    if let Some(store) = args.store.url()? {
+        return crate::durable::run(store, &args, program, options, equipment);
     }
+    let Equipment {
+        provider,
+        toolbox,
+        secrets,
+        ..
+    } = equipment;
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
-    let progress = !args.quiet && std::io::stderr().is_terminal();
-    let mut sinks = Sinks::open(args.events.as_deref(), progress, secrets.redactor())?;
+    let runtime = runtime()?;
+    let progress = !args.output.quiet && std::io::stderr().is_terminal();
+    let mut sinks = Sinks::open(args.output.events.as_deref(), progress, secrets.redactor())?;
     let outcome = if sinks.listening() {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run =
@@ -140,8 +199,8 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .map_err(|e| Failure::run(e.to_string()))?
         .map_err(|signal| signal.failure())?;
     written?;
-    let result = report(&program, &outcome, args.json);
-    match &args.record {
+    let result = report(&program, &outcome, args.output.json);
+    match &args.output.record {
         Some(path) => provider.write_after(path, result),
         None => result,
     }
@@ -249,7 +308,7 @@ impl serde_json::ser::Formatter for ShallowPretty {
 }
 
 /// Prints a run's output and picks the exit code.
-fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCode, Failure> {
+pub(crate) fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCode, Failure> {
     let mut stdout = std::io::stdout().lock();
     let printed = if json {
         write_json(&mut stdout, &outcome.context_json()).and_then(|_| writeln!(stdout))
@@ -348,10 +407,10 @@ impl Secrets {
 /// true when that HTTP provider has no key for api.openai.com: the caller warns once the
 /// agent has loaded. `secrets` gains `--api-key` and the variables a providers file reads.
 fn select_provider(
-    args: &RunArgs,
+    args: &WithArgs,
     http: Option<&HttpClient>,
     secrets: &mut Secrets,
-) -> Result<(Box<dyn Provider>, bool), Failure> {
+) -> Result<(Box<dyn Provider>, bool, Option<Arc<Scripted>>), Failure> {
     // Even when the flag's provider is not used (`--mock`), the value is the user's key.
     secrets.values.extend(args.api_key.clone());
     let http_flags = args.api_key.is_some() || args.base_url.is_some();
@@ -365,7 +424,8 @@ fn select_provider(
             if http_flags {
                 eprintln!("warning: --api-key and --base-url are not used with --mock");
             }
-            Ok((Box::new(Scripted::new(script)), false))
+            let scripted = Arc::new(Scripted::new(script));
+            Ok((Box::new(scripted.clone()), false, Some(scripted)))
         }
         (None, Some(path)) => {
             if http_flags {
@@ -391,7 +451,7 @@ fn select_provider(
             for (name, value) in read.into_inner() {
                 secrets.variable(&name, value);
             }
-            Ok((Box::new(router), false))
+            Ok((Box::new(router), false, None))
         }
         (None, None) => {
             let mut config = OpenAiConfig::new();
@@ -418,7 +478,7 @@ fn select_provider(
                 config = config.api_key(key);
             }
             let provider = OpenAiProvider::new(config).map_err(Failure::usage)?;
-            Ok((Box::new(provider), no_key))
+            Ok((Box::new(provider), no_key, None))
         }
     }
 }

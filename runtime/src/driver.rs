@@ -55,6 +55,18 @@ pub trait Provider: Send + Sync {
 /// run waits for it, and the run's timeout keeps counting.
 pub type Listener<'a> = &'a mut (dyn FnMut(&Event) + Send);
 
+/// A shared provider is a provider: an embedder keeps a handle on it (to inspect or
+/// configure it) while a run uses it.
+impl<P: Provider + ?Sized> Provider for Arc<P> {
+    fn complete<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+        call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        (**self).complete(request, call)
+    }
+}
+
 /// A native tool (§5): takes checked arguments (and the context, for `with_context`
 /// tools), returns a JSON result or an error message. A failure never aborts the run.
 pub trait Tool: Send + Sync {
@@ -144,8 +156,20 @@ impl Toolbox {
         self.redactor = redactor;
     }
 
+    /// The implementation of the tool `name`.
+    pub(crate) fn tool(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    /// True if the tool `name` is declared idempotent: running it twice does no harm.
+    pub(crate) fn is_idempotent(&self, name: &str) -> bool {
+        self.registry
+            .get(name)
+            .is_some_and(|spec| spec.idempotency().is_some())
+    }
+
     /// `result` with every secret the toolbox knows replaced.
-    fn redacted(&self, result: Result<Json, String>) -> Result<Json, String> {
+    pub(crate) fn redacted(&self, result: Result<Json, String>) -> Result<Json, String> {
         match result {
             Ok(json) => Ok(self.redactor.redact_json(json)),
             Err(message) => Err(self.redactor.redact(&message)),
@@ -176,6 +200,15 @@ impl Scripted {
         Scripted {
             script: Mutex::new(script),
             latency: Duration::ZERO,
+        }
+    }
+
+    /// Skips the next `n` entries, as if they had been served: a resumed durable run
+    /// goes on where the script left off.
+    pub fn skip(&self, n: u64) {
+        let mut script = self.script.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..n {
+            let _ = script.next_response();
         }
     }
 

@@ -6,6 +6,8 @@
 //! * [`openai`]: the OpenAI-compatible HTTP provider; [`anthropic`]: the Anthropic
 //!   Messages API provider; both send through one shared transport (retries, deadline,
 //!   redaction). [`routing`]: providers chosen by model name, from a providers file.
+//! * [`durable`]: durable runs, journaled in a [`store`] (SQLite or PostgreSQL), that
+//!   resume after a crash without repeating a paid call.
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
 //! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool.
@@ -13,6 +15,7 @@
 
 pub mod anthropic;
 pub mod driver;
+pub mod durable;
 pub mod http;
 pub mod manifest;
 pub mod openai;

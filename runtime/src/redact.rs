@@ -31,6 +31,13 @@ pub struct Redactor {
     longest: usize,
 }
 
+/// Never shows a secret: only how many there are.
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redactor").finish_non_exhaustive()
+    }
+}
+
 impl Redactor {
     /// A redactor for `secrets`. Surrounding whitespace is trimmed; secrets shorter than
     /// [`MIN_SECRET_LEN`] characters are ignored. Each whitespace-separated word of a

@@ -131,6 +131,11 @@ impl ToolSpec {
         self.with_context
     }
 
+    /// How the tool is idempotent, if it is declared so.
+    pub fn idempotency(&self) -> Option<&Idempotency> {
+        self.idempotency.as_ref()
+    }
+
     /// The tool's name.
     pub fn name(&self) -> &str {
         &self.name

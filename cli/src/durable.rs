@@ -1,0 +1,390 @@
+//! Durable runs from the command line: `aplc run --store`, `aplc resume` and
+//! `aplc runs list|show|events` (spec/durability.md).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use aplc_runtime::durable::{self, DurableError, DurableOptions, Finished};
+use aplc_runtime::store::{self, RunState, RunStore, RunSummary, StoreError, StoreUrl};
+use aplc_vm::text::escape_control;
+use aplc_vm::{Program, RunOptions};
+use clap::{Args, Subcommand};
+
+use crate::Failure;
+use crate::events::Sinks;
+use crate::run::{Equipment, OutputArgs, RunArgs, WithArgs, report, runtime};
+
+/// Where a run is journaled.
+#[derive(Args, Debug)]
+pub(crate) struct StoreArgs {
+    /// Journal the run in this store, so `aplc resume` can finish it after a crash:
+    /// `sqlite:PATH` or `postgres://USER@HOST/DB` (spec/durability.md).
+    #[arg(long, value_name = "URL", env = "APLC_STORE", hide_env_values = true)]
+    store: Option<String>,
+    /// The run's id in the store (default: a new time-ordered id, printed on stderr).
+    #[arg(long, value_name = "ID", requires = "store")]
+    run_id: Option<String>,
+    /// Steps between checkpoints of the run's state: a resume replays at most this many
+    /// steps.
+    #[arg(long, value_name = "N", default_value_t = durable::DEFAULT_CHECKPOINT_EVERY,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_every: u64,
+}
+
+impl StoreArgs {
+    /// The store to journal in, if any.
+    pub(crate) fn url(&self) -> Result<Option<StoreUrl>, Failure> {
+        self.store.as_deref().map(parse_url).transpose()
+    }
+}
+
+/// A store from the command line.
+#[derive(Args, Debug)]
+pub(crate) struct StoreFlag {
+    /// The store: `sqlite:PATH` or `postgres://USER@HOST/DB`; defaults to $APLC_STORE.
+    #[arg(long, value_name = "URL", env = "APLC_STORE", hide_env_values = true)]
+    store: String,
+}
+
+/// `aplc resume`.
+#[derive(Args, Debug)]
+pub(crate) struct ResumeArgs {
+    /// The run to continue.
+    run_id: String,
+    #[command(flatten)]
+    store: StoreFlag,
+    /// Refuse to resume unless the run started with this agent (.apl source or bundle).
+    /// Without it, the run resumes on the bundle the store holds.
+    #[arg(long, value_name = "AGENT")]
+    agent: Option<PathBuf>,
+    #[command(flatten)]
+    compile: crate::CompileArgs,
+    #[command(flatten)]
+    with: WithArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+    /// Steps between checkpoints of the run's state from here on.
+    #[arg(long, value_name = "N", default_value_t = durable::DEFAULT_CHECKPOINT_EVERY,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_every: u64,
+}
+
+/// `aplc runs`.
+#[derive(Subcommand, Debug)]
+pub(crate) enum RunsCommand {
+    /// List the runs in a store: id, agent, status, steps and start time, newest first.
+    List {
+        #[command(flatten)]
+        store: StoreFlag,
+    },
+    /// Print a run's status and totals; with --json, its final (or current) context.
+    Show {
+        /// The run.
+        run_id: String,
+        #[command(flatten)]
+        store: StoreFlag,
+        /// Print the run's context as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a run's journaled events as JSON Lines.
+    Events {
+        /// The run.
+        run_id: String,
+        #[command(flatten)]
+        store: StoreFlag,
+    },
+}
+
+fn parse_url(url: &str) -> Result<StoreUrl, Failure> {
+    StoreUrl::parse(url).map_err(|e| Failure::usage(e.to_string()))
+}
+
+/// A store failure, as the command line reports it: a missing run is the caller's
+/// mistake (2); everything else is a failure to do the job (1).
+fn store_failure(error: StoreError) -> Failure {
+    match error {
+        StoreError::Url(_) | StoreError::NotFound(_) => Failure::usage(error.to_string()),
+        _ => Failure::run(error.to_string()),
+    }
+}
+
+fn durable_failure(error: DurableError) -> Failure {
+    match error {
+        DurableError::Store(error) => store_failure(error),
+        DurableError::Mismatch { .. } => Failure::usage(error.to_string()),
+        DurableError::Journal { .. } => Failure::run(error.to_string()),
+    }
+}
+
+async fn open(url: &StoreUrl) -> Result<Arc<dyn RunStore>, Failure> {
+    store::open(url).await.map_err(store_failure)
+}
+
+/// `aplc run --store`: a journaled run.
+pub(crate) fn run(
+    url: StoreUrl,
+    args: &RunArgs,
+    program: Arc<Program>,
+    options: RunOptions,
+    equipment: Equipment,
+) -> Result<ExitCode, Failure> {
+    let id = match &args.store.run_id {
+        Some(id) => check_id(id)?,
+        None => durable::new_run_id(),
+    };
+    let config = config(&equipment, args.store.checkpoint_every);
+    let runtime = runtime()?;
+    let store = runtime.block_on(open(&url))?;
+    eprintln!("run id: {id}");
+    let hint = format!("aplc resume {id} --store …");
+    let mut sinks = sinks(&args.output, &equipment)?;
+    let finished = {
+        let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
+        let run = durable::start(
+            store.as_ref(),
+            id,
+            program,
+            options,
+            &equipment.provider,
+            &equipment.toolbox,
+            Some(&mut listener),
+            &config,
+        );
+        runtime.block_on(crate::signals::unless_interrupted(run))
+    };
+    finish(sinks, finished, &args.output, &equipment, &hint)
+}
+
+/// `aplc resume`.
+pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
+    let url = parse_url(&args.store.store)?;
+    let id = check_id(&args.run_id)?;
+    let equipment = args.with.equip(args.output.record.is_some())?;
+    let expected = match &args.agent {
+        Some(file) => Some(crate::run::load_program(
+            file,
+            &args.compile,
+            &RunOptions::default(),
+        )?),
+        None => None,
+    };
+    crate::run::warn_no_key(equipment.no_key);
+    let config = config(&equipment, args.checkpoint_every);
+    let runtime = runtime()?;
+    let store = runtime.block_on(open(&url))?;
+    let reopened = runtime
+        .block_on(durable::reopen(
+            store.as_ref(),
+            &id,
+            expected.as_ref(),
+            &equipment.toolbox,
+            &config,
+        ))
+        .map_err(durable_failure)?;
+    // A scripted provider goes on where the run left off.
+    if let Some(scripted) = &equipment.scripted {
+        scripted.skip(reopened.replayed_provider_calls());
+    }
+    let hint = format!("aplc resume {id} --store …");
+    let mut sinks = sinks(&args.output, &equipment)?;
+    let finished = {
+        let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
+        let run = reopened.run(&equipment.provider, &equipment.toolbox, Some(&mut listener));
+        runtime.block_on(crate::signals::unless_interrupted(run))
+    };
+    finish(sinks, finished, &args.output, &equipment, &hint)
+}
+
+/// Run ids are printed and typed: printable, without spaces, at most 128 bytes.
+fn check_id(id: &str) -> Result<String, Failure> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+    if ok {
+        Ok(id.to_owned())
+    } else {
+        Err(Failure::usage(format!(
+            "invalid run id `{}`: use 1 to 128 letters, digits, `-`, `_`, `.` or `:`",
+            escape_control(id)
+        )))
+    }
+}
+
+fn config(equipment: &Equipment, checkpoint_every: u64) -> DurableOptions {
+    let mut config = DurableOptions::default();
+    config.checkpoint_every = checkpoint_every;
+    config.redactor = equipment.secrets.redactor();
+    config
+}
+
+/// The run's event sinks: `--events` and the progress line.
+fn sinks(output: &OutputArgs, equipment: &Equipment) -> Result<Sinks, Failure> {
+    let progress = !output.quiet && std::io::stderr().is_terminal();
+    Sinks::open(output.events.as_deref(), progress, equipment.secrets.redactor())
+}
+
+/// Closes the sinks and prints like `aplc run`. A run stopped by a signal or a store
+/// failure says how to continue it.
+fn finish(
+    sinks: Sinks,
+    finished: std::io::Result<Result<Result<Finished, DurableError>, crate::signals::Interrupted>>,
+    output: &OutputArgs,
+    equipment: &Equipment,
+    hint: &str,
+) -> Result<ExitCode, Failure> {
+    let written = sinks.finish();
+    let finished = finished
+        .map_err(|e| Failure::run(e.to_string()))?
+        .map_err(|signal| {
+            let mut failure = signal.failure();
+            failure
+                .message
+                .push_str(&format!("\n  the run is journaled: `{hint}` continues it"));
+            failure
+        })?
+        .map_err(|e| {
+            let mut failure = durable_failure(e);
+            failure.message.push_str(&format!(
+                "\n  the run is journaled up to its last commit: `{hint}` continues it"
+            ));
+            failure
+        })?;
+    written?;
+    let result = report(&finished.program, &finished.outcome, output.json);
+    match &output.record {
+        Some(path) => equipment.provider.write_after(path, result),
+        None => result,
+    }
+}
+
+/// `aplc runs …`.
+pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
+    let runtime = runtime()?;
+    match command {
+        RunsCommand::List { store } => {
+            let store = runtime.block_on(open(&parse_url(&store.store)?))?;
+            let runs = runtime.block_on(store.list()).map_err(store_failure)?;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{:<24}  {:<24}  {:<10}  {:>7}  STARTED", "ID", "AGENT", "STATUS", "STEPS");
+            for run in &runs {
+                let _ = writeln!(
+                    out,
+                    "{:<24}  {:<24}  {:<10}  {:>7}  {}",
+                    run.id,
+                    escape_control(&run.agent),
+                    status(run),
+                    run.steps,
+                    timestamp(run.started_at_ms)
+                );
+            }
+            let _ = out.flush();
+            Ok(ExitCode::SUCCESS)
+        }
+        RunsCommand::Show {
+            run_id,
+            store,
+            json,
+        } => {
+            let store = runtime.block_on(open(&parse_url(&store.store)?))?;
+            let summary = runtime
+                .block_on(store.summary(&run_id))
+                .map_err(store_failure)?;
+            let mut out = std::io::stdout().lock();
+            if json {
+                let context = match summary.outcome.as_ref().and_then(|o| o.get("context")) {
+                    Some(context) => context.clone(),
+                    None => runtime
+                        .block_on(durable::inspect(store.as_ref(), &run_id))
+                        .map_err(durable_failure)?
+                        .context_json(),
+                };
+                let _ = serde_json::to_writer_pretty(&mut out, &context);
+                let _ = writeln!(out);
+            } else {
+                let _ = write_summary(&mut out, &summary);
+            }
+            let _ = out.flush();
+            Ok(ExitCode::SUCCESS)
+        }
+        RunsCommand::Events { run_id, store } => {
+            let store = runtime.block_on(open(&parse_url(&store.store)?))?;
+            // Missing runs are an error, not an empty listing.
+            runtime
+                .block_on(store.summary(&run_id))
+                .map_err(store_failure)?;
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut from = 0;
+            const PAGE: u64 = 1_000;
+            loop {
+                let page = runtime
+                    .block_on(store.events(&run_id, from, PAGE))
+                    .map_err(store_failure)?;
+                for event in &page {
+                    if writeln!(out, "{event}").is_err() {
+                        // A closed stdout (`| head`) ends the listing quietly.
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                }
+                if (page.len() as u64) < PAGE {
+                    break;
+                }
+                from += PAGE;
+            }
+            let _ = out.flush();
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `unfinished`, or the outcome's status.
+fn status(run: &RunSummary) -> String {
+    match run.state {
+        RunState::Running => "unfinished".into(),
+        RunState::Finished => run
+            .outcome
+            .as_ref()
+            .and_then(|o| o.get("status"))
+            .and_then(|s| s.as_str())
+            .unwrap_or("finished")
+            .to_owned(),
+    }
+}
+
+fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> {
+    writeln!(out, "run:      {}", run.id)?;
+    writeln!(out, "agent:    {}", escape_control(&run.agent))?;
+    writeln!(out, "bundle:   {}", run.bundle_hash)?;
+    writeln!(out, "status:   {}", status(run))?;
+    writeln!(out, "steps:    {}", run.steps)?;
+    writeln!(out, "started:  {}", timestamp(run.started_at_ms))?;
+    writeln!(out, "updated:  {}", timestamp(run.updated_at_ms))?;
+    writeln!(out, "inputs:   {}", run.inputs)?;
+    writeln!(out, "events:   {}", run.events)?;
+    if let Some(outcome) = &run.outcome {
+        if let Some(error) = outcome.get("error").filter(|e| !e.is_null()) {
+            let message = error.get("message").and_then(|m| m.as_str()).unwrap_or("");
+            writeln!(out, "error:    {}", escape_control(message))?;
+        }
+        if let Some(errors) = outcome.get("last_step_errors").and_then(|e| e.as_array())
+            && !errors.is_empty()
+        {
+            writeln!(out, "last step errors:")?;
+            for e in errors {
+                writeln!(out, "  - {}", escape_control(e.as_str().unwrap_or("")))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Milliseconds since the epoch as RFC 3339 UTC, to the second.
+fn timestamp(ms: i64) -> String {
+    let time = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(time).to_string()
+}

@@ -1,0 +1,849 @@
+//! Durable runs: a run whose inputs are journaled in a [`RunStore`], so that it survives a
+//! crash and resumes without repeating a paid call (`spec/durability.md`).
+//!
+//! The machine is deterministic given its inputs: the times passed in, the provider
+//! completions and the tool results. This driver records every input, in order, with the
+//! run's events, and commits at the boundaries where effects happen: before a provider
+//! or tool call goes out (so a call in flight at a crash is known to be in flight) and
+//! as soon as its result is back (so a paid completion is never lost). Every
+//! `checkpoint_every` steps it adds a checkpoint, so a resume restores the newest one and
+//! replays only the inputs after it.
+//!
+//! Resuming replays the journal into the machine, discarding the events it re-emits
+//! (they are journaled already), then goes on live. What was in flight at the crash:
+//! a provider call is sent again (at least once); a tool call runs again only if the tool
+//! is idempotent, and otherwise resolves as a failed call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value as Json, json};
+
+use crate::driver::{CallContext, Listener, Provider, Toolbox};
+use crate::redact::Redactor;
+use crate::store::{
+    Batch, Lease, LoadedRun, NewRun, RunStore, StoreError, StoredCheckpoint,
+};
+use aplc_vm::journal::Input;
+use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
+use aplc_vm::{Action, Machine, Program, ProviderError, RunOptions, RunOutcome};
+
+/// The message a non-idempotent tool call in flight at a crash resolves with.
+pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
+
+/// How a durable run journals.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DurableOptions {
+    /// Steps between checkpoints (at least 1).
+    pub checkpoint_every: u64,
+    /// Applied to provider error messages and to every journaled event and outcome: a
+    /// server may echo a key into a message, and the store must never hold one.
+    pub redactor: Redactor,
+}
+
+impl Default for DurableOptions {
+    fn default() -> Self {
+        DurableOptions {
+            checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+            redactor: Redactor::default(),
+        }
+    }
+}
+
+/// The default number of steps between checkpoints.
+pub const DEFAULT_CHECKPOINT_EVERY: u64 = 100;
+
+/// A durable run that could not start, go on, or resume.
+#[derive(Debug, thiserror::Error)]
+pub enum DurableError {
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The journal or a checkpoint does not decode, or replaying it diverged.
+    #[error("run `{id}`: {message}")]
+    Journal {
+        /// The run.
+        id: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A resume with another bundle or other tools than the run started with.
+    #[error("run `{id}`: {message}")]
+    Mismatch {
+        /// The run.
+        id: String,
+        /// What differs.
+        message: String,
+    },
+}
+
+/// A finished durable run.
+#[derive(Debug)]
+pub struct Finished {
+    /// The run's program (for a resume: the bundle the store holds).
+    pub program: Arc<Program>,
+    /// The outcome, as an uninterrupted run would have it.
+    pub outcome: RunOutcome,
+    /// Provider completions and errors journaled before this process took the run over
+    /// (0 for a new run): a scripted provider skips that many entries to go on where the
+    /// run left off.
+    pub replayed_provider_calls: u64,
+}
+
+/// A new run id: time-ordered (milliseconds since the epoch, in hex) and random enough
+/// that two processes starting in the same millisecond do not collide.
+pub fn new_run_id() -> String {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("{ms:012x}-{:08x}", fastrand::u32(..))
+}
+
+/// The content hash a bundle is stored under: xxh3-128 of its encoded bytes, in hex.
+pub fn bundle_hash(encoded: &[u8]) -> String {
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(encoded))
+}
+
+/// What identifies a run's tools: names, descriptors, `with_context` and idempotency. A
+/// resume with other tools would replay into a different run.
+fn tools_fingerprint(toolbox: &Toolbox) -> Json {
+    let registry = toolbox.registry();
+    let mut names: Vec<&str> = registry.names().collect();
+    names.sort_unstable();
+    Json::Array(
+        names
+            .into_iter()
+            .filter_map(|name| registry.get(name))
+            .map(|spec| {
+                let idempotency = spec.idempotency().map(|idem| {
+                    let key = match &idem.key {
+                        IdempotencyKey::Auto => json!("auto"),
+                        IdempotencyKey::Params(params) => json!(params),
+                    };
+                    let ttl = idem
+                        .ttl
+                        .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+                    json!({ "key": key, "ttl_ms": ttl })
+                });
+                json!({
+                    "descriptor": spec.descriptor(),
+                    "with_context": spec.with_context_enabled(),
+                    "idempotency": idempotency,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The tool descriptors of [`tools_fingerprint`], as a registry: enough to replay a run
+/// for inspection, without the tools themselves.
+fn registry_from_fingerprint(fingerprint: &Json) -> Result<ToolRegistry, String> {
+    let mut registry = ToolRegistry::new();
+    let tools = fingerprint.as_array().ok_or("the tools are not a list")?;
+    for tool in tools {
+        let descriptor = tool.get("descriptor").cloned().ok_or("a tool has no descriptor")?;
+        let mut spec = ToolSpec::new(descriptor)?
+            .with_context(tool.get("with_context").and_then(Json::as_bool) == Some(true));
+        if let Some(idem) = tool.get("idempotency").filter(|i| !i.is_null()) {
+            let key = match idem.get("key") {
+                Some(Json::Array(params)) => IdempotencyKey::Params(
+                    params
+                        .iter()
+                        .map(|p| p.as_str().map(str::to_owned).ok_or("a bad key parameter"))
+                        .collect::<Result<_, _>>()?,
+                ),
+                _ => IdempotencyKey::Auto,
+            };
+            let ttl = idem
+                .get("ttl_ms")
+                .and_then(Json::as_u64)
+                .map(Duration::from_millis);
+            spec = spec.idempotent(Idempotency { key, ttl });
+        }
+        registry.register(spec)?;
+    }
+    Ok(registry)
+}
+
+/// The stored form of a run's options: what a resume needs to rebuild them. No secret is
+/// among them (`with_context` is the caller's data; keys live in providers).
+fn options_json(options: &RunOptions, toolbox: &Toolbox, config: &DurableOptions) -> Json {
+    let context: serde_json::Map<String, Json> = options
+        .with_context
+        .iter()
+        .map(|(name, value)| {
+            let json = serde_json::to_value(value).unwrap_or(Json::Null);
+            (name.clone(), json)
+        })
+        .collect();
+    json!({
+        "with_context": context,
+        "timeout_ms": u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
+        "max_runs": options.max_runs,
+        "max_steps": options.max_steps,
+        "checkpoint_every": config.checkpoint_every,
+        "tools": tools_fingerprint(toolbox),
+    })
+}
+
+/// Rebuilds the run options from [`options_json`].
+fn options_from_json(id: &str, json: &Json) -> Result<RunOptions, DurableError> {
+    let bad = |what: &str| DurableError::Journal {
+        id: id.to_owned(),
+        message: format!("stored run options: {what}"),
+    };
+    let object = json.as_object().ok_or_else(|| bad("not an object"))?;
+    let context = object
+        .get("with_context")
+        .and_then(Json::as_object)
+        .ok_or_else(|| bad("no with_context"))?;
+    let timeout = object
+        .get("timeout_ms")
+        .and_then(Json::as_u64)
+        .ok_or_else(|| bad("no timeout_ms"))?;
+    let max_steps = object
+        .get("max_steps")
+        .and_then(Json::as_u64)
+        .ok_or_else(|| bad("no max_steps"))?;
+    let max_runs = match object.get("max_runs") {
+        None | Some(Json::Null) => None,
+        Some(value) => Some(value.as_u64().ok_or_else(|| bad("bad max_runs"))?),
+    };
+    Ok(RunOptions {
+        timeout: Duration::from_millis(timeout),
+        max_runs,
+        max_steps,
+        ..RunOptions::default()
+    }
+    .with_context_json(context))
+}
+
+/// The outcome as stored: what `aplc runs show` prints.
+pub fn outcome_json(outcome: &RunOutcome) -> Json {
+    let error = outcome.error.as_ref().map(|error| {
+        json!({
+            "kind": format!("{:?}", error.kind),
+            "message": error.message,
+            "step": error.step,
+        })
+    });
+    json!({
+        "status": if outcome.error.is_some() { "failed" } else { "succeeded" },
+        "error": error,
+        "steps": outcome.steps,
+        "last_step_errors": outcome.last_step_errors,
+        "context": outcome.context_json(),
+    })
+}
+
+/// What the driver keeps beside the machine's own checkpoint: the machine's clock at the
+/// checkpoint (a resume counts on from it) and how many provider answers came before it.
+#[derive(Serialize, Deserialize)]
+struct DurableState {
+    at: Duration,
+    provider_inputs: u64,
+    machine: Vec<u8>,
+}
+
+/// Starts a durable run `id` of `program` in `store`, and drives it to the end.
+///
+/// The run's events are journaled (and handed to `listener`, if any), so
+/// `options.events` is turned on. Returns an error only when the store fails: the run
+/// then stays resumable from its last commit.
+pub async fn start(
+    store: &dyn RunStore,
+    id: String,
+    program: Arc<Program>,
+    mut options: RunOptions,
+    provider: &dyn Provider,
+    toolbox: &Toolbox,
+    listener: Option<Listener<'_>>,
+    config: &DurableOptions,
+) -> Result<Finished, DurableError> {
+    options.tools = toolbox.registry();
+    options.events = true;
+    let bundle = aplc_vm::bundle::encode(program.bundle()).map_err(|e| DurableError::Journal {
+        id: id.clone(),
+        message: format!("cannot encode the bundle: {e}"),
+    })?;
+    let started_at_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    let lease = store
+        .create(NewRun {
+            id: id.clone(),
+            agent: program.bundle().source_name.clone(),
+            bundle_hash: bundle_hash(&bundle),
+            bundle,
+            options: options_json(&options, toolbox, config),
+            started_at_ms,
+        })
+        .await?;
+    let machine = Machine::new(program.clone(), options);
+    let journal = Journal::new(store, lease, config, 0, 0, 0);
+    let run = Live {
+        provider,
+        toolbox,
+        listener,
+        redactor: &config.redactor,
+    };
+    let outcome = run
+        .drive(machine, journal, Duration::ZERO, None)
+        .await?;
+    Ok(Finished {
+        program,
+        outcome,
+        replayed_provider_calls: 0,
+    })
+}
+
+/// Resumes the unfinished run `id` from `store` and drives it to the end:
+/// [`reopen`], then [`Reopened::run`].
+pub async fn resume(
+    store: &dyn RunStore,
+    id: &str,
+    expected: Option<&Program>,
+    provider: &dyn Provider,
+    toolbox: &Toolbox,
+    listener: Option<Listener<'_>>,
+    config: &DurableOptions,
+) -> Result<Finished, DurableError> {
+    reopen(store, id, expected, toolbox, config)
+        .await?
+        .run(provider, toolbox, listener)
+        .await
+}
+
+/// A run taken over from the store and replayed up to its last journaled input, ready
+/// to go on live.
+pub struct Reopened<'s> {
+    program: Arc<Program>,
+    machine: Machine,
+    journal: Journal<'s>,
+    at: Duration,
+    pending: Option<Action>,
+    replayed_provider_calls: u64,
+    redactor: Redactor,
+}
+
+impl std::fmt::Debug for Reopened<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reopened")
+            .field("steps", &self.machine.steps())
+            .field("at", &self.at)
+            .field("replayed_provider_calls", &self.replayed_provider_calls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reopened<'_> {
+    /// The run's program: the bundle it started with.
+    pub fn program(&self) -> &Arc<Program> {
+        &self.program
+    }
+
+    /// Provider completions and errors journaled before the crash: a scripted provider
+    /// skips that many entries to go on where the run left off.
+    pub fn replayed_provider_calls(&self) -> u64 {
+        self.replayed_provider_calls
+    }
+
+    /// Drives the run to the end with `provider` and `toolbox` (the tools it started
+    /// with).
+    pub async fn run(
+        self,
+        provider: &dyn Provider,
+        toolbox: &Toolbox,
+        listener: Option<Listener<'_>>,
+    ) -> Result<Finished, DurableError> {
+        let live = Live {
+            provider,
+            toolbox,
+            listener,
+            redactor: &self.redactor,
+        };
+        let outcome = live
+            .drive(self.machine, self.journal, self.at, self.pending)
+            .await?;
+        Ok(Finished {
+            program: self.program,
+            outcome,
+            replayed_provider_calls: self.replayed_provider_calls,
+        })
+    }
+}
+
+/// Takes over the unfinished run `id` from `store`: takes its lease, restores its newest
+/// checkpoint and replays the journal after it.
+///
+/// The bundle comes from the store; `expected`, if given, must be the same bundle (a
+/// resume on another bundle is refused). The toolbox must have the tools the run started
+/// with. Another process advancing the run gets [`StoreError::Locked`]; a finished run
+/// gets [`StoreError::Finished`].
+pub async fn reopen<'s>(
+    store: &'s dyn RunStore,
+    id: &str,
+    expected: Option<&Program>,
+    toolbox: &Toolbox,
+    config: &DurableOptions,
+) -> Result<Reopened<'s>, DurableError> {
+    let lease = store.acquire(id).await?;
+    let loaded = store.load(id).await?;
+    let corrupt = |message: String| DurableError::Journal {
+        id: id.to_owned(),
+        message,
+    };
+    let mismatch = |message: String| DurableError::Mismatch {
+        id: id.to_owned(),
+        message,
+    };
+    if let Some(expected) = expected {
+        let encoded = aplc_vm::bundle::encode(expected.bundle())
+            .map_err(|e| corrupt(format!("cannot encode the bundle: {e}")))?;
+        let hash = bundle_hash(&encoded);
+        if hash != loaded.summary.bundle_hash {
+            return Err(mismatch(format!(
+                "it started with bundle {} and can only resume on it; this agent is bundle {hash}",
+                loaded.summary.bundle_hash
+            )));
+        }
+    }
+    let program = Arc::new(
+        Program::load(&loaded.bundle)
+            .map_err(|e| corrupt(format!("the stored bundle does not load: {e}")))?,
+    );
+    let mut options = options_from_json(id, &loaded.options)?;
+    let stored_tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
+    if stored_tools != tools_fingerprint(toolbox) {
+        return Err(mismatch(
+            "the tools differ from the ones it started with: pass the same tool flags".into(),
+        ));
+    }
+    options.tools = toolbox.registry();
+    let replayed = replay(id, program.clone(), options, &loaded)?;
+    let mut journal = Journal::new(
+        store,
+        lease,
+        config,
+        replayed.inputs,
+        loaded.events,
+        replayed.provider_inputs,
+    );
+    journal.steps_at_checkpoint = replayed.machine.steps();
+    journal.history_start = replayed.history_start;
+    Ok(Reopened {
+        program,
+        machine: replayed.machine,
+        journal,
+        at: replayed.at,
+        pending: replayed.pending,
+        replayed_provider_calls: replayed.provider_inputs,
+        redactor: config.redactor.clone(),
+    })
+}
+
+/// A run's current state, rebuilt from the store without taking it over: for
+/// `aplc runs show` on an unfinished run. The tools are rebuilt from their stored
+/// descriptors; nothing runs.
+pub async fn inspect(store: &dyn RunStore, id: &str) -> Result<RunOutcome, DurableError> {
+    let loaded = store.load(id).await?;
+    let corrupt = |message: String| DurableError::Journal {
+        id: id.to_owned(),
+        message,
+    };
+    let program = Arc::new(
+        Program::load(&loaded.bundle)
+            .map_err(|e| corrupt(format!("the stored bundle does not load: {e}")))?,
+    );
+    let mut options = options_from_json(id, &loaded.options)?;
+    let tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
+    options.tools =
+        Arc::new(registry_from_fingerprint(&tools).map_err(|e| corrupt(format!("tools: {e}")))?);
+    Ok(replay(id, program, options, &loaded)?.machine.into_outcome())
+}
+
+/// A machine brought up to a run's last journaled input.
+struct Replayed {
+    machine: Machine,
+    /// The machine's clock at the last input.
+    at: Duration,
+    /// What the last `poll` asked for, if the journal ends with it.
+    pending: Option<Action>,
+    /// Inputs journaled in all.
+    inputs: u64,
+    /// Provider answers journaled in all.
+    provider_inputs: u64,
+    /// The first `context_history` entry no stored checkpoint holds.
+    history_start: u64,
+}
+
+/// Restores the newest checkpoint (or starts over) and replays the journal after it.
+fn replay(
+    id: &str,
+    program: Arc<Program>,
+    mut options: RunOptions,
+    loaded: &LoadedRun,
+) -> Result<Replayed, DurableError> {
+    let corrupt = |message: String| DurableError::Journal {
+        id: id.to_owned(),
+        message,
+    };
+    options.events = true;
+    let (mut machine, mut at, mut provider_inputs, base) = match loaded.checkpoints.last() {
+        Some(StoredCheckpoint {
+            inputs,
+            state: Some(state),
+            ..
+        }) => {
+            let state: DurableState =
+                postcard::from_bytes(state).map_err(|e| corrupt(format!("checkpoint: {e}")))?;
+            let segments: Vec<(u64, &[u8])> = loaded
+                .checkpoints
+                .iter()
+                .map(|c| (c.history_start, c.history.as_slice()))
+                .collect();
+            let machine = Machine::restore(program, options, &segments, &state.machine)
+                .map_err(|e| corrupt(format!("checkpoint: {e}")))?;
+            (machine, state.at, state.provider_inputs, *inputs)
+        }
+        Some(_) => return Err(corrupt("the newest checkpoint has no state".into())),
+        None => (Machine::new(program, options), Duration::ZERO, 0, 0),
+    };
+    let history_start = if loaded.checkpoints.is_empty() {
+        0
+    } else {
+        machine.history_len()
+    };
+
+    // The events the replay re-emits are journaled already; the last one's number must
+    // meet the journal's count, or the replay went another way than the run did.
+    let mut last_seq = None;
+    let mut pending = None;
+    let mut forget = |machine: &mut Machine| {
+        if let Some(event) = machine.drain_events().last() {
+            last_seq = Some(event.seq);
+        }
+    };
+    forget(&mut machine);
+    for bytes in &loaded.inputs {
+        let input = Input::decode(bytes).map_err(|e| corrupt(e.to_string()))?;
+        at = input.at();
+        pending = None;
+        match input {
+            Input::Poll { at } => pending = Some(machine.poll(at)),
+            Input::Provider { at, result } => {
+                provider_inputs += 1;
+                machine.handle_provider_response(at, result);
+            }
+            Input::Tool { at, result } => machine.handle_tool_result(at, result),
+            Input::Timeout { at } => machine.handle_timeout(at),
+        }
+        forget(&mut machine);
+    }
+    if let Some(seq) = last_seq
+        && seq + 1 != loaded.events
+    {
+        return Err(corrupt(format!(
+            "replaying the journal gave {} events where {} were journaled: the journal \
+             does not match this aplc's machine",
+            seq + 1,
+            loaded.events
+        )));
+    }
+    Ok(Replayed {
+        machine,
+        at,
+        pending,
+        inputs: base + loaded.inputs.len() as u64,
+        provider_inputs,
+        history_start,
+    })
+}
+
+/// The inputs and events not yet committed, and what the next commit must say.
+struct Journal<'s> {
+    store: &'s dyn RunStore,
+    lease: Box<dyn Lease>,
+    /// Inputs committed so far: the number of the first one in `inputs`.
+    committed: u64,
+    inputs: Vec<Vec<u8>>,
+    events: Vec<String>,
+    /// Events journaled so far, committed or not.
+    event_count: u64,
+    /// Provider answers journaled so far.
+    provider_inputs: u64,
+    checkpoint_every: u64,
+    steps_at_checkpoint: u64,
+    /// The first `context_history` entry the next checkpoint carries.
+    history_start: u64,
+    redactor: Redactor,
+}
+
+impl<'s> Journal<'s> {
+    fn new(
+        store: &'s dyn RunStore,
+        lease: Box<dyn Lease>,
+        config: &DurableOptions,
+        committed: u64,
+        event_count: u64,
+        provider_inputs: u64,
+    ) -> Journal<'s> {
+        Journal {
+            store,
+            lease,
+            committed,
+            inputs: Vec::new(),
+            events: Vec::new(),
+            event_count,
+            provider_inputs,
+            checkpoint_every: config.checkpoint_every.max(1),
+            steps_at_checkpoint: 0,
+            history_start: 0,
+            redactor: config.redactor.clone(),
+        }
+    }
+
+    fn input(&mut self, input: &Input) {
+        if matches!(input, Input::Provider { .. }) {
+            self.provider_inputs += 1;
+        }
+        self.inputs.push(input.encode());
+    }
+
+    /// Journals the machine's new events and hands them to the listener.
+    fn events(&mut self, machine: &mut Machine, listener: &mut Option<Listener<'_>>) {
+        for event in machine.drain_events() {
+            if let Some(listener) = listener.as_mut() {
+                listener(&event);
+            }
+            let json = self.redactor.redact_json(event.to_json());
+            self.events.push(json.to_string());
+            self.event_count += 1;
+        }
+    }
+
+    /// Adds a checkpoint to the next commit if `checkpoint_every` steps passed since the
+    /// last one. A machine holding a value with no durable form is not checkpointed now;
+    /// a resume replays from the previous checkpoint instead.
+    fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) -> Option<StoredCheckpoint> {
+        if machine.steps() < self.steps_at_checkpoint + self.checkpoint_every {
+            return None;
+        }
+        let checkpoint = match machine.checkpoint(self.history_start) {
+            Ok(checkpoint) => checkpoint,
+            // `Unencodable`: a value with no durable form; the next checkpoint may do.
+            Err(_) => return None,
+        };
+        let state = DurableState {
+            at,
+            provider_inputs: self.provider_inputs,
+            machine: checkpoint.state,
+        };
+        let state = postcard::to_allocvec(&state).ok()?;
+        self.steps_at_checkpoint = machine.steps();
+        self.history_start = machine.history_len();
+        Some(StoredCheckpoint {
+            inputs: self.committed + self.inputs.len() as u64,
+            history_start: checkpoint.history_start,
+            history: checkpoint.history,
+            state: Some(state),
+        })
+    }
+
+    /// Commits everything journaled since the last commit, in one transaction.
+    async fn commit(
+        &mut self,
+        machine: &Machine,
+        checkpoint: Option<StoredCheckpoint>,
+        outcome: Option<Json>,
+    ) -> Result<(), StoreError> {
+        if self.inputs.is_empty() && self.events.is_empty() && checkpoint.is_none() && outcome.is_none()
+        {
+            return Ok(());
+        }
+        let inputs = std::mem::take(&mut self.inputs);
+        let count = inputs.len() as u64;
+        let batch = Batch {
+            first_input: self.committed,
+            inputs,
+            events: std::mem::take(&mut self.events),
+            checkpoint,
+            steps: machine.steps(),
+            outcome,
+        };
+        self.store.append(self.lease.as_ref(), batch).await?;
+        self.committed += count;
+        Ok(())
+    }
+}
+
+/// What a live (not replaying) durable run talks to.
+struct Live<'a, 'l> {
+    provider: &'a dyn Provider,
+    toolbox: &'a Toolbox,
+    listener: Option<Listener<'l>>,
+    redactor: &'a Redactor,
+}
+
+impl Live<'_, '_> {
+    /// Drives `machine` to the end, journaling every input. Its clock reads `offset` now:
+    /// time spent down between a crash and a resume does not count (spec/durability.md).
+    /// `pending` is the action the last replayed `poll` returned, if the journal ends
+    /// with one: a call that was in flight.
+    async fn drive(
+        mut self,
+        mut machine: Machine,
+        mut journal: Journal<'_>,
+        offset: Duration,
+        pending: Option<Action>,
+    ) -> Result<RunOutcome, DurableError> {
+        let start = tokio::time::Instant::now();
+        let now = || offset + start.elapsed();
+        let remaining = machine.deadline().saturating_sub(offset);
+        let deadline = start
+            .checked_add(remaining)
+            .unwrap_or_else(|| start + FAR_FUTURE);
+        let call = CallContext::new(deadline.into_std());
+        let watch_at = Instant::now()
+            .checked_add(remaining)
+            .unwrap_or_else(|| Instant::now() + FAR_FUTURE);
+        let _watchdog = crate::watchdog::arm(watch_at, machine.deadline_flag());
+        let deadline_at = machine.deadline();
+
+        journal.events(&mut machine, &mut self.listener);
+        let mut pending = pending;
+        loop {
+            // `in_flight`: the action the journal ends with, asked for before the crash.
+            let (action, in_flight) = match pending.take() {
+                Some(action) => (action, true),
+                None => {
+                    let at = now();
+                    let action = machine.poll(at);
+                    journal.input(&Input::Poll { at });
+                    journal.events(&mut machine, &mut self.listener);
+                    (action, false)
+                }
+            };
+            match action {
+                Action::CallProvider(request) => {
+                    // The call goes out only once the inputs that led to it are durable:
+                    // a crash from here on finds it in flight and sends it again.
+                    journal.commit(&machine, None, None).await?;
+                    let answer =
+                        tokio::time::timeout_at(deadline, self.provider.complete(&request, &call))
+                            .await;
+                    match answer {
+                        Ok(result) => {
+                            let at = now();
+                            let result = result.map_err(|mut e: ProviderError| {
+                                e.message = self.redactor.redact(&e.message);
+                                e
+                            });
+                            let input = Input::Provider { at, result };
+                            journal.input(&input);
+                            let Input::Provider { result, .. } = input else {
+                                unreachable!("built just above")
+                            };
+                            machine.handle_provider_response(at, result);
+                            journal.events(&mut machine, &mut self.listener);
+                            // A paid answer is committed at once.
+                            let checkpoint = journal.maybe_checkpoint(&machine, at);
+                            journal.commit(&machine, checkpoint, None).await?;
+                        }
+                        Err(_) => {
+                            let at = now().max(deadline_at);
+                            machine.handle_timeout(at);
+                            journal.input(&Input::Timeout { at });
+                            journal.events(&mut machine, &mut self.listener);
+                        }
+                    }
+                }
+                Action::CallTool(invocation) => {
+                    // It may have run before the crash, or not: only an idempotent tool
+                    // may run twice.
+                    if in_flight && !self.toolbox.is_idempotent(&invocation.name) {
+                        let result = Err(INTERRUPTED_TOOL.to_string());
+                        self.tool_result(&mut machine, &mut journal, now(), result);
+                        journal.commit(&machine, None, None).await?;
+                        continue;
+                    }
+                    journal.commit(&machine, None, None).await?;
+                    let result = match self.toolbox.tool(&invocation.name) {
+                        Some(tool) => {
+                            match tokio::time::timeout_at(deadline, tool.call(&invocation)).await
+                            {
+                                Ok(result) => result,
+                                Err(_) => {
+                                    let at = now().max(deadline_at);
+                                    machine.handle_timeout(at);
+                                    journal.input(&Input::Timeout { at });
+                                    journal.events(&mut machine, &mut self.listener);
+                                    continue;
+                                }
+                            }
+                        }
+                        None => Err("the tool has a descriptor but no implementation".to_string()),
+                    };
+                    let at = now();
+                    let result = self.toolbox.redacted(result);
+                    self.tool_result(&mut machine, &mut journal, at, result);
+                    journal.commit(&machine, None, None).await?;
+                }
+                Action::Continue => {}
+                Action::Done => {
+                    let outcome = machine.into_outcome();
+                    let stored = self.redactor.redact_json(outcome_json(&outcome));
+                    // `into_outcome` consumed the machine: the final step count is the
+                    // outcome's.
+                    journal
+                        .finish(outcome.steps, stored)
+                        .await
+                        .map_err(DurableError::from)?;
+                    return Ok(outcome);
+                }
+            }
+        }
+    }
+
+    fn tool_result(
+        &mut self,
+        machine: &mut Machine,
+        journal: &mut Journal<'_>,
+        at: Duration,
+        result: Result<Json, String>,
+    ) {
+        let input = Input::Tool { at, result };
+        journal.input(&input);
+        let Input::Tool { result, .. } = input else {
+            unreachable!("built just above")
+        };
+        machine.handle_tool_result(at, result);
+        journal.events(machine, &mut self.listener);
+    }
+}
+
+impl Journal<'_> {
+    /// The last commit: everything left, and the outcome.
+    async fn finish(&mut self, steps: u64, outcome: Json) -> Result<(), StoreError> {
+        let inputs = std::mem::take(&mut self.inputs);
+        let count = inputs.len() as u64;
+        let batch = Batch {
+            first_input: self.committed,
+            inputs,
+            events: std::mem::take(&mut self.events),
+            checkpoint: None,
+            steps,
+            outcome: Some(outcome),
+        };
+        self.store.append(self.lease.as_ref(), batch).await?;
+        self.committed += count;
+        Ok(())
+    }
+}
+
+/// Stands in for a deadline too far away to represent (a timeout of `Duration::MAX`).
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
