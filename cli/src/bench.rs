@@ -14,6 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
+use aplc_runtime::durable::DurableOptions;
+use aplc_runtime::store::{
+    Batch, Lease, LoadedRun, NewRun, RunStore, RunSummary, StoreError, StoreUrl,
+};
 use aplc_vm::text::escape_control;
 use aplc_vm::{
     Completion, Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider,
@@ -59,6 +63,15 @@ pub(crate) struct BenchArgs {
     /// Simulated model latency per provider call, in milliseconds (with --concurrency).
     #[arg(long, default_value_t = 0)]
     latency_ms: u64,
+    /// Also run every measured run durably, journaled in this store (`sqlite:PATH` or
+    /// `postgres://…`; use a fresh one), and report the cost of durability against the
+    /// same runs in memory: per step, per commit, and bytes stored per step.
+    #[arg(long, value_name = "URL", conflicts_with = "events")]
+    store: Option<String>,
+    /// Steps between checkpoints of durable runs (with --store).
+    #[arg(long, value_name = "N", default_value_t = aplc_runtime::durable::DEFAULT_CHECKPOINT_EVERY,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_every: u64,
     #[command(flatten)]
     compile: CompileArgs,
 }
@@ -72,6 +85,10 @@ pub(crate) fn bench(args: BenchArgs) -> Result<ExitCode, Failure> {
     let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
     let script = ScriptedProvider::from_json(&read_json(&args.mock)?)
         .map_err(|e| Failure::usage(format!("{}: {e}", args.mock.display())))?;
+    if let Some(url) = &args.store {
+        let url = StoreUrl::parse(url).map_err(|e| Failure::usage(e.to_string()))?;
+        return durability(&args, &url, program, script, options);
+    }
     match args.concurrency {
         None => sequential(&args, program, script, options),
         Some(c) => concurrent(&args, c, program, script, options),
@@ -286,6 +303,240 @@ fn concurrent(
                 p as f64 / 1024.0 / concurrency.min(total_runs) as f64
             ),
             None => println!("  peak memory     unavailable on this platform"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Counts a store's commits and the time they take.
+#[derive(Debug)]
+struct Timed {
+    inner: Arc<dyn RunStore>,
+    commits: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl RunStore for Timed {
+    fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        self.inner.create(run)
+    }
+    fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        self.inner.acquire(id)
+    }
+    fn append<'a>(
+        &'a self,
+        lease: &'a dyn Lease,
+        batch: Batch,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let start = Instant::now();
+            let result = self.inner.append(lease, batch).await;
+            let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.commits.fetch_add(1, Ordering::Relaxed);
+            self.nanos.fetch_add(nanos, Ordering::Relaxed);
+            result
+        })
+    }
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
+        self.inner.load(id)
+    }
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
+        self.inner.list()
+    }
+    fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
+        self.inner.summary(id)
+    }
+    fn events<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.events(id, from, limit)
+    }
+    fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.run_bytes(id)
+    }
+}
+
+/// One measured phase of the durability bench: every run in memory, or every run
+/// journaled.
+#[derive(Default)]
+struct Phase {
+    wall: Duration,
+    steps: u64,
+    failures: u64,
+}
+
+/// `aplc bench --store`: the same runs in memory, then journaled, on the tokio driver
+/// (sequentially, or `--concurrency` at once with `--latency-ms` per call).
+fn durability(
+    args: &BenchArgs,
+    url: &StoreUrl,
+    program: Arc<Program>,
+    script: ScriptedProvider,
+    options: RunOptions,
+) -> Result<ExitCode, Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
+    let store = runtime
+        .block_on(aplc_runtime::store::open(url))
+        .map_err(|e| Failure::run(e.to_string()))?;
+    let store = Arc::new(Timed {
+        inner: store,
+        commits: AtomicU64::new(0),
+        nanos: AtomicU64::new(0),
+    });
+    let concurrency = args.concurrency.unwrap_or(1).min(args.runs);
+    let latency = Duration::from_millis(args.latency_ms);
+    let mut config = DurableOptions::default();
+    config.checkpoint_every = args.checkpoint_every;
+    let prefix = aplc_runtime::durable::new_run_id();
+    let ids: Arc<Vec<String>> = Arc::new(
+        (0..args.warmup + args.runs)
+            .map(|i| format!("bench-{prefix}-{i}"))
+            .collect(),
+    );
+
+    let phase = |durable: bool, first: u64, count: u64| -> Result<Phase, Failure> {
+        let start = Instant::now();
+        let results = runtime.block_on(async {
+            let next = Arc::new(AtomicU64::new(first));
+            let end = first + count;
+            let mut workers = tokio::task::JoinSet::new();
+            for _ in 0..concurrency.max(1) {
+                let (program, script, options) = (program.clone(), script.clone(), options.clone());
+                let (next, store, ids, config) =
+                    (next.clone(), store.clone(), ids.clone(), config.clone());
+                workers.spawn(async move {
+                    let mut phase = Phase::default();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= end {
+                            return Ok::<_, String>(phase);
+                        }
+                        let mut script = script.clone();
+                        script.rewind();
+                        let provider = Scripted::new(script).with_latency(latency);
+                        let outcome = if durable {
+                            aplc_runtime::durable::start(
+                                store.as_ref(),
+                                ids[i as usize].clone(),
+                                program.clone(),
+                                options.clone(),
+                                &provider,
+                                &driver::Toolbox::new(),
+                                None,
+                                &config,
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .outcome
+                        } else {
+                            driver::run(program.clone(), options.clone(), &provider).await
+                        };
+                        phase.steps += outcome.steps;
+                        phase.failures += u64::from(outcome.error.is_some());
+                    }
+                });
+            }
+            let mut total = Phase::default();
+            while let Some(joined) = workers.join_next().await {
+                let phase = joined.map_err(|e| e.to_string())??;
+                total.steps += phase.steps;
+                total.failures += phase.failures;
+            }
+            Ok::<_, String>(total)
+        });
+        let mut phase = results.map_err(Failure::run)?;
+        phase.wall = start.elapsed();
+        Ok(phase)
+    };
+    // Warm-up: both paths, unmeasured.
+    phase(false, 0, args.warmup)?;
+    phase(true, 0, args.warmup)?;
+    let memory = phase(false, args.warmup, args.runs)?;
+    store.commits.store(0, Ordering::Relaxed);
+    store.nanos.store(0, Ordering::Relaxed);
+    let durable = phase(true, args.warmup, args.runs)?;
+    let commits = store.commits.load(Ordering::Relaxed);
+    let commit_us = store.nanos.load(Ordering::Relaxed) as f64 / 1e3 / commits.max(1) as f64;
+    let bytes: u64 = runtime.block_on(async {
+        let mut bytes = 0;
+        for id in &ids[args.warmup as usize..] {
+            bytes += store.run_bytes(id).await.unwrap_or(0);
+        }
+        bytes
+    });
+    // What a resume of the last run costs: load, restore the newest checkpoint, replay
+    // the journal after it (`inspect` does all of that, without taking the run over).
+    let last = &ids[ids.len() - 1];
+    let resume_start = Instant::now();
+    runtime
+        .block_on(aplc_runtime::durable::inspect(store.as_ref(), last))
+        .map_err(|e| Failure::run(e.to_string()))?;
+    let resume_ms = resume_start.elapsed().as_secs_f64() * 1e3;
+
+    let runs = args.runs as f64;
+    let steps = durable.steps.max(1) as f64;
+    let step_us = |p: &Phase| p.wall.as_secs_f64() * 1e6 * concurrency as f64 / p.steps.max(1) as f64;
+    let report = serde_json::json!({
+        "mode": "durability",
+        "file": display_name(&args.file),
+        "runs": args.runs,
+        "concurrency": concurrency,
+        "latency_ms": args.latency_ms,
+        "checkpoint_every": args.checkpoint_every,
+        "steps_per_run": durable.steps as f64 / runs,
+        "failed_runs": durable.failures + memory.failures,
+        "memory_runs_per_sec": runs / memory.wall.as_secs_f64(),
+        "durable_runs_per_sec": runs / durable.wall.as_secs_f64(),
+        "throughput_kept": memory.wall.as_secs_f64() / durable.wall.as_secs_f64(),
+        "memory_step_us": step_us(&memory),
+        "durable_step_us": step_us(&durable),
+        "durability_step_us": step_us(&durable) - step_us(&memory),
+        "commits_per_run": commits as f64 / runs,
+        "commit_us": commit_us,
+        "bytes_per_step": bytes as f64 / steps,
+        "resume_ms": resume_ms,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{} ({} runs, {concurrency} at once, {} ms per provider call, checkpoint every {} steps)",
+            escape_control(&display_name(&args.file)),
+            args.runs,
+            args.latency_ms,
+            args.checkpoint_every
+        );
+        println!("  steps per run     {:.0}", durable.steps as f64 / runs);
+        println!(
+            "  in memory         {:>10.1} runs/s   {:>8.2} µs/step",
+            runs / memory.wall.as_secs_f64(),
+            step_us(&memory)
+        );
+        println!(
+            "  durable           {:>10.1} runs/s   {:>8.2} µs/step  ({:.1}% of in-memory throughput)",
+            runs / durable.wall.as_secs_f64(),
+            step_us(&durable),
+            100.0 * memory.wall.as_secs_f64() / durable.wall.as_secs_f64()
+        );
+        println!(
+            "  durability cost   {:>8.2} µs/step   {:.1} commits/run at {:.1} µs each",
+            step_us(&durable) - step_us(&memory),
+            commits as f64 / runs,
+            commit_us
+        );
+        println!("  stored            {:.0} bytes/step", bytes as f64 / steps);
+        println!("  resume            {resume_ms:.1} ms (load, restore, replay: the last run)");
+        if durable.failures + memory.failures > 0 {
+            println!(
+                "  note: {} measured runs ended with a run error",
+                durable.failures + memory.failures
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

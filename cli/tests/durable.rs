@@ -1,0 +1,523 @@
+//! Durable runs end to end (issue #12 §5): `aplc run --store` against a fake
+//! OpenAI-compatible server on 127.0.0.1 that answers slowly, SIGKILLed while a call is in
+//! flight, then `aplc resume`d. For SQLite and for a throwaway PostgreSQL cluster.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value as Json, json};
+
+#[path = "../../runtime/tests/support/pg.rs"]
+#[allow(dead_code, reason = "shared with the runtime's store tests, which use all of it")]
+mod pg;
+
+const TURNS: u64 = 6;
+
+// ---------------------------------------------------------------------------------------
+// A fake model: a thread per connection on 127.0.0.1.
+
+/// Answers every chat completion after `delay_ms` with a call of the `count` tool for the
+/// turn the request's last user message names, and "turn N" as text: the same request
+/// always gets the same answer. Records every request body.
+struct Model {
+    url: String,
+    bodies: Arc<Mutex<Vec<String>>>,
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl Model {
+    fn start(ledger: &Path) -> Model {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let (log, delay) = (bodies.clone(), delay_ms.clone());
+        let ledger = ledger.display().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (log, delay, ledger) = (log.clone(), delay.clone(), ledger.clone());
+                std::thread::spawn(move || serve(stream, &log, &delay, &ledger));
+            }
+        });
+        Model {
+            url,
+            bodies,
+            delay_ms,
+        }
+    }
+
+    fn bodies(&self) -> Vec<String> {
+        self.bodies.lock().unwrap().clone()
+    }
+
+    fn clear(&self) {
+        self.bodies.lock().unwrap().clear();
+    }
+
+    fn delay(&self, ms: u64) {
+        self.delay_ms.store(ms, Ordering::SeqCst);
+    }
+}
+
+fn serve(stream: TcpStream, log: &Mutex<Vec<String>>, delay: &AtomicU64, ledger: &str) {
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut length = 0usize;
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        let body = String::from_utf8_lossy(&body).into_owned();
+        log.lock().unwrap().push(body.clone());
+        std::thread::sleep(Duration::from_millis(delay.load(Ordering::SeqCst)));
+        let answer = answer(&body, ledger).to_string();
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+            answer.len()
+        );
+        if reader.get_mut().write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn answer(body: &str, ledger: &str) -> Json {
+    let request: Json = serde_json::from_str(body).unwrap_or(Json::Null);
+    let turn = request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .filter_map(|text| text.trim().strip_prefix("Turn "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter_map(|n| n.parse::<u64>().ok())
+        .last()
+        .unwrap_or(0);
+    let arguments = json!({"key": format!("t{turn}"), "ledger": ledger}).to_string();
+    json!({
+        "id": format!("cmpl-{turn}"),
+        "object": "chat.completion",
+        "model": "fake",
+        "choices": [{
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": format!("turn {turn}"),
+                "tool_calls": [{
+                    "id": format!("call-{turn}"),
+                    "type": "function",
+                    "function": {"name": "count", "arguments": arguments},
+                }],
+            },
+        }],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The agent, its tools and the aplc binary.
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A scratch directory for one test, emptied first.
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("durable").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Writes the tool manifest (`count` or `count_slow`, never idempotent) and the context.
+fn setup(dir: &Path, mode: &str) {
+    let tool = root().join("fixtures/tools/tool.py");
+    let manifest = json!({
+        "count": {
+            "command": ["python3", tool, mode],
+            "timeout_ms": 20_000,
+            "descriptor": {
+                "description": "Count a turn",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"key": {"type": "string"}, "ledger": {"type": "string"}},
+                    "required": ["key", "ledger"],
+                },
+            },
+        }
+    });
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).unwrap();
+    std::fs::write(dir.join("context.json"), json!({"turns": TURNS}).to_string()).unwrap();
+}
+
+fn aplc(dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_aplc"));
+    command
+        .current_dir(dir)
+        .args(args)
+        .env_remove("APLC_STORE")
+        .env_remove("OPENAI_API_KEY")
+        .stdin(Stdio::null());
+    command
+}
+
+fn agent() -> String {
+    root()
+        .join("fixtures/durable/crash_loop.apl")
+        .display()
+        .to_string()
+}
+
+/// `aplc run` of the agent, with `extra` flags (a store, a run id).
+fn run_command(dir: &Path, model: &Model, extra: &[&str]) -> Command {
+    let agent = agent();
+    let mut args = vec![
+        "run",
+        agent.as_str(),
+        "--json",
+        "--quiet",
+        "--context",
+        "context.json",
+        "--tools",
+        "tools.json",
+        "--base-url",
+        &model.url,
+    ];
+    args.extend_from_slice(extra);
+    aplc(dir, &args)
+}
+
+fn resume_command(dir: &Path, model: &Model, store: &str, id: &str) -> Command {
+    aplc(
+        dir,
+        &[
+            "resume",
+            id,
+            "--store",
+            store,
+            "--json",
+            "--quiet",
+            "--tools",
+            "tools.json",
+            "--base-url",
+            &model.url,
+        ],
+    )
+}
+
+#[track_caller]
+fn succeed(command: &mut Command) -> Output {
+    let output = command.output().expect("run aplc");
+    assert!(
+        output.status.success(),
+        "aplc failed ({:?}):\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// The final context, without the fields that measure time.
+fn context(output: &Output) -> Json {
+    let mut json: Json = serde_json::from_slice(&output.stdout).expect("--json prints JSON");
+    strip_times(&mut json);
+    json
+}
+
+fn strip_times(json: &mut Json) {
+    match json {
+        Json::Object(map) => {
+            map.remove("time_elapsed");
+            map.remove("time_elapsed_global");
+            map.values_mut().for_each(strip_times);
+        }
+        Json::Array(items) => items.iter_mut().for_each(strip_times),
+        _ => {}
+    }
+}
+
+fn ledger_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|text| text.lines().count())
+        .unwrap_or(0)
+}
+
+/// Waits until `ready` holds, or fails the test after 60 s.
+#[track_caller]
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(start.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGKILL: no handler, no flush, no goodbye.
+fn kill9(mut child: Child) {
+    child.kill().expect("SIGKILL aplc");
+    let status = child.wait().expect("reap aplc");
+    assert!(!status.success(), "aplc was killed, yet it succeeded");
+}
+
+/// The uninterrupted run: its final context and the requests it made.
+fn baseline(dir: &Path, model: &Model, ledger: &Path) -> (Json, Vec<String>) {
+    model.clear();
+    let output = succeed(&mut run_command(dir, model, &[]));
+    assert_eq!(ledger_lines(ledger), TURNS as usize, "one tool run per turn");
+    std::fs::remove_file(ledger).unwrap();
+    (context(&output), model.bodies())
+}
+
+// ---------------------------------------------------------------------------------------
+// The scenarios, for any store.
+
+/// Kill during a provider call in the middle of the loop, then resume: the same final
+/// context as an uninterrupted run; every journaled request sent exactly once (only the
+/// call in flight is sent twice); the non-idempotent tool ran once per call.
+fn crash_during_provider_call(name: &str, store: &str) {
+    let dir = scratch(name);
+    setup(&dir, "count");
+    let ledger = dir.join("ledger.log");
+    let model = Model::start(&ledger);
+    let (expected, expected_requests) = baseline(&dir, &model, &ledger);
+    assert_eq!(expected_requests.len(), TURNS as usize);
+
+    model.clear();
+    model.delay(400);
+    let child = run_command(&dir, &model, &["--store", store, "--run-id", "crash-provider"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn aplc");
+    // The third request is being answered, slowly: kill aplc while it waits.
+    wait_for("the third request", || model.bodies().len() >= 3);
+    kill9(child);
+    assert_eq!(ledger_lines(&ledger), 2, "two turns' tools ran before the kill");
+
+    model.delay(0);
+    let output = succeed(&mut resume_command(&dir, &model, store, "crash-provider"));
+    assert_eq!(context(&output), expected, "the resumed run ends as the uninterrupted one");
+    assert_eq!(ledger_lines(&ledger), TURNS as usize, "each tool call ran exactly once");
+
+    let sent = model.bodies();
+    let mut distinct = sent.clone();
+    distinct.sort();
+    distinct.dedup();
+    let mut expected_distinct = expected_requests.clone();
+    expected_distinct.sort();
+    assert_eq!(distinct, expected_distinct, "the same requests as the uninterrupted run");
+    assert_eq!(
+        sent.len(),
+        TURNS as usize + 1,
+        "only the call in flight at the kill is sent again"
+    );
+    assert_eq!(sent[2], sent[3], "the call in flight is the one sent again");
+
+    // The store has it, finished.
+    let show = succeed(&mut aplc(&dir, &["runs", "show", "crash-provider", "--store", store]));
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(show.contains("status:   succeeded"), "{show}");
+    assert!(show.contains(&format!("steps:    {TURNS}")), "{show}");
+    let events = succeed(&mut aplc(&dir, &["runs", "events", "crash-provider", "--store", store]));
+    let events: Vec<Json> = String::from_utf8_lossy(&events.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON Lines"))
+        .collect();
+    for (i, event) in events.iter().enumerate() {
+        assert_eq!(event["seq"], json!(i), "events numbered without gaps or repeats");
+    }
+    assert_eq!(events.first().unwrap()["type"], "run_started");
+    assert_eq!(events.last().unwrap()["type"], "run_finished");
+    let mut again = resume_command(&dir, &model, store, "crash-provider");
+    let output = again.output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("already finished"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Kill while the non-idempotent tool runs: the resume does not run it again, the call
+/// resolves as failed with the interruption, and the run goes on to the end.
+fn crash_during_tool_call(name: &str, store: &str) {
+    let dir = scratch(name);
+    setup(&dir, "count_slow");
+    let ledger = dir.join("ledger.log");
+    let model = Model::start(&ledger);
+    let child = run_command(&dir, &model, &["--store", store, "--run-id", "crash-tool"])
+        .env("APLC_TEST_TOOL_SLEEP", "2")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn aplc");
+    // The third turn's tool has started (its line is written) and sleeps.
+    wait_for("the third tool run", || ledger_lines(&ledger) >= 3);
+    kill9(child);
+
+    let output = succeed(
+        resume_command(&dir, &model, store, "crash-tool").env("APLC_TEST_TOOL_SLEEP", "0"),
+    );
+    assert_eq!(
+        ledger_lines(&ledger),
+        TURNS as usize,
+        "the interrupted call did not run again"
+    );
+    let context = context(&output);
+    let third = &context["context_history"][2]["result_tool_calls"][0];
+    assert_eq!(third["tool_call_id"], "call-3", "{third}");
+    assert_eq!(third["is_error"], true, "{third}");
+    let content = third["content"].as_str().unwrap_or_default();
+    assert!(
+        content.contains("interrupted; not retried because the tool is not idempotent"),
+        "{content}"
+    );
+    assert_eq!(context["turn"], TURNS, "the run went on to the end");
+}
+
+/// Two resumes of one run at once: one takes it, the other is refused with a clear error.
+fn concurrent_resume(name: &str, store: &str) {
+    let dir = scratch(name);
+    setup(&dir, "count");
+    let ledger = dir.join("ledger.log");
+    let model = Model::start(&ledger);
+    model.delay(300);
+    let child = run_command(&dir, &model, &["--store", store, "--run-id", "twice"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn aplc");
+    wait_for("the second request", || model.bodies().len() >= 2);
+    kill9(child);
+
+    let spawn = || {
+        resume_command(&dir, &model, store, "twice")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn aplc resume")
+    };
+    let (first, second) = (spawn(), spawn());
+    let outputs = [
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    ];
+    let won: Vec<_> = outputs.iter().filter(|o| o.status.success()).collect();
+    let lost: Vec<_> = outputs.iter().filter(|o| !o.status.success()).collect();
+    assert_eq!(won.len(), 1, "exactly one resume takes the run: {outputs:?}");
+    assert_eq!(lost.len(), 1);
+    let stderr = String::from_utf8_lossy(&lost[0].stderr);
+    assert_eq!(lost[0].status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("being advanced by another process"), "{stderr}");
+    assert_eq!(ledger_lines(&ledger), TURNS as usize, "no tool ran twice");
+}
+
+// ---------------------------------------------------------------------------------------
+// SQLite.
+
+fn sqlite(name: &str) -> String {
+    let dir = scratch(&format!("{name}-db"));
+    format!("sqlite:{}", dir.join("runs.db").display())
+}
+
+#[test]
+fn sqlite_crash_during_a_provider_call_resumes_without_repeating_calls() {
+    crash_during_provider_call("sqlite-provider", &sqlite("sqlite-provider"));
+}
+
+#[test]
+fn sqlite_crash_during_a_tool_call_does_not_run_it_twice() {
+    crash_during_tool_call("sqlite-tool", &sqlite("sqlite-tool"));
+}
+
+#[test]
+fn sqlite_concurrent_resumes_one_wins() {
+    concurrent_resume("sqlite-twice", &sqlite("sqlite-twice"));
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL: one throwaway cluster for this test binary, a database per test.
+
+#[test]
+fn postgres_crash_during_a_provider_call_resumes_without_repeating_calls() {
+    let url = pg::database("crash_provider");
+    crash_during_provider_call("pg-provider", &url);
+}
+
+#[test]
+fn postgres_crash_during_a_tool_call_does_not_run_it_twice() {
+    let url = pg::database("crash_tool");
+    crash_during_tool_call("pg-tool", &url);
+}
+
+#[test]
+fn postgres_concurrent_resumes_one_wins() {
+    let url = pg::database("twice");
+    concurrent_resume("pg-twice", &url);
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad stores and bad requests, through the command line.
+
+#[test]
+fn bad_stores_and_unknown_runs_get_clear_errors() {
+    let dir = scratch("bad-stores");
+    let foreign = dir.join("foreign.db");
+    std::fs::write(&foreign, b"this is not a database, just text that is long enough. ".repeat(100))
+        .unwrap();
+    let store = format!("sqlite:{}", foreign.display());
+    let output = aplc(&dir, &["runs", "list", "--store", &store]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not an aplc run store") || stderr.contains("corrupt"), "{stderr}");
+
+    let good = sqlite("bad-stores-good");
+    let output = aplc(&dir, &["runs", "show", "nope", "--store", &good]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no run `nope`"), "{stderr}");
+
+    let output = aplc(&dir, &["runs", "list", "--store", "mysql://x"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid store URL"), "{stderr}");
+
+    // A password in the URL never shows, even when the server is not there.
+    let output = aplc(
+        &dir,
+        &["runs", "list", "--store", "postgres://aplc:hunter2-secret@127.0.0.1:1/db"],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("hunter2-secret"), "{stderr}");
+}
