@@ -1,0 +1,350 @@
+//! Durable runs in process: a run "crashes" at every provider and tool call in turn (its
+//! future is dropped mid-call, which drops its lease, as a dead process's would be), is
+//! resumed, and must end exactly as the uninterrupted run did, without a journaled call
+//! repeated or a non-idempotent tool run twice. SQLite, with checkpoints every 1, 2 and
+//! 1,000 steps (always, sometimes and never restoring from one).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use aplc_runtime::driver::{BoxFuture, CallContext, Provider, Toolbox};
+use aplc_runtime::durable::{self, DurableOptions, INTERRUPTED_TOOL};
+use aplc_runtime::store::{self, RunStore, StoreError, StoreUrl};
+use aplc_vm::tools::ToolSpec;
+use aplc_vm::{
+    Completion, Content, Part, Program, ProviderError, ProviderRequest, Role, RunOptions, ToolCall,
+};
+use serde_json::{Value as Json, json};
+
+const AGENT: &str = "\
+# pre: work
+{{ inc_context('turn') }}
+
+# prompt: work
+## user
+Turn {{ turn }} of {{ turns }}.
+## tool_result
+{% for call in result_tool_calls or [] %}
+{{ call.tool_call_id }}: {{ call.content }}
+{% endfor %}
+
+# post: work
+{% if turn < turns %}
+{{ set_context('next_step', 'work') }}
+{% endif %}
+";
+
+const TURNS: u64 = 5;
+
+fn program() -> Arc<Program> {
+    let compiled = aplc_compiler::compile(AGENT, "crash.apl", &Default::default());
+    let bundle = compiled.bundle.expect("the agent compiles");
+    Arc::new(Program::from_bundle(bundle, Default::default()).expect("loads"))
+}
+
+fn options() -> RunOptions {
+    let mut context = serde_json::Map::new();
+    context.insert("turns".into(), json!(TURNS));
+    RunOptions::default().with_context_json(&context)
+}
+
+/// Answers each request with a call of `count` for the turn its user message names.
+/// Counts the calls it answers; with `hang_at = Some(n)`, the n-th call (from 0) never
+/// answers, so the test can drop the run there.
+struct Model {
+    calls: AtomicU64,
+    hang_at: Option<u64>,
+}
+
+impl Provider for Model {
+    fn complete<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+        _call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        Box::pin(async move {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.hang_at == Some(n) {
+                std::future::pending::<()>().await;
+            }
+            let turn = request
+                .messages
+                .iter()
+                .filter(|m| m.role == Role::User)
+                .filter_map(|m| match &m.content {
+                    Content::Text(text) => Some(text.clone()),
+                    Content::Parts(parts) => parts.iter().find_map(|p| match p {
+                        Part::Text(text) => Some(text.clone()),
+                        _ => None,
+                    }),
+                })
+                .filter_map(|t| t.trim().strip_prefix("Turn ").map(str::to_owned))
+                .filter_map(|t| t.split_whitespace().next()?.parse::<u64>().ok())
+                .last()
+                .unwrap_or(0);
+            let mut completion = Completion::text(format!("turn {turn}"));
+            completion.tool_calls = vec![ToolCall::new(
+                format!("call-{turn}"),
+                "count",
+                json!({"key": format!("t{turn}")}),
+            )];
+            Ok(completion)
+        })
+    }
+}
+
+/// The `count` tool: counts its executions; hangs on the `hang_at`-th (from 0).
+fn toolbox(executions: Arc<AtomicU64>, hang_at: Option<u64>, idempotent: bool) -> Toolbox {
+    let descriptor = json!({
+        "name": "count",
+        "description": "Count a turn",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+    });
+    let mut spec = ToolSpec::new(descriptor).unwrap();
+    if idempotent {
+        spec = spec.idempotent(aplc_vm::tools::Idempotency {
+            key: aplc_vm::tools::IdempotencyKey::Auto,
+            ttl: None,
+        });
+    }
+    let mut toolbox = Toolbox::new();
+    toolbox
+        .register_async(spec, move |args, _| {
+            let executions = executions.clone();
+            async move {
+                let n = executions.fetch_add(1, Ordering::SeqCst);
+                if hang_at == Some(n) {
+                    std::future::pending::<()>().await;
+                }
+                Ok(json!({"counted": args["key"]}))
+            }
+        })
+        .unwrap();
+    toolbox
+}
+
+fn without_times(mut json: Json) -> Json {
+    fn strip(json: &mut Json) {
+        match json {
+            Json::Object(map) => {
+                map.remove("time_elapsed");
+                map.remove("time_elapsed_global");
+                map.values_mut().for_each(strip);
+            }
+            Json::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut json);
+    json
+}
+
+async fn sqlite(name: &str) -> Arc<dyn RunStore> {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("durable-runtime");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.db"));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(dir.join(format!("{name}.db-wal")));
+    let _ = std::fs::remove_file(dir.join(format!("{name}.db-shm")));
+    store::open(&StoreUrl::Sqlite(path)).await.expect("open the store")
+}
+
+fn config(checkpoint_every: u64) -> DurableOptions {
+    let mut config = DurableOptions::default();
+    config.checkpoint_every = checkpoint_every;
+    config
+}
+
+/// Crashes at every provider call, for each checkpoint interval: the resumed run ends as
+/// the uninterrupted one, no journaled call is sent again, each tool runs once per call.
+#[tokio::test(flavor = "current_thread")]
+async fn a_crash_at_any_provider_call_resumes_to_the_same_end() {
+    let executions = Arc::new(AtomicU64::new(0));
+    let model = Model {
+        calls: AtomicU64::new(0),
+        hang_at: None,
+    };
+    let expected = aplc_runtime::driver::run_with_tools(
+        program(),
+        options(),
+        &model,
+        &toolbox(executions.clone(), None, false),
+    )
+    .await;
+    assert!(expected.error.is_none(), "{:?}", expected.error);
+    let expected_context = without_times(expected.context_json());
+    assert_eq!(model.calls.load(Ordering::SeqCst), TURNS);
+
+    for every in [1, 2, 1_000] {
+        for crash_at in 0..TURNS {
+            let store = sqlite(&format!("provider-{every}-{crash_at}")).await;
+            let id = format!("run-{every}-{crash_at}");
+            let executions = Arc::new(AtomicU64::new(0));
+            let hanging = Model {
+                calls: AtomicU64::new(0),
+                hang_at: Some(crash_at),
+            };
+            let tools = toolbox(executions.clone(), None, false);
+            let run = durable::start(
+                store.as_ref(),
+                id.clone(),
+                program(),
+                options(),
+                &hanging,
+                &tools,
+                None,
+                &config(every),
+            );
+            // The run waits forever on call `crash_at`: drop it there.
+            let dropped = tokio::time::timeout(Duration::from_millis(200), run).await;
+            assert!(dropped.is_err(), "the run should hang at call {crash_at}");
+
+            let model = Model {
+                calls: AtomicU64::new(0),
+                hang_at: None,
+            };
+            let finished = durable::resume(
+                store.as_ref(),
+                &id,
+                None,
+                &model,
+                &tools,
+                None,
+                &config(every),
+            )
+            .await
+            .expect("resume");
+            let context = without_times(finished.outcome.context_json());
+            assert_eq!(context, expected_context, "every={every} crash_at={crash_at}");
+            assert_eq!(
+                finished.replayed_provider_calls, crash_at,
+                "the journaled answers are replayed, not asked again"
+            );
+            assert_eq!(
+                model.calls.load(Ordering::SeqCst),
+                TURNS - crash_at,
+                "only the call in flight and the later ones are sent"
+            );
+            assert_eq!(executions.load(Ordering::SeqCst), TURNS, "each tool call ran once");
+            let summary = store.summary(&id).await.unwrap();
+            assert_eq!(summary.steps, TURNS);
+        }
+    }
+}
+
+/// Crashes while the tool runs: a non-idempotent tool is not run again and resolves as
+/// failed; an idempotent one runs again and the run ends as the uninterrupted one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_crash_during_a_tool_call_reruns_it_only_if_idempotent() {
+    for idempotent in [false, true] {
+        for crash_at in 0..TURNS {
+            let store = sqlite(&format!("tool-{idempotent}-{crash_at}")).await;
+            let id = format!("tool-{crash_at}");
+            let model = Model {
+                calls: AtomicU64::new(0),
+                hang_at: None,
+            };
+            let executions = Arc::new(AtomicU64::new(0));
+            let tools = toolbox(executions.clone(), Some(crash_at), idempotent);
+            let run = durable::start(
+                store.as_ref(),
+                id.clone(),
+                program(),
+                options(),
+                &model,
+                &tools,
+                None,
+                &config(2),
+            );
+            assert!(
+                tokio::time::timeout(Duration::from_millis(200), run)
+                    .await
+                    .is_err()
+            );
+            assert_eq!(executions.load(Ordering::SeqCst), crash_at + 1);
+
+            let executions = Arc::new(AtomicU64::new(0));
+            let tools = toolbox(executions.clone(), None, idempotent);
+            let finished = durable::resume(store.as_ref(), &id, None, &model, &tools, None, &config(2))
+                .await
+                .expect("resume");
+            assert!(finished.outcome.error.is_none());
+            let context = finished.outcome.context_json();
+            let history = context["context_history"].as_array().unwrap();
+            let call = &history[crash_at as usize]["result_tool_calls"][0];
+            if idempotent {
+                assert_eq!(executions.load(Ordering::SeqCst), TURNS - crash_at);
+                assert_eq!(call["is_error"], false, "{call}");
+            } else {
+                assert_eq!(executions.load(Ordering::SeqCst), TURNS - crash_at - 1);
+                assert_eq!(call["is_error"], true, "{call}");
+                assert!(call["content"].as_str().unwrap().contains(INTERRUPTED_TOOL), "{call}");
+            }
+            assert_eq!(context["turn"], json!(TURNS));
+        }
+    }
+}
+
+/// A second taker of a run is refused while the first holds it; a finished run is not
+/// resumed; a resume with other tools or another bundle is refused.
+#[tokio::test(flavor = "current_thread")]
+async fn one_writer_finished_runs_and_mismatches() {
+    let store = sqlite("one-writer").await;
+    let model = Model {
+        calls: AtomicU64::new(0),
+        hang_at: Some(1),
+    };
+    let executions = Arc::new(AtomicU64::new(0));
+    let tools = toolbox(executions, None, false);
+    let cfg = config(100);
+    let run = durable::start(
+        store.as_ref(),
+        "held".into(),
+        program(),
+        options(),
+        &model,
+        &tools,
+        None,
+        &cfg,
+    );
+    tokio::pin!(run);
+    // Drive the run until it hangs on its second call, holding the lease.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut run)
+            .await
+            .is_err()
+    );
+    let second = durable::reopen(store.as_ref(), "held", None, &tools, &cfg).await;
+    assert!(
+        matches!(second, Err(durable::DurableError::Store(StoreError::Locked(_)))),
+        "{second:?}"
+    );
+    drop(run);
+
+    let other_tools = toolbox(Arc::new(AtomicU64::new(0)), None, true);
+    let mismatch = durable::reopen(store.as_ref(), "held", None, &other_tools, &cfg).await;
+    assert!(
+        matches!(mismatch, Err(durable::DurableError::Mismatch { .. })),
+        "{mismatch:?}"
+    );
+
+    let other = aplc_compiler::compile("# prompt: x\nhello\n", "other.apl", &Default::default());
+    let other = Program::from_bundle(other.bundle.unwrap(), Default::default()).unwrap();
+    let wrong = durable::reopen(store.as_ref(), "held", Some(&other), &tools, &cfg).await;
+    let message = wrong.as_ref().map(|_| ()).unwrap_err().to_string();
+    assert!(message.contains("can only resume on it"), "{message}");
+
+    let model = Model {
+        calls: AtomicU64::new(0),
+        hang_at: None,
+    };
+    durable::resume(store.as_ref(), "held", Some(&program()), &model, &tools, None, &cfg)
+        .await
+        .expect("resume with the same bundle");
+    let again = durable::reopen(store.as_ref(), "held", None, &tools, &cfg).await;
+    assert!(
+        matches!(again, Err(durable::DurableError::Store(StoreError::Finished(_)))),
+        "{again:?}"
+    );
+}
