@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value as Json, json};
 
 #[path = "../../runtime/tests/support/pg.rs"]
-#[allow(dead_code, reason = "shared with the runtime's store tests, which use all of it")]
 mod pg;
 
 const TURNS: u64 = 6;
@@ -468,19 +467,19 @@ fn sqlite_concurrent_resumes_one_wins() {
 
 #[test]
 fn postgres_crash_during_a_provider_call_resumes_without_repeating_calls() {
-    let url = pg::database("crash_provider");
+    let url = pg::shared().database("crash_provider");
     crash_during_provider_call("pg-provider", &url);
 }
 
 #[test]
 fn postgres_crash_during_a_tool_call_does_not_run_it_twice() {
-    let url = pg::database("crash_tool");
+    let url = pg::shared().database("crash_tool");
     crash_during_tool_call("pg-tool", &url);
 }
 
 #[test]
 fn postgres_concurrent_resumes_one_wins() {
-    let url = pg::database("twice");
+    let url = pg::shared().database("twice");
     concurrent_resume("pg-twice", &url);
 }
 
