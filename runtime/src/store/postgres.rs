@@ -502,7 +502,7 @@ async fn read_summary(
 async fn connect(url: &str) -> Result<Client, StoreError> {
     let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
-        .map_err(|e| StoreError::Open(redact_with(url, &e.to_string())))?;
+        .map_err(|e| StoreError::Open(redact_with(url, &error_text(&e))))?;
     tokio::spawn(async move {
         // Its error reaches the client as a closed connection on the next query.
         let _ = connection.await;
@@ -598,10 +598,14 @@ async fn stored_version(
 }
 
 fn db_error(url: &str, error: &tokio_postgres::Error) -> StoreError {
-    // The server's own message (`DbError`) says more than the wrapper's `Display`.
-    let text = match error.as_db_error() {
-        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+    StoreError::Database(redact_with(url, &error_text(error)))
+}
+
+/// The server's own message when there is one (the wrapper's `Display` is just "db
+/// error"), else the client's.
+fn error_text(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         None => error.to_string(),
-    };
-    StoreError::Database(redact_with(url, &text))
+    }
 }
