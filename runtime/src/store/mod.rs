@@ -9,8 +9,14 @@
 
 use crate::driver::BoxFuture;
 
+mod postgres;
+mod sqlite;
+
 /// Where a store lives: `sqlite:PATH` or `postgres://…` (`postgresql://…`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// `Debug` and `Display` are written by hand: they show a PostgreSQL URL with its
+/// password replaced by `***`.
+#[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     /// A SQLite file (created if missing).
     Sqlite(std::path::PathBuf),
@@ -21,15 +27,59 @@ pub enum StoreUrl {
 impl StoreUrl {
     /// Parses `sqlite:PATH`, `sqlite://PATH`, `postgres://…` or `postgresql://…`.
     pub fn parse(url: &str) -> Result<StoreUrl, StoreError> {
-        let _ = url;
-        todo!("store: StoreUrl::parse")
+        if let Some(rest) = url.strip_prefix("sqlite:") {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                return Err(StoreError::Url(
+                    "`sqlite:` needs a file path, as in `sqlite:runs.db`".into(),
+                ));
+            }
+            return Ok(StoreUrl::Sqlite(path.into()));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(StoreUrl::Postgres(url.to_string()));
+        }
+        // The text is not echoed: a mistyped PostgreSQL URL may still carry a password.
+        let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+        let shown = if !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        {
+            format!("scheme `{scheme}:`")
+        } else {
+            "no scheme".to_string()
+        };
+        Err(StoreError::Url(format!(
+            "{shown}; expected `sqlite:PATH` or `postgres://USER@HOST/DB`"
+        )))
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            StoreUrl::Postgres(url) => f.write_str(&redact_url(url)),
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
+            StoreUrl::Postgres(url) => f.debug_tuple("Postgres").field(&redact_url(url)).finish(),
+        }
     }
 }
 
 /// Opens (creating and migrating if needed) the store at `url`.
 pub async fn open(url: &StoreUrl) -> Result<std::sync::Arc<dyn RunStore>, StoreError> {
-    let _ = url;
-    todo!("store: open")
+    match url {
+        StoreUrl::Sqlite(path) => Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path).await?)),
+        StoreUrl::Postgres(url) => Ok(std::sync::Arc::new(postgres::PgStore::open(url).await?)),
+    }
 }
 
 /// A run's status in the store.
@@ -182,7 +232,9 @@ pub enum StoreError {
     #[error("not an aplc run store: {0}")]
     Foreign(String),
     /// Written by a newer aplc.
-    #[error("the store's schema is version {found}, newer than this aplc's {supported}: upgrade aplc")]
+    #[error(
+        "the store's schema is version {found}, newer than this aplc's {supported}: upgrade aplc"
+    )]
     NewerSchema {
         /// The store's version.
         found: i64,
@@ -217,4 +269,158 @@ pub enum StoreError {
     /// Any other database error.
     #[error("store error: {0}")]
     Database(String),
+}
+
+/// The newest schema version this build reads and writes (both backends).
+const SCHEMA_VERSION: i64 = 1;
+
+/// The value of the `magic` row in `aplc_meta`: what marks a database as an aplc store.
+const MAGIC: &str = "aplc-run-store";
+
+/// The secrets a PostgreSQL URL may carry: the password of its user info and a
+/// `password=` query parameter, percent-decoded too (the server sees the decoded form,
+/// and so may an error message).
+fn url_secrets(url: &str) -> Vec<String> {
+    let mut secrets = Vec::new();
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && let Some((_, password)) = userinfo.split_once(':')
+    {
+        secrets.push(password.to_string());
+    }
+    if let Some((_, query)) = rest.split_once('?') {
+        for pair in query.split('&') {
+            if let Some(("password", value)) = pair.split_once('=') {
+                secrets.push(value.to_string());
+            }
+        }
+    }
+    let decoded: Vec<String> = secrets.iter().map(|s| percent_decode(s)).collect();
+    secrets.extend(decoded);
+    secrets.retain(|s| !s.is_empty());
+    // Longest first, so a secret that contains another is replaced whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
+    secrets
+}
+
+/// `text` with every secret of `url` replaced by `***`.
+fn redact_with(url: &str, text: &str) -> String {
+    let mut text = text.to_string();
+    for secret in url_secrets(url) {
+        text = text.replace(&secret, "***");
+    }
+    text
+}
+
+/// The URL with its password (user info or `password=` parameter) shown as `***`.
+fn redact_url(url: &str) -> String {
+    redact_with(url, url)
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((hi * 16 + lo) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Milliseconds since the Unix epoch, for `updated_at_ms`.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A count from the database (never negative when the store is ours).
+fn count(value: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("negative {what}: {value}")))
+}
+
+/// A count for the database.
+fn db_int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl RunState {
+    /// The spelling in the `state` column.
+    fn as_str(self) -> &'static str {
+        match self {
+            RunState::Running => "running",
+            RunState::Finished => "finished",
+        }
+    }
+
+    fn from_column(text: &str) -> Result<RunState, StoreError> {
+        match text {
+            "running" => Ok(RunState::Running),
+            "finished" => Ok(RunState::Finished),
+            other => Err(StoreError::Corrupt(format!("unknown run state `{other}`"))),
+        }
+    }
+}
+
+/// Parses a JSON column.
+fn json_column(text: &str, what: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what} is not JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_schemes() {
+        assert_eq!(
+            StoreUrl::parse("sqlite:runs.db").unwrap(),
+            StoreUrl::Sqlite("runs.db".into())
+        );
+        assert_eq!(
+            StoreUrl::parse("sqlite:///tmp/runs.db").unwrap(),
+            StoreUrl::Sqlite("/tmp/runs.db".into())
+        );
+        assert!(matches!(
+            StoreUrl::parse("postgresql://u@h/db").unwrap(),
+            StoreUrl::Postgres(_)
+        ));
+        assert!(matches!(
+            StoreUrl::parse("sqlite:"),
+            Err(StoreError::Url(_))
+        ));
+    }
+
+    #[test]
+    fn a_password_is_never_shown() {
+        let url = StoreUrl::parse("postgres://me:s3cr%65t@host:5432/db?password=other").unwrap();
+        for text in [format!("{url}"), format!("{url:?}")] {
+            assert!(!text.contains("s3cr"), "{text}");
+            assert!(!text.contains("other"), "{text}");
+            assert!(text.contains("me:***@host"), "{text}");
+        }
+        let err = StoreUrl::parse("mysql://me:hunter2@host/db")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(err.contains("mysql"), "{err}");
+        assert_eq!(
+            redact_with("postgres://u:pw@h/d", "failed for pw and secret"),
+            "failed for *** and secret"
+        );
+        assert!(!redact_with("postgres://u:s3cr%65t@h/d", "s3cret").contains("s3cr"));
+    }
 }

@@ -1,0 +1,611 @@
+//! The PostgreSQL run store: for several processes or machines sharing runs.
+//!
+//! Plain TCP, no TLS: use it on loopback or a trusted network (spec/durability.md).
+//! Writes go through one connection (an append is one transaction of a few pipelined
+//! statements); reads through a second. A lease is a session-level advisory lock held on a
+//! connection of its own: the server releases it when that connection closes, whether the
+//! lease was dropped or the process died.
+//!
+//! Every error message is passed through the URL's redaction: a password never leaves.
+
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, GenericClient, NoTls};
+
+use super::{
+    Batch, Lease, LoadedRun, MAGIC, NewRun, RunState, RunStore, RunSummary, SCHEMA_VERSION,
+    StoreError, StoredCheckpoint, count, db_int, json_column, now_ms, redact_url, redact_with,
+};
+use crate::driver::BoxFuture;
+
+/// Migrations, by the version they lead to.
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    "CREATE TABLE aplc_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+     CREATE TABLE bundles (hash TEXT PRIMARY KEY, bytes BYTEA NOT NULL);
+     CREATE TABLE runs (
+         id TEXT PRIMARY KEY,
+         agent TEXT NOT NULL,
+         bundle_hash TEXT NOT NULL,
+         state TEXT NOT NULL,
+         steps BIGINT NOT NULL,
+         started_at_ms BIGINT NOT NULL,
+         updated_at_ms BIGINT NOT NULL,
+         options TEXT NOT NULL,
+         outcome TEXT,
+         input_count BIGINT NOT NULL,
+         event_count BIGINT NOT NULL
+     );
+     CREATE INDEX runs_by_start ON runs (started_at_ms DESC, id DESC);
+     CREATE TABLE inputs (
+         run_id TEXT NOT NULL, seq BIGINT NOT NULL, bytes BYTEA NOT NULL,
+         PRIMARY KEY (run_id, seq)
+     );
+     CREATE TABLE events (
+         run_id TEXT NOT NULL, seq BIGINT NOT NULL, json TEXT NOT NULL,
+         PRIMARY KEY (run_id, seq)
+     );
+     CREATE TABLE checkpoints (
+         run_id TEXT NOT NULL, seq BIGINT NOT NULL, inputs BIGINT NOT NULL,
+         history_start BIGINT NOT NULL, history BYTEA NOT NULL, state BYTEA,
+         PRIMARY KEY (run_id, seq)
+     );",
+)];
+
+/// The tables of version 1: a database holding any of them without `aplc_meta` is not
+/// ours.
+const TABLES: &[&str] = &[
+    "aplc_meta",
+    "bundles",
+    "runs",
+    "inputs",
+    "events",
+    "checkpoints",
+];
+
+/// The advisory lock (transaction-level) that serializes migrations between processes.
+const MIGRATION_LOCK: i64 = 0x6170_6c63_0000_0001;
+
+/// The PostgreSQL store.
+pub(super) struct PgStore {
+    url: Arc<str>,
+    writer: Mutex<Client>,
+    reader: Mutex<Client>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("url", &redact_url(&self.url))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A lease: an advisory lock on a connection of its own, released when it closes.
+struct PgLease {
+    run_id: String,
+    _client: Client,
+}
+
+impl std::fmt::Debug for PgLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLease")
+            .field("run_id", &self.run_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lease for PgLease {
+    fn run_id(&self) -> &str {
+        &self.run_id
+    }
+}
+
+impl PgStore {
+    /// Connects, checks that the database is an aplc store (or has none of its tables),
+    /// and migrates it.
+    pub(super) async fn open(url: &str) -> Result<PgStore, StoreError> {
+        let url: Arc<str> = Arc::from(url);
+        let mut writer = connect(&url).await?;
+        migrate(&url, &mut writer).await?;
+        let reader = connect(&url).await?;
+        Ok(PgStore {
+            url,
+            writer: Mutex::new(writer),
+            reader: Mutex::new(reader),
+        })
+    }
+
+    fn error(&self, error: tokio_postgres::Error) -> StoreError {
+        db_error(&self.url, &error)
+    }
+
+    /// Takes the advisory lock of run `id` on a new connection.
+    async fn lock(&self, id: &str) -> Result<PgLease, StoreError> {
+        let client = connect(&self.url).await?;
+        let row = client
+            .query_one(
+                "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
+                &[&format!("aplc-run:{id}")],
+            )
+            .await
+            .map_err(|e| self.error(e))?;
+        if row.get::<_, bool>(0) {
+            Ok(PgLease {
+                run_id: id.to_string(),
+                _client: client,
+            })
+        } else {
+            Err(StoreError::Locked(id.to_string()))
+        }
+    }
+}
+
+impl RunStore for PgStore {
+    fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        Box::pin(async move {
+            let lease = self.lock(&run.id).await?;
+            let mut client = self.writer.lock().await;
+            let tx = client.transaction().await.map_err(|e| self.error(e))?;
+            let exists = tx
+                .query_opt("SELECT 1 FROM runs WHERE id = $1", &[&run.id])
+                .await
+                .map_err(|e| self.error(e))?;
+            if exists.is_some() {
+                return Err(StoreError::Exists(run.id));
+            }
+            let options = run.options.to_string();
+            let running = RunState::Running.as_str();
+            let insert_bundle = async {
+                tx.execute(
+                "INSERT INTO bundles (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
+                &[&run.bundle_hash, &run.bundle],
+            )
+                .await
+            };
+            let insert_run = async {
+                tx.execute(
+                    "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
+                                   updated_at_ms, options, outcome, input_count, event_count)
+                 VALUES ($1, $2, $3, $4, 0, $5, $5, $6, NULL, 0, 0)",
+                    &[
+                        &run.id,
+                        &run.agent,
+                        &run.bundle_hash,
+                        &running,
+                        &run.started_at_ms,
+                        &options,
+                    ],
+                )
+                .await
+            };
+            let (bundle, inserted) = tokio::join!(insert_bundle, insert_run);
+            bundle.map_err(|e| self.error(e))?;
+            if let Err(e) = inserted {
+                // A concurrent create of the same id.
+                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
+                    return Err(StoreError::Exists(run.id));
+                }
+                return Err(self.error(e));
+            }
+            tx.commit().await.map_err(|e| self.error(e))?;
+            Ok(Box::new(lease) as Box<dyn Lease>)
+        })
+    }
+
+    fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        Box::pin(async move {
+            // Locked first, then checked: a run that finishes in between is seen finished.
+            let lease = self.lock(id).await?;
+            if self.summary(id).await?.state == RunState::Finished {
+                return Err(StoreError::Finished(id.to_string()));
+            }
+            Ok(Box::new(lease) as Box<dyn Lease>)
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        lease: &'a dyn Lease,
+        batch: Batch,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let id = lease.run_id();
+            let mut client = self.writer.lock().await;
+            let tx = client.transaction().await.map_err(|e| self.error(e))?;
+            let row = tx
+                .query_opt(
+                    "SELECT state, input_count, event_count FROM runs WHERE id = $1 FOR UPDATE",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+            let (state, input_count, event_count): (String, i64, i64) =
+                (row.get(0), row.get(1), row.get(2));
+            if RunState::from_column(&state)? == RunState::Finished {
+                return Err(StoreError::Finished(id.to_string()));
+            }
+            let stored = count(input_count, "input count")?;
+            if batch.first_input != stored {
+                return Err(StoreError::Sequence {
+                    id: id.to_string(),
+                    expected: stored,
+                    got: batch.first_input,
+                });
+            }
+            append_rows(&tx, id, &batch, input_count, event_count)
+                .await
+                .map_err(|e| self.error(e))?;
+            tx.commit().await.map_err(|e| self.error(e))
+        })
+    }
+
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
+        Box::pin(async move {
+            let mut client = self.reader.lock().await;
+            // One snapshot for every read of the run.
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(|e| self.error(e))?;
+            let summary = read_summary(&self.url, &tx, id).await?;
+            let row = tx
+                .query_opt(
+                    "SELECT b.bytes, r.options FROM runs r JOIN bundles b ON b.hash = r.bundle_hash
+                     WHERE r.id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("the bundle of run `{id}` is missing"))
+                })?;
+            let (bundle, options): (Vec<u8>, String) = (row.get(0), row.get(1));
+            let checkpoints = tx
+                .query(
+                    "SELECT inputs, history_start, history, state FROM checkpoints
+                     WHERE run_id = $1 ORDER BY seq",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .into_iter()
+                .map(|row| {
+                    Ok(StoredCheckpoint {
+                        inputs: count(row.get(0), "checkpoint input count")?,
+                        history_start: count(row.get(1), "checkpoint history start")?,
+                        history: row.get(2),
+                        state: row.get(3),
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            let after = db_int(checkpoints.last().map_or(0, |c| c.inputs));
+            let inputs = tx
+                .query(
+                    "SELECT bytes FROM inputs WHERE run_id = $1 AND seq >= $2 ORDER BY seq",
+                    &[&id, &after],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .into_iter()
+                .map(|row| row.get(0))
+                .collect();
+            tx.commit().await.map_err(|e| self.error(e))?;
+            Ok(LoadedRun {
+                events: summary.events,
+                options: json_column(&options, "the run options")?,
+                summary,
+                bundle,
+                checkpoints,
+                inputs,
+            })
+        })
+    }
+
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
+        Box::pin(async move {
+            let client = self.reader.lock().await;
+            client
+                .query(
+                    &format!(
+                        "SELECT {SUMMARY_COLUMNS} FROM runs ORDER BY started_at_ms DESC, id DESC"
+                    ),
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .iter()
+                .map(summary_row)
+                .collect()
+        })
+    }
+
+    fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
+        Box::pin(async move {
+            let client = self.reader.lock().await;
+            read_summary(&self.url, &*client, id).await
+        })
+    }
+
+    fn events<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let client = self.reader.lock().await;
+            read_summary(&self.url, &*client, id).await?;
+            Ok(client
+                .query(
+                    "SELECT json FROM events WHERE run_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+                    &[&id, &db_int(from), &db_int(limit)],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .into_iter()
+                .map(|row| row.get(0))
+                .collect())
+        })
+    }
+
+    fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let client = self.reader.lock().await;
+            read_summary(&self.url, &*client, id).await?;
+            let row = client
+                .query_one(
+                    "SELECT (
+                       (SELECT COALESCE(SUM(octet_length(bytes)), 0) FROM inputs WHERE run_id = $1)
+                     + (SELECT COALESCE(SUM(octet_length(json)), 0) FROM events WHERE run_id = $1)
+                     + (SELECT COALESCE(SUM(octet_length(history) + COALESCE(octet_length(state), 0)), 0)
+                          FROM checkpoints WHERE run_id = $1)
+                     )::BIGINT",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            count(row.get(0), "byte count")
+        })
+    }
+}
+
+/// Inserts a batch's rows and updates the run's row, pipelined (the statements are sent
+/// together and answered together).
+async fn append_rows(
+    tx: &tokio_postgres::Transaction<'_>,
+    id: &str,
+    batch: &Batch,
+    input_count: i64,
+    event_count: i64,
+) -> Result<(), tokio_postgres::Error> {
+    let (state, outcome) = match &batch.outcome {
+        Some(outcome) => (RunState::Finished, Some(outcome.to_string())),
+        None => (RunState::Running, None),
+    };
+    let new_inputs = input_count + db_int(batch.inputs.len() as u64);
+    let new_events = event_count + db_int(batch.events.len() as u64);
+    let steps = db_int(batch.steps);
+    let now = now_ms();
+    let inputs = async {
+        if batch.inputs.is_empty() {
+            return Ok(0);
+        }
+        tx.execute(
+            "INSERT INTO inputs (run_id, seq, bytes)
+             SELECT $1, $2 + t.ord - 1, t.bytes FROM UNNEST($3::BYTEA[]) WITH ORDINALITY AS t(bytes, ord)",
+            &[&id, &input_count, &batch.inputs],
+        )
+        .await
+    };
+    let events = async {
+        if batch.events.is_empty() {
+            return Ok(0);
+        }
+        tx.execute(
+            "INSERT INTO events (run_id, seq, json)
+             SELECT $1, $2 + t.ord - 1, t.json FROM UNNEST($3::TEXT[]) WITH ORDINALITY AS t(json, ord)",
+            &[&id, &event_count, &batch.events],
+        )
+        .await
+    };
+    let checkpoint = async {
+        let Some(checkpoint) = &batch.checkpoint else {
+            return Ok(0);
+        };
+        tx.execute(
+            "UPDATE checkpoints SET state = NULL WHERE run_id = $1 AND state IS NOT NULL",
+            &[&id],
+        )
+        .await?;
+        let params: [&(dyn ToSql + Sync); 5] = [
+            &id,
+            &db_int(checkpoint.inputs),
+            &db_int(checkpoint.history_start),
+            &checkpoint.history,
+            &checkpoint.state,
+        ];
+        tx.execute(
+            "INSERT INTO checkpoints (run_id, seq, inputs, history_start, history, state)
+             VALUES ($1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM checkpoints WHERE run_id = $1),
+                     $2, $3, $4, $5)",
+            &params,
+        )
+        .await
+    };
+    let state = state.as_str();
+    let run =
+        async {
+            tx.execute(
+        "UPDATE runs SET steps = $2, updated_at_ms = $3, input_count = $4, event_count = $5,
+                         state = $6, outcome = COALESCE($7, outcome)
+         WHERE id = $1",
+        &[&id, &steps, &now, &new_inputs, &new_events, &state, &outcome],
+    )
+        .await
+        };
+    let (inputs, events, checkpoint, run) = tokio::join!(inputs, events, checkpoint, run);
+    inputs?;
+    events?;
+    checkpoint?;
+    run?;
+    Ok(())
+}
+
+/// The columns [`summary_row`] reads, in order.
+const SUMMARY_COLUMNS: &str = "id, agent, bundle_hash, state, steps, started_at_ms, updated_at_ms, \
+     input_count, event_count, outcome";
+
+fn summary_row(row: &tokio_postgres::Row) -> Result<RunSummary, StoreError> {
+    let state: String = row.get(3);
+    let outcome: Option<String> = row.get(9);
+    Ok(RunSummary {
+        id: row.get(0),
+        agent: row.get(1),
+        bundle_hash: row.get(2),
+        state: RunState::from_column(&state)?,
+        steps: count(row.get(4), "step count")?,
+        started_at_ms: row.get(5),
+        updated_at_ms: row.get(6),
+        inputs: count(row.get(7), "input count")?,
+        events: count(row.get(8), "event count")?,
+        outcome: outcome
+            .as_deref()
+            .map(|o| json_column(o, "the outcome"))
+            .transpose()?,
+    })
+}
+
+async fn read_summary(
+    url: &str,
+    client: &impl GenericClient,
+    id: &str,
+) -> Result<RunSummary, StoreError> {
+    let row = client
+        .query_opt(
+            &format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = $1"),
+            &[&id],
+        )
+        .await
+        .map_err(|e| db_error(url, &e))?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+    summary_row(&row)
+}
+
+/// Opens a connection; the connection's task runs until the client is dropped.
+async fn connect(url: &str) -> Result<Client, StoreError> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .map_err(|e| StoreError::Open(redact_with(url, &error_text(&e))))?;
+    tokio::spawn(async move {
+        // Its error reaches the client as a closed connection on the next query.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Checks that the database is an aplc store or holds none of its tables, and migrates it,
+/// in one transaction serialized against other processes by an advisory lock.
+async fn migrate(url: &str, client: &mut Client) -> Result<(), StoreError> {
+    let error = |e: tokio_postgres::Error| db_error(url, &e);
+    let tx = client.transaction().await.map_err(error)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(error)?;
+    let present: Vec<String> = tx
+        .query(
+            "SELECT table_name::TEXT FROM information_schema.tables
+             WHERE table_schema = current_schema() AND table_name = ANY($1) ORDER BY 1",
+            &[&TABLES],
+        )
+        .await
+        .map_err(error)?
+        .into_iter()
+        .map(|row| row.get(0))
+        .collect();
+    let version = if present.iter().any(|t| t == "aplc_meta") {
+        stored_version(url, &tx).await?
+    } else if present.is_empty() {
+        0
+    } else {
+        return Err(StoreError::Foreign(format!(
+            "the database has tables named like an aplc store's ({}) but no `aplc_meta`",
+            present.join(", ")
+        )));
+    };
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version == SCHEMA_VERSION {
+        return tx.commit().await.map_err(error);
+    }
+    for (_, sql) in MIGRATIONS.iter().filter(|(to, _)| *to > version) {
+        tx.batch_execute(sql).await.map_err(error)?;
+    }
+    tx.execute(
+        "INSERT INTO aplc_meta (key, value) VALUES ('magic', $1), ('schema_version', $2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        &[&MAGIC, &SCHEMA_VERSION.to_string()],
+    )
+    .await
+    .map_err(error)?;
+    tx.commit().await.map_err(error)
+}
+
+/// The schema version recorded in `aplc_meta`, after checking its magic.
+async fn stored_version(
+    url: &str,
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<i64, StoreError> {
+    let rows = tx
+        .query(
+            "SELECT key, value FROM aplc_meta WHERE key IN ('magic', 'schema_version')",
+            &[],
+        )
+        .await
+        .map_err(|e| {
+            // An `aplc_meta` of another shape is someone else's table.
+            if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) {
+                StoreError::Foreign("the database's `aplc_meta` table is not aplc's".into())
+            } else {
+                db_error(url, &e)
+            }
+        })?;
+    // `try_get`: a table of another shape must be an error, not a panic.
+    let value = |key: &str| {
+        rows.iter()
+            .find(|row| row.try_get::<_, String>(0).is_ok_and(|k| k == key))
+            .and_then(|row| row.try_get::<_, String>(1).ok())
+    };
+    if value("magic").as_deref() != Some(MAGIC) {
+        return Err(StoreError::Foreign(
+            "the database's `aplc_meta` table does not mark an aplc store".into(),
+        ));
+    }
+    let version = value("schema_version").unwrap_or_default();
+    version
+        .parse()
+        .map_err(|_| StoreError::Corrupt(format!("schema version `{version}` is not a number")))
+}
+
+fn db_error(url: &str, error: &tokio_postgres::Error) -> StoreError {
+    StoreError::Database(redact_with(url, &error_text(error)))
+}
+
+/// The server's own message when there is one (the wrapper's `Display` is just "db
+/// error"), else the client's.
+fn error_text(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => error.to_string(),
+    }
+}

@@ -1,0 +1,682 @@
+//! The run stores, SQLite and PostgreSQL, through one set of generic checks, plus each
+//! backend's bad stores (spec/durability.md, "Stores").
+//!
+//! PostgreSQL tests share one throwaway cluster per test binary (`support/pg.rs`) and get
+//! a database each. A killed lease holder is a child process: this binary re-run with
+//! `APLC_STORE_LEASE_HOLDER` set and filtered to `lease_holder_child`.
+
+#[path = "support/pg.rs"]
+mod pg;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aplc_runtime::store::{
+    self, Batch, NewRun, RunState, RunStore, StoreError, StoreUrl, StoredCheckpoint,
+};
+use serde_json::json;
+
+/// The environment variable that turns `lease_holder_child` into a lease holder:
+/// `STORE_URL RUN_ID`.
+const HOLDER_ENV: &str = "APLC_STORE_LEASE_HOLDER";
+
+/// A store under test: its URL and what keeps its files alive.
+struct Backend {
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Backend {
+    fn sqlite() -> Backend {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite:{}", dir.path().join("runs.db").display());
+        Backend {
+            url,
+            _dir: Some(dir),
+        }
+    }
+
+    fn postgres() -> Backend {
+        Backend {
+            url: pg::shared().database("store"),
+            _dir: None,
+        }
+    }
+
+    async fn open(&self) -> Arc<dyn RunStore> {
+        let url = StoreUrl::parse(&self.url).expect("store URL");
+        store::open(&url)
+            .await
+            .unwrap_or_else(|e| panic!("open {url}: {e}"))
+    }
+}
+
+fn new_run(id: &str, started_at_ms: i64) -> NewRun {
+    NewRun {
+        id: id.to_string(),
+        agent: "agent.apl".to_string(),
+        bundle_hash: "b1".to_string(),
+        bundle: vec![1, 2, 3, 4],
+        options: json!({"with_context": {"k": 1}, "limits": {"max_steps": 10}}),
+        started_at_ms,
+    }
+}
+
+fn inputs(range: std::ops::Range<u8>) -> Vec<Vec<u8>> {
+    range.map(|i| vec![i; 3]).collect()
+}
+
+fn batch(first_input: u64, inputs: Vec<Vec<u8>>, events: &[&str], steps: u64) -> Batch {
+    Batch {
+        first_input,
+        inputs,
+        events: events.iter().map(|e| e.to_string()).collect(),
+        checkpoint: None,
+        steps,
+        outcome: None,
+    }
+}
+
+async fn round_trip(backend: Backend) {
+    let store = backend.open().await;
+    let lease = store.create(new_run("r1", 1_000)).await.expect("create");
+    assert_eq!(lease.run_id(), "r1");
+    store
+        .append(&*lease, batch(0, inputs(0..2), &[r#"{"e":0}"#], 1))
+        .await
+        .expect("append 1");
+    store
+        .append(
+            &*lease,
+            batch(2, inputs(2..3), &[r#"{"e":1}"#, r#"{"e":2}"#], 2),
+        )
+        .await
+        .expect("append 2");
+    let loaded = store.load("r1").await.expect("load");
+    assert_eq!(loaded.bundle, vec![1, 2, 3, 4]);
+    assert_eq!(loaded.options, new_run("r1", 0).options);
+    assert_eq!(loaded.inputs, inputs(0..3));
+    assert!(loaded.checkpoints.is_empty());
+    assert_eq!(loaded.events, 3);
+    let summary = &loaded.summary;
+    assert_eq!(
+        (summary.id.as_str(), summary.agent.as_str()),
+        ("r1", "agent.apl")
+    );
+    assert_eq!(
+        (summary.state, summary.steps, summary.inputs, summary.events),
+        (RunState::Running, 2, 3, 3)
+    );
+    assert_eq!(summary.started_at_ms, 1_000);
+    assert!(summary.updated_at_ms >= 1_000);
+    assert_eq!(summary.outcome, None);
+    assert_eq!(&store.summary("r1").await.expect("summary"), summary);
+    assert_eq!(store.run_bytes("r1").await.expect("bytes"), 3 * 3 + 3 * 7);
+    // A second open of the same store sees the same run.
+    drop(lease);
+    let again = backend.open().await;
+    assert_eq!(again.load("r1").await.expect("reload").inputs, inputs(0..3));
+    assert!(matches!(store.load("nope").await, Err(StoreError::NotFound(id)) if id == "nope"));
+    assert!(matches!(
+        store.summary("nope").await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+async fn sequence_gaps_are_refused(backend: Backend) {
+    let store = backend.open().await;
+    let lease = store.create(new_run("r", 0)).await.expect("create");
+    store
+        .append(&*lease, batch(0, inputs(0..2), &["{}"], 1))
+        .await
+        .expect("append");
+    for first in [0, 1, 3] {
+        let err = store
+            .append(&*lease, batch(first, inputs(0..1), &["{}"], 9))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::Sequence { ref id, expected: 2, got } if id == "r" && got == first),
+            "{err}"
+        );
+    }
+    // Nothing of a refused batch was kept.
+    let summary = store.summary("r").await.expect("summary");
+    assert_eq!((summary.inputs, summary.events, summary.steps), (2, 1, 1));
+}
+
+async fn checkpoints_supersede_and_trim_the_replay(backend: Backend) {
+    let store = backend.open().await;
+    let lease = store.create(new_run("r", 0)).await.expect("create");
+    let checkpoint = |inputs: u64, start: u64, tag: u8| StoredCheckpoint {
+        inputs,
+        history_start: start,
+        history: vec![tag; 5],
+        state: Some(vec![tag; 7]),
+    };
+    let mut first = batch(0, inputs(0..2), &[], 1);
+    first.checkpoint = Some(checkpoint(2, 0, 0xA));
+    store
+        .append(&*lease, first)
+        .await
+        .expect("first checkpoint");
+    let loaded = store.load("r").await.expect("load");
+    assert_eq!(loaded.checkpoints, vec![checkpoint(2, 0, 0xA)]);
+    assert!(loaded.inputs.is_empty(), "no input after the checkpoint");
+
+    store
+        .append(&*lease, batch(2, inputs(2..4), &[], 2))
+        .await
+        .expect("plain");
+    let mut second = batch(4, inputs(4..5), &[], 3);
+    second.checkpoint = Some(checkpoint(4, 3, 0xB));
+    store
+        .append(&*lease, second)
+        .await
+        .expect("second checkpoint");
+    let loaded = store.load("r").await.expect("load");
+    let mut superseded = checkpoint(2, 0, 0xA);
+    superseded.state = None;
+    assert_eq!(loaded.checkpoints, vec![superseded, checkpoint(4, 3, 0xB)]);
+    // Only the inputs after the newest checkpoint: number 4 onwards.
+    assert_eq!(loaded.inputs, inputs(4..5));
+    assert_eq!(loaded.summary.inputs, 5);
+    // Inputs 0..5, two histories of 5 bytes, one state of 7.
+    assert_eq!(
+        store.run_bytes("r").await.expect("bytes"),
+        5 * 3 + 2 * 5 + 7
+    );
+}
+
+async fn listing_and_event_paging(backend: Backend) {
+    let store = backend.open().await;
+    for (id, at) in [("a", 1), ("b", 3), ("c", 2)] {
+        drop(store.create(new_run(id, at)).await.expect("create"));
+    }
+    let ids: Vec<String> = store
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, ["b", "c", "a"], "newest first");
+
+    let lease = store.acquire("a").await.expect("acquire");
+    let events: Vec<String> = (0..10).map(|i| format!(r#"{{"seq":{i}}}"#)).collect();
+    let refs: Vec<&str> = events.iter().map(String::as_str).collect();
+    store
+        .append(&*lease, batch(0, vec![], &refs[..6], 1))
+        .await
+        .expect("append");
+    store
+        .append(&*lease, batch(0, vec![], &refs[6..], 2))
+        .await
+        .expect("append");
+    assert_eq!(store.events("a", 0, 100).await.expect("all"), events);
+    assert_eq!(store.events("a", 3, 4).await.expect("page"), events[3..7]);
+    assert_eq!(store.events("a", 8, 4).await.expect("tail"), events[8..]);
+    assert!(
+        store
+            .events("a", 10, 4)
+            .await
+            .expect("past the end")
+            .is_empty()
+    );
+    assert!(store.events("b", 0, 4).await.expect("none").is_empty());
+    assert!(matches!(
+        store.events("zz", 0, 4).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+async fn finished_runs_refuse_acquire(backend: Backend) {
+    let store = backend.open().await;
+    let lease = store.create(new_run("r", 0)).await.expect("create");
+    let mut last = batch(0, inputs(0..1), &["{}"], 4);
+    last.outcome = Some(json!({"status": "completed", "context": {"z": 1, "a": 2}}));
+    store.append(&*lease, last).await.expect("finish");
+    let summary = store.summary("r").await.expect("summary");
+    assert_eq!(summary.state, RunState::Finished);
+    assert_eq!(
+        summary.outcome,
+        Some(json!({"status": "completed", "context": {"z": 1, "a": 2}}))
+    );
+    // Key order is kept (the outcome is stored as written).
+    let keys: Vec<&String> = summary.outcome.as_ref().unwrap()["context"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
+    assert_eq!(keys, ["z", "a"]);
+    assert!(matches!(
+        store.append(&*lease, batch(1, vec![], &[], 5)).await,
+        Err(StoreError::Finished(_))
+    ));
+    drop(lease);
+    assert!(matches!(store.acquire("r").await, Err(StoreError::Finished(id)) if id == "r"));
+    assert!(matches!(
+        store.acquire("nope").await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+async fn leases_are_exclusive(backend: Backend) {
+    let store = backend.open().await;
+    let other = backend.open().await;
+    let lease = store.create(new_run("r", 0)).await.expect("create");
+    assert!(matches!(store.acquire("r").await, Err(StoreError::Locked(id)) if id == "r"));
+    assert!(matches!(
+        other.acquire("r").await,
+        Err(StoreError::Locked(_))
+    ));
+    // Creating an existing id while it is held is refused too.
+    assert!(matches!(
+        other.create(new_run("r", 0)).await,
+        Err(StoreError::Locked(_))
+    ));
+    drop(lease);
+    assert!(
+        matches!(other.create(new_run("r", 0)).await, Err(StoreError::Exists(id)) if id == "r")
+    );
+    let lease = other.acquire("r").await.expect("released on drop");
+    assert!(matches!(
+        store.acquire("r").await,
+        Err(StoreError::Locked(_))
+    ));
+    drop(lease);
+}
+
+async fn a_killed_holder_releases(backend: Backend) {
+    let store = backend.open().await;
+    drop(store.create(new_run("held", 0)).await.expect("create"));
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "lease_holder_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HOLDER_ENV, format!("{} held", backend.url))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn the lease holder");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let waited = tokio::task::spawn_blocking(move || {
+        // The harness prints "test lease_holder_child ... " on the same line.
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line.trim_end().ends_with("lease held"))
+    });
+    let held = tokio::time::timeout(Duration::from_secs(60), waited).await;
+    if !matches!(held, Ok(Ok(true))) {
+        let _ = child.kill();
+        panic!("the child never reported holding the lease");
+    }
+    assert!(matches!(
+        store.acquire("held").await,
+        Err(StoreError::Locked(_))
+    ));
+    child.kill().expect("kill -9 the holder");
+    child.wait().expect("reap the holder");
+    // No expiry to wait for: the OS (SQLite) or the server (PostgreSQL, on the closed
+    // socket) releases the lease as the process dies. A short retry covers the server's
+    // backend noticing the close.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.acquire("held").await {
+            Ok(_) => break,
+            Err(StoreError::Locked(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("after the holder died: {e}"),
+        }
+    }
+}
+
+async fn concurrent_appends(backend: Backend) {
+    let store = backend.open().await;
+    let runs = 40;
+    let mut tasks = Vec::new();
+    for r in 0..runs {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let id = format!("run-{r}");
+            let lease = store.create(new_run(&id, r)).await?;
+            for i in 0..5u8 {
+                store
+                    .append(
+                        &*lease,
+                        batch(u64::from(i), vec![vec![i]], &["{}"], u64::from(i)),
+                    )
+                    .await?;
+            }
+            Ok::<_, StoreError>(())
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task").expect("appends");
+    }
+    let list = store.list().await.expect("list");
+    assert_eq!(list.len(), runs as usize);
+    assert!(
+        list.iter()
+            .all(|s| s.inputs == 5 && s.events == 5 && s.steps == 4)
+    );
+    // The bundle is stored once and shared.
+    assert_eq!(
+        store.load("run-7").await.expect("load").bundle,
+        vec![1, 2, 3, 4]
+    );
+}
+
+/// Each generic check, once per backend.
+macro_rules! both_backends {
+    ($($check:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $check() {
+                    super::$check(super::Backend::sqlite()).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $check() {
+                    super::$check(super::Backend::postgres()).await;
+                }
+            )*
+        }
+    };
+}
+
+both_backends!(
+    round_trip,
+    sequence_gaps_are_refused,
+    checkpoints_supersede_and_trim_the_replay,
+    listing_and_event_paging,
+    finished_runs_refuse_acquire,
+    leases_are_exclusive,
+    a_killed_holder_releases,
+    concurrent_appends,
+);
+
+/// Not a check: with `APLC_STORE_LEASE_HOLDER` set, takes that run's lease, says so on
+/// stdout and waits to be killed. Without it, does nothing.
+#[tokio::test]
+async fn lease_holder_child() {
+    let Ok(spec) = std::env::var(HOLDER_ENV) else {
+        return;
+    };
+    let (url, id) = spec.rsplit_once(' ').expect("URL and run id");
+    let store = store::open(&StoreUrl::parse(url).expect("url"))
+        .await
+        .expect("open");
+    let _lease = store.acquire(id).await.expect("acquire");
+    println!("lease held");
+    tokio::time::sleep(Duration::from_secs(120)).await;
+}
+
+// Bad stores: never a panic, always the variant that says what is wrong.
+
+async fn open_err(url: &str) -> StoreError {
+    match store::open(&StoreUrl::parse(url).expect("url")).await {
+        Ok(store) => panic!("{url} opened: {store:?}"),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test]
+async fn sqlite_refuses_a_file_that_is_not_sqlite() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("notes.txt");
+    std::fs::write(
+        &path,
+        "these are not the runs you are looking for\n".repeat(200),
+    )
+    .expect("write");
+    let err = open_err(&format!("sqlite:{}", path.display())).await;
+    assert!(matches!(err, StoreError::Foreign(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn sqlite_refuses_a_database_of_another_application() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("other.db");
+    let conn = rusqlite::Connection::open(&path).expect("sqlite");
+    conn.execute_batch("CREATE TABLE runs (x INTEGER); CREATE TABLE songs (title TEXT);")
+        .expect("tables");
+    drop(conn);
+    let err = open_err(&format!("sqlite:{}", path.display())).await;
+    assert!(
+        matches!(err, StoreError::Foreign(ref m) if m.contains("songs")),
+        "{err:?}"
+    );
+    // Another application's id, even with no tables.
+    let path = dir.path().join("app.db");
+    let conn = rusqlite::Connection::open(&path).expect("sqlite");
+    conn.pragma_update(None, "application_id", 42)
+        .expect("pragma");
+    drop(conn);
+    let err = open_err(&format!("sqlite:{}", path.display())).await;
+    assert!(matches!(err, StoreError::Foreign(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn sqlite_refuses_a_newer_schema() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("runs.db");
+    let url = format!("sqlite:{}", path.display());
+    drop(
+        store::open(&StoreUrl::parse(&url).expect("url"))
+            .await
+            .expect("create"),
+    );
+    let conn = rusqlite::Connection::open(&path).expect("sqlite");
+    conn.pragma_update(None, "user_version", 99)
+        .expect("pragma");
+    drop(conn);
+    let err = open_err(&url).await;
+    assert!(
+        matches!(
+            err,
+            StoreError::NewerSchema {
+                found: 99,
+                supported: 1
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("upgrade aplc"), "{err}");
+}
+
+#[tokio::test]
+async fn sqlite_reports_a_truncated_or_corrupt_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("runs.db");
+    let url = format!("sqlite:{}", path.display());
+    {
+        let store = store::open(&StoreUrl::parse(&url).expect("url"))
+            .await
+            .expect("create");
+        let lease = store.create(new_run("r", 0)).await.expect("create");
+        for i in 0..50u64 {
+            let big = vec![vec![7u8; 2_000]];
+            store
+                .append(&*lease, batch(i, big, &["{}"], i))
+                .await
+                .expect("append");
+        }
+    }
+    let bytes = std::fs::read(&path).expect("read");
+    assert!(
+        bytes.len() > 50_000,
+        "the WAL was checkpointed into the file on close"
+    );
+
+    // Truncated: the header promises pages that are gone.
+    let truncated = dir.path().join("truncated.db");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 3]).expect("write");
+    let err = read_everything(&format!("sqlite:{}", truncated.display())).await;
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+
+    // Garbage over the pages after the first (the header and schema page intact).
+    let mut garbled = bytes.clone();
+    for b in &mut garbled[4096..] {
+        *b = 0xA5;
+    }
+    let corrupt = dir.path().join("corrupt.db");
+    std::fs::write(&corrupt, &garbled).expect("write");
+    let err = read_everything(&format!("sqlite:{}", corrupt.display())).await;
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+
+    // A damaged header: not recognizable as SQLite at all.
+    let mut headless = bytes;
+    headless[..16].copy_from_slice(b"0123456789abcdef");
+    let broken = dir.path().join("broken.db");
+    std::fs::write(&broken, &headless).expect("write");
+    let err = read_everything(&format!("sqlite:{}", broken.display())).await;
+    assert!(matches!(err, StoreError::Foreign(_)), "{err:?}");
+}
+
+/// Opens a store and reads all of run `r`, returning the first error.
+async fn read_everything(url: &str) -> StoreError {
+    let store = match store::open(&StoreUrl::parse(url).expect("url")).await {
+        Ok(store) => store,
+        Err(e) => return e,
+    };
+    let result = async {
+        store.list().await?;
+        store.load("r").await?;
+        store.events("r", 0, 1000).await?;
+        store.run_bytes("r").await
+    }
+    .await;
+    match result {
+        Ok(_) => panic!("{url}: read without an error"),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test]
+async fn sqlite_reports_a_missing_directory() {
+    let err = open_err("sqlite:/nonexistent-aplc-dir/sub/runs.db").await;
+    assert!(matches!(err, StoreError::Open(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn postgres_refuses_foreign_tables_of_the_same_names() {
+    let cluster = pg::shared();
+    let url = cluster.database("foreign");
+    let db = url.rsplit('/').next().expect("db name");
+    cluster
+        .psql(db, "CREATE TABLE runs (id INTEGER, note TEXT)")
+        .expect("psql");
+    let err = open_err(&url).await;
+    assert!(
+        matches!(err, StoreError::Foreign(ref m) if m.contains("runs")),
+        "{err:?}"
+    );
+
+    // An `aplc_meta` that is someone else's.
+    let url = cluster.database("foreign_meta");
+    let db = url.rsplit('/').next().expect("db name");
+    cluster.psql(db, "CREATE TABLE aplc_meta (key TEXT, value TEXT); INSERT INTO aplc_meta VALUES ('magic', 'nope')").expect("psql");
+    let err = open_err(&url).await;
+    assert!(matches!(err, StoreError::Foreign(_)), "{err:?}");
+    let url = cluster.database("foreign_shape");
+    let db = url.rsplit('/').next().expect("db name");
+    cluster
+        .psql(db, "CREATE TABLE aplc_meta (id INTEGER)")
+        .expect("psql");
+    let err = open_err(&url).await;
+    assert!(matches!(err, StoreError::Foreign(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn postgres_refuses_a_newer_schema() {
+    let cluster = pg::shared();
+    let url = cluster.database("newer");
+    drop(
+        store::open(&StoreUrl::parse(&url).expect("url"))
+            .await
+            .expect("create"),
+    );
+    // Opening again is a no-op migration.
+    drop(
+        store::open(&StoreUrl::parse(&url).expect("url"))
+            .await
+            .expect("reopen"),
+    );
+    let db = url.rsplit('/').next().expect("db name");
+    cluster
+        .psql(
+            db,
+            "UPDATE aplc_meta SET value = '7' WHERE key = 'schema_version'",
+        )
+        .expect("psql");
+    let err = open_err(&url).await;
+    assert!(
+        matches!(
+            err,
+            StoreError::NewerSchema {
+                found: 7,
+                supported: 1
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn postgres_unreachable_is_an_open_error_without_the_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    // Nothing listens on `port` now: connection refused.
+    let url = format!("postgres://aplc:hunter2-secret@127.0.0.1:{port}/db?connect_timeout=5");
+    let err = open_err(&url).await;
+    assert!(matches!(err, StoreError::Open(_)), "{err:?}");
+    for text in [err.to_string(), format!("{err:?}")] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    let parsed = StoreUrl::parse(&url).expect("url");
+    for text in [parsed.to_string(), format!("{parsed:?}")] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    // A live server that refuses the database: the password is not echoed either.
+    let cluster = pg::shared();
+    let url = format!(
+        "postgres://aplc:hunter2-secret@127.0.0.1:{}/no_such_db",
+        cluster.port()
+    );
+    let err = open_err(&url).await;
+    assert!(
+        matches!(err, StoreError::Open(ref m) if m.contains("no_such_db")),
+        "{err:?}"
+    );
+    for text in [err.to_string(), format!("{err:?}")] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    // And an open store's Debug shows no password.
+    let url = cluster
+        .database("secret")
+        .replacen("aplc@", "aplc:hunter2-secret@", 1);
+    let store = store::open(&StoreUrl::parse(&url).expect("url"))
+        .await
+        .expect("open");
+    let shown = format!("{store:?}");
+    assert!(
+        !shown.contains("hunter2") && shown.contains("***"),
+        "{shown}"
+    );
+}
