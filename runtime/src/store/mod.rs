@@ -182,7 +182,9 @@ pub enum StoreError {
     #[error("not an aplc run store: {0}")]
     Foreign(String),
     /// Written by a newer aplc.
-    #[error("the store's schema is version {found}, newer than this aplc's {supported}: upgrade aplc")]
+    #[error(
+        "the store's schema is version {found}, newer than this aplc's {supported}: upgrade aplc"
+    )]
     NewerSchema {
         /// The store's version.
         found: i64,
