@@ -347,6 +347,8 @@ pub struct Machine {
     /// This run's own deadline flag (set by the driver) and the embedder's flag.
     interrupt: [Interrupt; 2],
     events: Recorder,
+    /// The namespaces checkpoints have written, by identity (`checkpoint.rs`).
+    namespaces: checkpoint::Namespaces,
 }
 
 impl Machine {
@@ -406,6 +408,7 @@ impl Machine {
             error,
             interrupt: [Interrupt::new(), options.interrupt],
             events,
+            namespaces: Default::default(),
         }
     }
 

@@ -313,3 +313,257 @@ fn a_checkpoint_at_any_rest_point_resumes_the_run_exactly() {
     }
     assert!(restored > 100, "only {restored} rest points");
 }
+
+/// A case from source, with `answers` as the mock and `options` (events on).
+fn case_from_source(name: &str, source: &str, answers: Vec<Json>, options: RunOptions) -> Case {
+    let compiled = compile(source, name, &Options::for_run(false));
+    let bundle = compiled
+        .bundle
+        .unwrap_or_else(|| panic!("{name} does not compile: {:?}", compiled.diagnostics));
+    Case {
+        name: name.into(),
+        program: Arc::new(Program::from_bundle(bundle, Limits::default()).unwrap()),
+        options: RunOptions {
+            events: true,
+            ..options
+        },
+        script: ScriptedProvider::from_entries(answers).unwrap(),
+    }
+}
+
+/// Values whose representation a lossy copy would change: a namespace mutated after
+/// the restore, a tuple, a map with non-string keys in insertion order, integer and
+/// float kinds, safe strings, a frozen `context` snapshot.
+#[test]
+fn exotic_values_survive_a_restore_and_namespaces_stay_mutable() {
+    let source = r#"
+# pre: a
+{% if get_context('frozen') is none %}{{ set_context('frozen', context) }}{% endif %}
+{% if get_context('ns') is none %}{% set ns = namespace(n=1, l=[1]) %}{{ set_context('ns', ns) }}{% endif %}
+{{ set_context('t', (1, (2.0, 'x'))) }}
+{{ set_context('m', {2: 'two', 'k': [1.0, 1], none: (1,)}) }}
+{{ set_context('s', '<b>'|safe) }}
+{{ set_context('big', 2 ** 62 * 4) }}
+
+# prompt: a
+n is {{ ns.n }}, {{ t }}, {{ m }}, {{ s }}, {{ big }}, {{ 1 if m[2] == 'two' }}
+
+# post: a
+{% set ns = get_context('ns') %}{% set ns.n = ns.n + 1 %}
+{{ set_context('seen', [ns.n, t[1][0] is float, m | list, s ~ '', frozen.global_runs, big]) }}
+{% if ns.n < 4 %}{{ set_context('next_step', 'a') }}{% endif %}
+"#;
+    let case = case_from_source(
+        "exotic.apl",
+        source,
+        vec![json!("one"), json!("two"), json!("three")],
+        RunOptions::default(),
+    );
+    let recording = record(&case);
+    assert!(recording.summary.1.is_none(), "{:?}", recording.summary.1);
+    assert_eq!(
+        recording.summary.0["ns"]["n"],
+        json!(4),
+        "{:#}",
+        recording.summary.0
+    );
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let _ = drain(&mut machine);
+    let mut restored = 0;
+    for (i, input) in recording.inputs.iter().enumerate() {
+        if let Ok(checkpoint) = machine.checkpoint(0) {
+            resume_and_compare(&case, &recording, &[checkpoint], i);
+            restored += 1;
+        }
+        let _ = apply(&mut machine, input);
+        let _ = drain(&mut machine);
+    }
+    assert!(restored > 5);
+}
+
+fn first_unencodable(case: &Case) -> JournalError {
+    let recording = record(case);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    for input in &recording.inputs {
+        match machine.checkpoint(0) {
+            Ok(_) | Err(JournalError::NotAtRest(_)) => {}
+            Err(e) => return e,
+        }
+        let _ = apply(&mut machine, input);
+    }
+    panic!("{}: every checkpoint succeeded", case.name)
+}
+
+#[test]
+fn values_without_a_durable_form_are_refused() {
+    let source = "# pre: a\n{% macro greet() %}hi{% endmacro %}{{ set_context('greeter', greet) }}\n\n# prompt: a\nhi\n";
+    let case = case_from_source(
+        "macro.apl",
+        source,
+        vec![json!("ok")],
+        RunOptions::default(),
+    );
+    assert_eq!(
+        first_unencodable(&case),
+        JournalError::Unencodable {
+            name: "greeter".into(),
+            kind: "macro".into()
+        }
+    );
+    let source = "# pre: a\n{% for i in [1] %}{{ set_context('lp', loop) }}{% endfor %}\n\n# prompt: a\nhi\n";
+    let case = case_from_source("loop.apl", source, vec![json!("ok")], RunOptions::default());
+    assert!(matches!(
+        first_unencodable(&case),
+        JournalError::Unencodable { name, .. } if name == "lp"
+    ));
+    // Inside a list, in the history too: the variable is named.
+    let source = "# pre: a\n{% macro greet() %}hi{% endmacro %}{{ set_context('xs', [1, [greet]]) }}\n\n# prompt: a\nhi\n";
+    let case = case_from_source(
+        "nested.apl",
+        source,
+        vec![json!("ok")],
+        RunOptions::default(),
+    );
+    assert!(matches!(
+        first_unencodable(&case),
+        JournalError::Unencodable { name, .. } if name == "xs"
+    ));
+}
+
+/// A checkpoint in the middle of a run with a tool round, history and events.
+fn some_checkpoint() -> (Case, Vec<Checkpoint>) {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "weather_loop.apl")
+        .unwrap();
+    let recording = record(&case);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let mut chain = Vec::new();
+    let mut covered = 0;
+    for input in &recording.inputs {
+        // Only where the history grew: every segment holds at least one entry.
+        if machine.history_len() > covered
+            && let Ok(checkpoint) = machine.checkpoint(covered)
+        {
+            covered = machine.history_len();
+            chain.push(checkpoint);
+        }
+        let _ = apply(&mut machine, input);
+    }
+    assert!(chain.len() >= 2, "{} checkpoints", chain.len());
+    (case, chain)
+}
+
+fn restore(case: &Case, chain: &[Checkpoint], state: &[u8]) -> Result<Machine, JournalError> {
+    let segments: Vec<(u64, &[u8])> = chain
+        .iter()
+        .map(|c| (c.history_start, c.history.as_slice()))
+        .collect();
+    Machine::restore(case.program.clone(), case.options.clone(), &segments, state)
+}
+
+#[test]
+fn truncated_or_mismatched_checkpoints_are_errors() {
+    let (case, chain) = some_checkpoint();
+    let newest = chain.last().unwrap();
+    assert!(newest.history_start > 0, "the chain splits the history");
+    restore(&case, &chain, &newest.state).unwrap();
+    for len in 0..newest.state.len() {
+        assert!(
+            matches!(
+                restore(&case, &chain, &newest.state[..len]),
+                Err(JournalError::Corrupt(_) | JournalError::Mismatch(_))
+            ),
+            "state truncated to {len}"
+        );
+    }
+    let mut long = newest.state.clone();
+    long.push(0);
+    assert!(matches!(
+        restore(&case, &chain, &long),
+        Err(JournalError::Corrupt(_))
+    ));
+    // A segment missing, out of order, or a history cut short.
+    let missing: Vec<Checkpoint> = chain.iter().skip(1).cloned().collect();
+    assert!(matches!(
+        restore(&case, &missing, &newest.state),
+        Err(JournalError::Mismatch(_))
+    ));
+    let mut swapped = chain.clone();
+    swapped.swap(0, 1);
+    assert!(matches!(
+        restore(&case, &swapped, &newest.state),
+        Err(JournalError::Mismatch(_))
+    ));
+    let short = &chain[..chain.len() - 1];
+    assert!(matches!(
+        restore(&case, short, &newest.state),
+        Err(JournalError::Mismatch(_))
+    ));
+    for segment in &chain {
+        let history = &segment.history;
+        for len in 0..history.len() {
+            let mut cut = chain.clone();
+            let i = chain.iter().position(|c| c == segment).unwrap();
+            cut[i].history = history[..len].to_vec();
+            assert!(restore(&case, &cut, &newest.state).is_err());
+        }
+    }
+    // Another program.
+    let other = cases().into_iter().find(|c| c.name == "calc.apl").unwrap();
+    assert!(matches!(
+        restore(&other, &chain, &newest.state),
+        Err(JournalError::Mismatch(_))
+    ));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn corrupt_checkpoints_never_panic(
+        which in 0usize..64,
+        flips in proptest::collection::vec((0usize..1 << 16, 0u8..8), 1..4),
+        in_history in proptest::bool::ANY,
+    ) {
+        let (case, chain) = CHECKPOINT.with(|c| c.clone());
+        let mut chain = chain;
+        let at = which % chain.len();
+        let target = if in_history { &mut chain[at].history } else { &mut chain[at].state };
+        for (index, bit) in flips {
+            let len = target.len();
+            target[index % len] ^= 1 << bit;
+        }
+        let newest = chain[at].state.clone();
+        // Any answer but a panic; a restored machine must also run without one.
+        if let Ok(mut machine) = restore(&case, &chain[..=at], &newest) {
+            for i in 0..64 {
+                match machine.poll(Duration::from_secs(1000 + i)) {
+                    Action::Done => break,
+                    Action::CallProvider(_) => machine
+                        .handle_provider_response(Duration::from_secs(1000 + i), Ok(aplc_vm::Completion::text("x"))),
+                    Action::CallTool(_) => machine.handle_tool_result(Duration::from_secs(1000 + i), Ok(json!(1))),
+                    Action::Continue => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn random_bytes_are_not_a_checkpoint(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+        let (case, chain) = CHECKPOINT.with(|c| c.clone());
+        let mut state = b"APLS\x01".to_vec();
+        state.extend_from_slice(&bytes);
+        proptest::prop_assert!(restore(&case, &chain, &state).is_err());
+        let mut segment = b"APLH\x01".to_vec();
+        segment.extend_from_slice(&bytes);
+        let _ = restore(&case, &[Checkpoint { history_start: 0, history: segment, state: vec![] }], &chain.last().unwrap().state);
+    }
+}
+
+thread_local! {
+    static CHECKPOINT: (Arc<Case>, Vec<Checkpoint>) = {
+        let (case, chain) = some_checkpoint();
+        (Arc::new(case), chain)
+    };
+}

@@ -12,8 +12,8 @@
 //! `context_history` is written as segments: each entry as the variables that changed
 //! since the entry before it, so a segment grows with what its steps changed.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use imbl::Vector;
@@ -58,6 +58,7 @@ const T_BYTES: u8 = 12;
 const T_LIST: u8 = 13;
 const T_TUPLE: u8 = 14;
 const T_MAP: u8 = 15;
+/// A namespace, by its id in the state's table: one object wherever it appears.
 const T_NAMESPACE: u8 = 16;
 const T_SNAPSHOT: u8 = 17;
 const T_HISTORY: u8 = 18;
@@ -75,6 +76,53 @@ const J_STRING: u8 = 6;
 const J_ARRAY: u8 = 7;
 const J_OBJECT: u8 = 8;
 
+/// The namespaces a run's checkpoints have met, by identity. A namespace is mutable and
+/// shared: the live variable and every `context_history` entry that holds it are one
+/// object, and a change made later shows in all of them. So a checkpoint writes each
+/// namespace once, in its state, with its current content, and every place that holds
+/// it (history segments written by earlier checkpoints included) refers to it by an id
+/// that stays the same for the whole run, across restores.
+#[derive(Debug, Default)]
+pub(super) struct Namespaces(Mutex<NamespaceTable>);
+
+#[derive(Debug, Default)]
+struct NamespaceTable {
+    /// Identity to id.
+    ids: HashMap<usize, u64>,
+    /// By id. Holding them keeps every identity unique for the run.
+    values: Vec<Value>,
+}
+
+impl Namespaces {
+    fn new(values: Vec<Value>) -> Namespaces {
+        let ids = (values.iter().enumerate())
+            .filter_map(|(i, v)| Some((durable::namespace_identity(v)?, i as u64)))
+            .collect();
+        Namespaces(Mutex::new(NamespaceTable { ids, values }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NamespaceTable> {
+        // The table is only ever appended to: a panic cannot leave it half-written.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The id of the namespace `value` (whose identity is `identity`), new if need be.
+    fn id(&self, identity: usize, value: &Value) -> u64 {
+        let mut table = self.lock();
+        if let Some(id) = table.ids.get(&identity) {
+            return *id;
+        }
+        let id = table.values.len() as u64;
+        table.values.push(value.clone());
+        table.ids.insert(identity, id);
+        id
+    }
+
+    fn values(&self) -> Vec<Value> {
+        self.lock().values.clone()
+    }
+}
+
 pub(super) fn history_len(machine: &Machine) -> u64 {
     machine.store.parts().1.len() as u64
 }
@@ -91,12 +139,9 @@ pub(super) fn checkpoint(
             "history_start {history_start} is past the history's {len} entries"
         )));
     }
-    let history = encode_history(&history, history_start as usize, max_depth)?;
-    let mut w = Writer::new(max_depth);
-    w.raw(STATE_MAGIC);
-    w.u8(FORMAT);
-    fingerprint(&mut w, &machine.program);
-    w.u64(len);
+    let namespaces = &machine.namespaces;
+    let history = encode_history(&history, history_start as usize, max_depth, namespaces)?;
+    let mut w = Writer::new(max_depth, Some(namespaces));
     match &machine.state {
         State::Running => w.u8(0),
         State::PromptFailed => w.u8(1),
@@ -161,10 +206,40 @@ pub(super) fn checkpoint(
     }
     w.recorder(&machine.events.state());
     w.vars(&vars, 0)?;
+    // The namespaces last: writing the rest is what finds them. The state starts with
+    // them all the same, so that a reader has them before the first reference.
+    let mut head = Writer::new(max_depth, None);
+    head.raw(STATE_MAGIC);
+    head.u8(FORMAT);
+    fingerprint(&mut head, &machine.program);
+    head.u64(len);
+    let table = namespaces.values();
+    head.u64(table.len() as u64);
+    for namespace in &table {
+        let Some(pairs) = namespace.as_object().and_then(|o| o.try_iter_pairs()) else {
+            return Err(unencodable("namespace()", describe(namespace)));
+        };
+        let pairs: Vec<(Value, Value)> = pairs.collect();
+        head.u64(pairs.len() as u64);
+        for (key, item) in &pairs {
+            // Namespace keys are strings: the engine sets them by attribute name.
+            let Some(key) = key.as_str() else {
+                return Err(unencodable(
+                    "namespace()",
+                    "namespace with a non-string key",
+                ));
+            };
+            head.str(key);
+            // A namespace inside a namespace is refused by the engine (and, without a
+            // table here, by this writer).
+            head.value(item, key, 1)?;
+        }
+    }
+    head.raw(&w.buf);
     Ok(Checkpoint {
         history_start,
         history,
-        state: w.buf,
+        state: head.buf,
     })
 }
 
@@ -175,11 +250,22 @@ pub(super) fn restore(
     state: &[u8],
 ) -> Result<Machine, JournalError> {
     let max_depth = program.limits().max_depth;
-    let mut r = Reader::new(state, max_depth);
+    let mut r = Reader::new(state, max_depth, &[]);
     r.magic(STATE_MAGIC, "checkpoint state")?;
     check_fingerprint(&mut r, &program)?;
     let history_len = r.u64()?;
-    let history = decode_history(segments, history_len, max_depth)?;
+    let mut table = Vec::new();
+    for _ in 0..r.count()? {
+        let mut pairs = Vec::new();
+        for _ in 0..r.count()? {
+            let key: Arc<str> = Arc::from(r.string()?);
+            let item = r.value(1)?;
+            pairs.push((key, item));
+        }
+        table.push(durable::namespace_from_pairs(pairs));
+    }
+    let mut r = Reader::new(r.bytes, max_depth, &table);
+    let history = decode_history(segments, history_len, max_depth, &table)?;
     let machine_state = match r.u8()? {
         0 => State::Running,
         1 => State::PromptFailed,
@@ -278,6 +364,7 @@ pub(super) fn restore(
         error,
         interrupt: [Interrupt::new(), options.interrupt],
         events: Recorder::restored(options.events, recorder),
+        namespaces: Namespaces::new(table),
     })
 }
 
@@ -292,7 +379,7 @@ fn fingerprint(w: &mut Writer, program: &Program) {
 }
 
 fn check_fingerprint(r: &mut Reader, program: &Program) -> Result<(), JournalError> {
-    let mut expected = Writer::new(0);
+    let mut expected = Writer::new(0, None);
     fingerprint(&mut expected, program);
     let found = r.take(expected.buf.len())?;
     if found != expected.buf.as_slice() {
@@ -310,18 +397,19 @@ fn encode_history(
     history: &Vector<Value>,
     start: usize,
     max_depth: usize,
+    namespaces: &Namespaces,
 ) -> Result<Vec<u8>, JournalError> {
-    let mut w = Writer::new(max_depth);
+    let mut w = Writer::new(max_depth, None);
     w.raw(HISTORY_MAGIC);
     w.u8(FORMAT);
     w.u64(start as u64);
     w.u64((history.len() - start) as u64);
     let mut previous = match start.checked_sub(1) {
-        Some(i) => encoded_vars(&history[i], max_depth)?,
+        Some(i) => encoded_vars(&history[i], max_depth, namespaces)?,
         None => BTreeMap::new(),
     };
     for entry in history.iter().skip(start) {
-        let current = encoded_vars(entry, max_depth)?;
+        let current = encoded_vars(entry, max_depth, namespaces)?;
         let changed: Vec<(&String, &Vec<u8>)> = (current.iter())
             .filter(|(name, bytes)| previous.get(*name) != Some(*bytes))
             .collect();
@@ -346,6 +434,7 @@ fn encode_history(
 fn encoded_vars(
     entry: &Value,
     max_depth: usize,
+    namespaces: &Namespaces,
 ) -> Result<BTreeMap<String, Vec<u8>>, JournalError> {
     let Some(snapshot) = entry.downcast_object_ref::<Snapshot>() else {
         return Err(JournalError::Unencodable {
@@ -355,7 +444,7 @@ fn encoded_vars(
     };
     let mut out = BTreeMap::new();
     for (name, value) in snapshot.0.iter() {
-        let mut w = Writer::new(max_depth);
+        let mut w = Writer::new(max_depth, Some(namespaces));
         w.value(value, name, 0)?;
         out.insert(name.to_string(), w.buf);
     }
@@ -366,6 +455,7 @@ fn decode_history(
     segments: &[(u64, &[u8])],
     expected_len: u64,
     max_depth: usize,
+    namespaces: &[Value],
 ) -> Result<Vector<Value>, JournalError> {
     let mut history = Vector::new();
     let mut previous = Vars::new();
@@ -376,7 +466,7 @@ fn decode_history(
                 history.len()
             )));
         }
-        let mut r = Reader::new(bytes, max_depth);
+        let mut r = Reader::new(bytes, max_depth, namespaces);
         r.magic(HISTORY_MAGIC, "history segment")?;
         let written_start = r.u64()?;
         if written_start != *start {
@@ -432,15 +522,11 @@ fn unencodable(name: &str, kind: impl Into<String>) -> JournalError {
 
 /// What an unencodable value is, in words.
 fn describe(value: &Value) -> String {
+    if format!("{value:?}").starts_with("<macro ") {
+        return "macro".into();
+    }
     match value.kind() {
-        ValueKind::Plain => {
-            let debug = format!("{value:?}");
-            if debug.starts_with("<macro") {
-                "macro".into()
-            } else {
-                "callable or engine object (a loop, cycler, joiner, …)".into()
-            }
-        }
+        ValueKind::Plain => "callable or engine object (a loop, cycler, joiner, …)".into(),
         ValueKind::Iterable => "lazy iterable".into(),
         ValueKind::Invalid => "invalid value".into(),
         ValueKind::Seq => "sequence object".into(),
@@ -449,16 +535,19 @@ fn describe(value: &Value) -> String {
     }
 }
 
-struct Writer {
+struct Writer<'n> {
     buf: Vec<u8>,
     max_depth: usize,
+    /// Where namespaces go; `None` where none may appear (inside a namespace).
+    namespaces: Option<&'n Namespaces>,
 }
 
-impl Writer {
-    fn new(max_depth: usize) -> Writer {
+impl<'n> Writer<'n> {
+    fn new(max_depth: usize, namespaces: Option<&'n Namespaces>) -> Writer<'n> {
         Writer {
             buf: Vec::new(),
             max_depth,
+            namespaces,
         }
     }
 
@@ -642,24 +731,23 @@ impl Writer {
             }
             return Ok(());
         }
-        let namespace = durable::is_namespace(value);
-        if namespace || durable::is_value_map(value) {
+        if let Some(identity) = durable::namespace_identity(value) {
+            let Some(namespaces) = self.namespaces else {
+                return Err(unencodable(name, "namespace inside a namespace"));
+            };
+            self.u8(T_NAMESPACE);
+            self.u64(namespaces.id(identity, value));
+            return Ok(());
+        }
+        if durable::is_value_map(value) {
             let Some(pairs) = value.as_object().and_then(|o| o.try_iter_pairs()) else {
                 return Err(unencodable(name, describe(value)));
             };
             let pairs: Vec<(Value, Value)> = pairs.collect();
-            self.u8(if namespace { T_NAMESPACE } else { T_MAP });
+            self.u8(T_MAP);
             self.u64(pairs.len() as u64);
             for (key, item) in &pairs {
-                if namespace {
-                    // Namespace keys are strings: the engine sets them by attribute name.
-                    let Some(key) = key.as_str() else {
-                        return Err(unencodable(name, "namespace with a non-string key"));
-                    };
-                    self.str(key);
-                } else {
-                    self.value(key, name, inner)?;
-                }
+                self.value(key, name, inner)?;
                 self.value(item, name, inner)?;
             }
             return Ok(());
@@ -856,11 +944,17 @@ impl Writer {
 struct Reader<'a> {
     bytes: &'a [u8],
     max_depth: usize,
+    /// The state's namespaces, by id.
+    namespaces: &'a [Value],
 }
 
 impl<'a> Reader<'a> {
-    fn new(bytes: &'a [u8], max_depth: usize) -> Reader<'a> {
-        Reader { bytes, max_depth }
+    fn new(bytes: &'a [u8], max_depth: usize, namespaces: &'a [Value]) -> Reader<'a> {
+        Reader {
+            bytes,
+            max_depth,
+            namespaces,
+        }
     }
 
     fn magic(&mut self, magic: &[u8; 4], what: &str) -> Result<(), JournalError> {
@@ -1074,14 +1168,14 @@ impl<'a> Reader<'a> {
                 Value::from_object(map)
             }
             T_NAMESPACE => {
-                let n = self.count()?;
-                let mut pairs = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let key: Arc<str> = Arc::from(self.string()?);
-                    let item = self.value(inner)?;
-                    pairs.push((key, item));
+                let id = self.u64()?;
+                let namespace = usize::try_from(id)
+                    .ok()
+                    .and_then(|i| self.namespaces.get(i));
+                match namespace {
+                    Some(namespace) => namespace.clone(),
+                    None => return Err(corrupt(format!("namespace {id} does not exist"))),
                 }
-                durable::namespace_from_pairs(pairs)
             }
             tag => return Err(corrupt(format!("value tag {tag}"))),
         })

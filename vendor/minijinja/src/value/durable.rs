@@ -68,6 +68,15 @@ pub fn is_namespace(value: &Value) -> bool {
     value.downcast_object_ref::<Namespace>().is_some()
 }
 
+/// The identity of a namespace: the address of its shared data, equal for every value
+/// that holds the same namespace (and unique while it is alive). `None` if `value` is
+/// not a namespace.
+pub fn namespace_identity(value: &Value) -> Option<usize> {
+    value
+        .downcast_object::<Namespace>()
+        .map(|namespace| Arc::as_ptr(&namespace) as usize)
+}
+
 /// A new namespace holding `pairs`.
 pub fn namespace_from_pairs(pairs: impl IntoIterator<Item = (Arc<str>, Value)>) -> Value {
     let namespace = Namespace::default();
