@@ -567,3 +567,57 @@ thread_local! {
         (Arc::new(case), chain)
     };
 }
+
+/// Bytes journaled per step on `benches/agents/self_loop.apl`: the encoded inputs plus
+/// the history segments of a checkpoint every 100 steps. Returns (per step, last state).
+fn self_loop_bytes_per_step(steps: u64) -> (f64, usize) {
+    let path = root().join("benches/agents/self_loop.apl");
+    let mut case = load(&path, None);
+    case.options = RunOptions {
+        events: false,
+        max_steps: steps + 1,
+        ..case.options
+    }
+    .with_context_json(json!({"limit": steps}).as_object().unwrap());
+    case.script = ScriptedProvider::from_entries(vec![json!("ok"); steps as usize]).unwrap();
+    let recording = record(&case);
+    assert!(recording.summary.1.is_none(), "{:?}", recording.summary.1);
+    assert_eq!(recording.summary.3, steps);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let mut input_bytes = 0;
+    let mut segment_bytes = 0;
+    let mut covered = 0;
+    let mut state = 0;
+    for input in &recording.inputs {
+        if machine.history_len() >= covered + 100
+            && let Ok(checkpoint) = machine.checkpoint(covered)
+        {
+            covered = machine.history_len();
+            segment_bytes += checkpoint.history.len();
+            state = checkpoint.state.len();
+        }
+        input_bytes += input.encode().len();
+        let _ = apply(&mut machine, input);
+    }
+    let per_step = (input_bytes + segment_bytes) as f64 / steps as f64;
+    println!(
+        "self_loop, {steps} steps: {input_bytes} bytes of inputs + {segment_bytes} of history \
+         segments = {per_step:.1} bytes/step; last checkpoint state {state} bytes"
+    );
+    (per_step, state)
+}
+
+#[test]
+fn storage_per_step_stays_flat() {
+    let (small, small_state) = self_loop_bytes_per_step(1_000);
+    let (large, large_state) = self_loop_bytes_per_step(10_000);
+    assert!(
+        large <= small * 1.2,
+        "{large:.1} bytes/step at 10,000 steps vs {small:.1} at 1,000"
+    );
+    // The state holds the variables, not the history: it does not grow with the steps.
+    assert!(
+        large_state <= small_state + 64,
+        "{large_state} vs {small_state}"
+    );
+}
