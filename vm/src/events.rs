@@ -252,11 +252,78 @@ pub(crate) struct Recorder {
     finished: bool,
 }
 
+/// Everything a [`Recorder`] remembers but its buffer, for checkpoints
+/// (`machine/checkpoint.rs`): a restored run's events continue the same sequence.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct RecorderState {
+    pub(crate) seq: u64,
+    pub(crate) now: Duration,
+    pub(crate) step_started: Duration,
+    pub(crate) phase: Option<(Phase, Duration)>,
+    pub(crate) provider_started: Duration,
+    pub(crate) tool_started: Duration,
+    pub(crate) errors_seen: usize,
+    pub(crate) provider_calls: u64,
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
+    pub(crate) finished: bool,
+}
+
 impl Recorder {
     pub(crate) fn new(on: bool) -> Recorder {
         Recorder {
             on,
             ..Recorder::default()
+        }
+    }
+
+    /// The state to checkpoint. Events still in the buffer are not part of it: the
+    /// driver drains them after every call.
+    pub(crate) fn state(&self) -> RecorderState {
+        RecorderState {
+            seq: self.seq,
+            now: self.now,
+            step_started: self.step_started,
+            phase: self.phase,
+            provider_started: self.provider_started,
+            tool_started: self.tool_started,
+            errors_seen: self.errors_seen,
+            provider_calls: self.provider_calls,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            finished: self.finished,
+        }
+    }
+
+    /// A recorder that goes on from `state`, with an empty buffer.
+    pub(crate) fn restored(on: bool, state: RecorderState) -> Recorder {
+        let RecorderState {
+            seq,
+            now,
+            step_started,
+            phase,
+            provider_started,
+            tool_started,
+            errors_seen,
+            provider_calls,
+            input_tokens,
+            output_tokens,
+            finished,
+        } = state;
+        Recorder {
+            on,
+            buffer: Vec::new(),
+            seq,
+            now,
+            step_started,
+            phase,
+            provider_started,
+            tool_started,
+            errors_seen,
+            provider_calls,
+            input_tokens,
+            output_tokens,
+            finished,
         }
     }
 

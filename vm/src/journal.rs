@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Completion, ProviderError};
+use crate::{Completion, FinishReason, Part, ProviderError, ToolCall, Usage};
 
 /// One input the machine consumed, with the time it was given.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,16 +58,182 @@ impl Input {
         }
     }
 
-    /// Encodes the input (postcard).
+    /// Encodes the input: a format byte ([`INPUT_FORMAT`]), then postcard.
+    ///
+    /// postcard is not self-describing, so it cannot read a `serde_json::Value` back; the
+    /// JSON inside an input (tool results, tool-call arguments, usage fields) is kept as
+    /// JSON text, which serde_json reads back exactly (key order included) and with its
+    /// nesting limit of 128.
     pub fn encode(&self) -> Vec<u8> {
-        todo!("journal: Input::encode")
+        let wire = match self {
+            Input::Poll { at } => WireInput::Poll { at: *at },
+            Input::Provider { at, result } => WireInput::Provider {
+                at: *at,
+                result: match result {
+                    Ok(completion) => Ok(WireCompletion::from(completion)),
+                    Err(error) => Err(error.clone()),
+                },
+            },
+            Input::Tool { at, result } => WireInput::Tool {
+                at: *at,
+                result: match result {
+                    Ok(value) => Ok(value.to_string()),
+                    Err(message) => Err(message.clone()),
+                },
+            },
+            Input::Timeout { at } => WireInput::Timeout { at: *at },
+        };
+        // Serializing into a Vec fails only on types postcard cannot write (sequences of
+        // unknown length, `deserialize_any`-only values); `WireInput` has none.
+        postcard::to_extend(&wire, vec![INPUT_FORMAT])
+            .expect("postcard serializes every WireInput: plain structs, strings, integers")
     }
 
-    /// Decodes an input written by [`Input::encode`].
+    /// Decodes an input written by [`Input::encode`]. Any other bytes, truncated or
+    /// trailing ones included, are [`JournalError::Corrupt`]; memory use is bounded by
+    /// a small multiple of `bytes.len()`.
     pub fn decode(bytes: &[u8]) -> Result<Input, JournalError> {
-        let _ = bytes;
-        todo!("journal: Input::decode")
+        let Some((&format, payload)) = bytes.split_first() else {
+            return Err(JournalError::Corrupt("empty input entry".into()));
+        };
+        if format != INPUT_FORMAT {
+            return Err(JournalError::Corrupt(format!(
+                "input entry format {format}, expected {INPUT_FORMAT}"
+            )));
+        }
+        let (wire, rest): (WireInput, &[u8]) = postcard::take_from_bytes(payload)
+            .map_err(|error| JournalError::Corrupt(format!("input entry: {error}")))?;
+        if !rest.is_empty() {
+            return Err(JournalError::Corrupt(format!(
+                "input entry: {} trailing bytes",
+                rest.len()
+            )));
+        }
+        Ok(match wire {
+            WireInput::Poll { at } => Input::Poll { at },
+            WireInput::Provider { at, result } => Input::Provider {
+                at,
+                result: match result {
+                    Ok(completion) => Ok(completion.into_completion()?),
+                    Err(error) => Err(error),
+                },
+            },
+            WireInput::Tool { at, result } => Input::Tool {
+                at,
+                result: match result {
+                    Ok(text) => Ok(json_from_text(&text, "tool result")?),
+                    Err(message) => Err(message),
+                },
+            },
+            WireInput::Timeout { at } => Input::Timeout { at },
+        })
     }
+}
+
+/// The first byte of every encoded [`Input`]: the version of its layout.
+pub const INPUT_FORMAT: u8 = 1;
+
+/// [`Input`] as postcard writes it: JSON values as JSON text (see [`Input::encode`]).
+#[derive(Serialize, Deserialize)]
+enum WireInput {
+    Poll {
+        at: Duration,
+    },
+    Provider {
+        at: Duration,
+        result: Result<WireCompletion, ProviderError>,
+    },
+    Tool {
+        at: Duration,
+        result: Result<String, String>,
+    },
+    Timeout {
+        at: Duration,
+    },
+}
+
+/// [`Completion`] without `raw`, its JSON as text.
+#[derive(Serialize, Deserialize)]
+struct WireCompletion {
+    role: String,
+    content: Vec<Part>,
+    /// `(id, name, arguments as JSON text)`.
+    tool_calls: Vec<(String, String, String)>,
+    /// `(input_tokens, output_tokens, fields as JSON text)`.
+    usage: Option<(Option<u64>, Option<u64>, String)>,
+    finish_reason: Option<FinishReason>,
+    model: Option<String>,
+}
+
+impl From<&Completion> for WireCompletion {
+    fn from(completion: &Completion) -> WireCompletion {
+        WireCompletion {
+            role: completion.role.clone(),
+            content: completion.content.clone(),
+            tool_calls: completion
+                .tool_calls
+                .iter()
+                .map(|call| {
+                    (
+                        call.id.clone(),
+                        call.name.clone(),
+                        call.arguments.to_string(),
+                    )
+                })
+                .collect(),
+            usage: completion.usage.as_ref().map(|usage| {
+                (
+                    usage.input_tokens,
+                    usage.output_tokens,
+                    serde_json::Value::Object(usage.fields.clone()).to_string(),
+                )
+            }),
+            finish_reason: completion.finish_reason.clone(),
+            model: completion.model.clone(),
+        }
+    }
+}
+
+impl WireCompletion {
+    fn into_completion(self) -> Result<Completion, JournalError> {
+        let tool_calls = self
+            .tool_calls
+            .into_iter()
+            .map(|(id, name, arguments)| {
+                Ok(ToolCall::new(
+                    id,
+                    name,
+                    json_from_text(&arguments, "tool-call arguments")?,
+                ))
+            })
+            .collect::<Result<Vec<_>, JournalError>>()?;
+        let usage = match self.usage {
+            None => None,
+            Some((input_tokens, output_tokens, fields)) => {
+                match json_from_text(&fields, "usage")? {
+                    serde_json::Value::Object(fields) => Some(Usage {
+                        input_tokens,
+                        output_tokens,
+                        fields,
+                    }),
+                    _ => return Err(JournalError::Corrupt("usage is not an object".into())),
+                }
+            }
+        };
+        Ok(Completion {
+            role: self.role,
+            content: self.content,
+            tool_calls,
+            usage,
+            finish_reason: self.finish_reason,
+            model: self.model,
+            raw: None,
+        })
+    }
+}
+
+fn json_from_text(text: &str, what: &str) -> Result<serde_json::Value, JournalError> {
+    serde_json::from_str(text).map_err(|error| JournalError::Corrupt(format!("{what}: {error}")))
 }
 
 /// A machine's state at rest (its next input is a `poll`), encoded.
@@ -103,4 +269,131 @@ pub enum JournalError {
     /// A checkpoint of another program, or segments out of order.
     #[error("checkpoint does not match: {0}")]
     Mismatch(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FinishReason, ProviderErrorKind};
+    use serde_json::json;
+
+    fn inputs() -> Vec<Input> {
+        let mut completion = Completion::text("hi");
+        completion.content.push(Part::ImageUrl("data:x".into()));
+        completion.tool_calls = vec![
+            ToolCall::new("c1", "add", json!("{\"a\": 1}")),
+            ToolCall::new("c2", "mul", json!({"z": 1.0, "a": [1, -2, null, true]})),
+        ];
+        let mut fields = serde_json::Map::new();
+        fields.insert("total_tokens".into(), json!(3));
+        fields.insert("prompt_tokens".into(), json!(1));
+        completion.usage = Some(Usage {
+            input_tokens: Some(1),
+            output_tokens: None,
+            fields,
+        });
+        completion.finish_reason = Some(FinishReason::Other("weird".into()));
+        completion.model = Some("m".into());
+        vec![
+            Input::Poll {
+                at: Duration::new(3, 141_592_653),
+            },
+            Input::Provider {
+                at: Duration::from_millis(5),
+                result: Ok(completion),
+            },
+            Input::Provider {
+                at: Duration::from_millis(6),
+                result: Ok(Completion::empty()),
+            },
+            Input::Provider {
+                at: Duration::ZERO,
+                result: Err(ProviderError::new(
+                    ProviderErrorKind::RateLimited,
+                    "slow down",
+                )),
+            },
+            Input::Tool {
+                at: Duration::from_secs(u64::MAX),
+                result: Ok(json!({"b": 1, "a": 1.5, "c": u64::MAX, "d": i64::MIN})),
+            },
+            Input::Tool {
+                at: Duration::from_secs(1),
+                result: Err("boom".into()),
+            },
+            Input::Timeout {
+                at: Duration::from_nanos(1),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_input_round_trips_exactly() {
+        for input in inputs() {
+            let bytes = input.encode();
+            assert_eq!(bytes[0], INPUT_FORMAT);
+            let back = Input::decode(&bytes).unwrap();
+            assert_eq!(back, input);
+            // Key order and number kinds survive, not only equality.
+            if let (Input::Tool { result: Ok(a), .. }, Input::Tool { result: Ok(b), .. }) =
+                (&input, &back)
+            {
+                assert_eq!(a.to_string(), b.to_string());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_bytes_are_corrupt() {
+        assert!(matches!(Input::decode(&[]), Err(JournalError::Corrupt(_))));
+        assert!(matches!(
+            Input::decode(&[2, 0, 0, 0]),
+            Err(JournalError::Corrupt(_))
+        ));
+        for input in inputs() {
+            let bytes = input.encode();
+            for len in 0..bytes.len() {
+                assert!(
+                    matches!(Input::decode(&bytes[..len]), Err(JournalError::Corrupt(_))),
+                    "truncated to {len}: {input:?}"
+                );
+            }
+            let mut long = bytes.clone();
+            long.push(0);
+            assert!(matches!(
+                Input::decode(&long),
+                Err(JournalError::Corrupt(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn a_huge_length_prefix_does_not_allocate_it() {
+        // Provider, Ok, role of length u32::MAX: postcard checks lengths against the input.
+        let bytes = [INPUT_FORMAT, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f];
+        assert!(matches!(
+            Input::decode(&bytes),
+            Err(JournalError::Corrupt(_))
+        ));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let _ = Input::decode(&bytes);
+        }
+
+        #[test]
+        fn flipped_bits_never_panic(index in 0usize..4096, bit in 0u8..8) {
+            for input in inputs() {
+                let mut bytes = input.encode();
+                let at = index % bytes.len();
+                bytes[at] ^= 1 << bit;
+                if let Ok(back) = Input::decode(&bytes) {
+                    // A flip that still decodes gives some valid input, which round-trips.
+                    proptest::prop_assert_eq!(Input::decode(&back.encode()), Ok(back));
+                }
+            }
+        }
+    }
 }

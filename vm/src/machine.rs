@@ -36,6 +36,8 @@
 //! instructions, and the run ends with a timeout (or [`RunErrorKind::Cancelled`]).
 //! Pure drivers such as [`run_scripted`] set neither.
 
+mod checkpoint;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -345,6 +347,8 @@ pub struct Machine {
     /// This run's own deadline flag (set by the driver) and the embedder's flag.
     interrupt: [Interrupt; 2],
     events: Recorder,
+    /// The namespaces checkpoints have written, by identity (`checkpoint.rs`).
+    namespaces: checkpoint::Namespaces,
 }
 
 impl Machine {
@@ -404,6 +408,7 @@ impl Machine {
             error,
             interrupt: [Interrupt::new(), options.interrupt],
             events,
+            namespaces: Default::default(),
         }
     }
 
@@ -643,7 +648,7 @@ impl Machine {
 
     /// Entries in `context_history` so far.
     pub fn history_len(&self) -> u64 {
-        todo!("checkpoint: history_len")
+        checkpoint::history_len(self)
     }
 
     /// The machine's state at rest, for [`Machine::restore`]: valid when the next input
@@ -652,8 +657,7 @@ impl Machine {
     /// checkpoints. Fails with [`JournalError::Unencodable`] when a variable holds a value
     /// with no durable form; the caller then skips this checkpoint.
     pub fn checkpoint(&self, history_start: u64) -> Result<Checkpoint, JournalError> {
-        let _ = history_start;
-        todo!("checkpoint: Machine::checkpoint")
+        checkpoint::checkpoint(self, history_start)
     }
 
     /// Rebuilds a machine from checkpoints of a run of `program` with `options`:
@@ -666,8 +670,7 @@ impl Machine {
         history: &[(u64, &[u8])],
         state: &[u8],
     ) -> Result<Machine, JournalError> {
-        let _ = (program, options, history, state);
-        todo!("checkpoint: Machine::restore")
+        checkpoint::restore(program, options, history, state)
     }
 
     fn enter_step(&mut self, step: StepId, now: Duration) {

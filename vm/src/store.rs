@@ -334,7 +334,7 @@ impl Object for Snapshot {
 
 /// `context_history`: a persistent list of [`Snapshot`]s.
 #[derive(Debug)]
-struct History(Vector<Value>);
+pub(crate) struct History(pub(crate) Vector<Value>);
 
 impl Object for History {
     fn repr(self: &Arc<Self>) -> ObjectRepr {

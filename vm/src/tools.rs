@@ -420,6 +420,15 @@ impl Ledger {
         }
     }
 
+    /// Every entry, sorted by key (checkpoints write them in a stable order).
+    pub(crate) fn entries(&self) -> Vec<(&str, &Json, Duration)> {
+        let mut entries: Vec<_> = (self.entries.iter())
+            .map(|(key, (value, stored))| (key.as_str(), value, *stored))
+            .collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        entries
+    }
+
     /// Remembers a successful result.
     pub fn put(&mut self, key: String, value: Json, now: Duration) {
         self.entries.insert(key, (value, now));

@@ -261,6 +261,8 @@ mod deserialize;
 pub(crate) mod merge_object;
 // aplc patch: value size and nesting limits (APLC-PATCH.md).
 pub mod limits;
+// aplc patch: exact copies of values, for checkpoints (APLC-PATCH.md).
+pub mod durable;
 pub(crate) mod namespace_object;
 mod object;
 pub(crate) mod ops;

@@ -1,0 +1,623 @@
+//! Durable runs, machine side (`spec/durability.md`): replaying a run's journaled inputs
+//! rebuilds it exactly, and a checkpoint taken at any rest point, restored into a new
+//! machine, goes on exactly as the original did: same final context, same events.
+//!
+//! Every `fixtures/run` and `fixtures/tools` agent with a mock is driven with events on,
+//! a simulated clock and a deterministic fake tool (it echoes its call), and every input
+//! is recorded as an [`Input`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aplc_compiler::{Options, compile};
+use aplc_vm::journal::{Checkpoint, Input, JournalError};
+use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
+use aplc_vm::{Action, Limits, Machine, Program, RunError, RunOptions, ScriptedProvider};
+use serde_json::{Value as Json, json};
+
+struct Case {
+    name: String,
+    program: Arc<Program>,
+    options: RunOptions,
+    script: ScriptedProvider,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn read_json(path: &Path) -> Option<Json> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+}
+
+/// The registry of a `tools.json` manifest: descriptors and idempotency, no commands.
+fn registry(manifest: &Json) -> ToolRegistry {
+    let mut registry = ToolRegistry::new();
+    for (name, entry) in manifest.as_object().unwrap() {
+        let mut descriptor = entry["descriptor"].clone();
+        descriptor
+            .as_object_mut()
+            .unwrap()
+            .entry("name")
+            .or_insert(json!(name));
+        let mut spec = ToolSpec::new(descriptor)
+            .unwrap()
+            .with_context(entry.get("with_context").and_then(Json::as_bool) == Some(true));
+        if let Some(idem) = entry.get("idempotent") {
+            let key = match &idem["key"] {
+                Json::Array(params) => IdempotencyKey::Params(
+                    params
+                        .iter()
+                        .map(|p| p.as_str().unwrap().to_string())
+                        .collect(),
+                ),
+                _ => IdempotencyKey::Auto,
+            };
+            let ttl = idem
+                .get("ttl_ms")
+                .and_then(Json::as_u64)
+                .map(Duration::from_millis);
+            spec = spec.idempotent(Idempotency { key, ttl });
+        }
+        registry.register(spec).unwrap();
+    }
+    registry
+}
+
+fn load(path: &Path, tools: Option<&Json>) -> Case {
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let source = std::fs::read_to_string(path).unwrap();
+    let opts = read_json(&path.with_extension("options.json")).unwrap_or(json!({}));
+    let context = read_json(&path.with_extension("context.json"));
+    let mut compile_options =
+        Options::for_run(opts.get("relaxed").and_then(Json::as_bool) == Some(true));
+    if let Some(Json::Object(map)) = &context {
+        compile_options.inputs = map.keys().cloned().collect();
+    }
+    let bundle = compile(&source, &name, &compile_options)
+        .bundle
+        .unwrap_or_else(|| panic!("{name} does not compile"));
+    let program = Arc::new(Program::from_bundle(bundle, Limits::default()).unwrap());
+    let mut options = RunOptions {
+        max_runs: opts.get("max_runs").and_then(Json::as_u64),
+        events: true,
+        ..RunOptions::default()
+    };
+    if let Some(steps) = opts.get("max_steps").and_then(Json::as_u64) {
+        options.max_steps = steps;
+    }
+    if let Some(ms) = opts.get("timeout_ms").and_then(Json::as_u64) {
+        options.timeout = Duration::from_millis(ms);
+    }
+    if let Some(Json::Object(map)) = &context {
+        options = options.with_context_json(map);
+    }
+    if let Some(tools) = tools {
+        options.tools = Arc::new(registry(tools));
+    }
+    let mock = std::fs::read_to_string(path.with_extension("mock.json")).unwrap();
+    Case {
+        name,
+        program,
+        options,
+        script: ScriptedProvider::from_json(&mock).unwrap(),
+    }
+}
+
+/// Every fixture agent with a mock.
+fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (dir, manifest) in [
+        ("fixtures/run", None),
+        ("fixtures/tools", Some("tools.json")),
+    ] {
+        let dir = root().join(dir);
+        let tools = manifest.and_then(|m| read_json(&dir.join(m)));
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "apl"))
+            .filter(|p| p.with_extension("mock.json").exists())
+            .collect();
+        paths.sort();
+        cases.extend(paths.iter().map(|p| load(p, tools.as_ref())));
+    }
+    assert!(cases.len() > 30, "found only {} fixtures", cases.len());
+    cases
+}
+
+/// What a run ended with: the final context (times included: they come from the
+/// inputs), the error, the last step's errors and the steps.
+type Summary = (Json, Option<RunError>, Vec<String>, u64);
+
+fn summary(machine: Machine) -> Summary {
+    let outcome = machine.into_outcome();
+    (
+        outcome.context_json(),
+        outcome.error.clone(),
+        outcome.last_step_errors.clone(),
+        outcome.steps,
+    )
+}
+
+fn drain(machine: &mut Machine) -> Vec<Json> {
+    machine.drain_events().map(|e| e.to_json()).collect()
+}
+
+/// Hands `input` to the machine; the action for a `poll`.
+fn apply(machine: &mut Machine, input: &Input) -> Option<Action> {
+    match input.clone() {
+        Input::Poll { at } => Some(machine.poll(at)),
+        Input::Provider { at, result } => {
+            machine.handle_provider_response(at, result);
+            None
+        }
+        Input::Tool { at, result } => {
+            machine.handle_tool_result(at, result);
+            None
+        }
+        Input::Timeout { at } => {
+            machine.handle_timeout(at);
+            None
+        }
+    }
+}
+
+/// One uninterrupted run: its inputs, the events after creation and after each input,
+/// and how it ended.
+struct Recording {
+    inputs: Vec<Input>,
+    start_events: Vec<Json>,
+    events: Vec<Vec<Json>>,
+    summary: Summary,
+}
+
+fn record(case: &Case) -> Recording {
+    let mut script = case.script.clone();
+    script.rewind();
+    let mut ticks = 0u64;
+    let mut clock = move || {
+        ticks += 1;
+        Duration::from_millis(ticks)
+    };
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let start_events = drain(&mut machine);
+    let mut inputs = Vec::new();
+    let mut events = Vec::new();
+    loop {
+        assert!(inputs.len() < 100_000, "{}: runaway run", case.name);
+        let poll = Input::Poll { at: clock() };
+        let action = apply(&mut machine, &poll);
+        inputs.push(poll);
+        events.push(drain(&mut machine));
+        let answer = match action {
+            Some(Action::CallProvider(_)) => Input::Provider {
+                at: clock(),
+                // As journaled: `Completion::raw` is not kept.
+                result: script.next_response().map(|mut completion| {
+                    completion.raw = None;
+                    completion
+                }),
+            },
+            Some(Action::CallTool(invocation)) => Input::Tool {
+                at: clock(),
+                // A deterministic fake tool: it echoes its call; `fail` fails.
+                result: if invocation.name == "fail" {
+                    Err("the tool failed".into())
+                } else {
+                    Ok(json!({"tool": invocation.name, "arguments": invocation.arguments}))
+                },
+            },
+            Some(Action::Continue) => continue,
+            Some(Action::Done) | None => break,
+        };
+        apply(&mut machine, &answer);
+        inputs.push(answer);
+        events.push(drain(&mut machine));
+    }
+    Recording {
+        inputs,
+        start_events,
+        events,
+        summary: summary(machine),
+    }
+}
+
+#[test]
+fn replaying_the_journaled_inputs_rebuilds_the_run() {
+    for case in cases() {
+        let recording = record(&case);
+        let mut machine = Machine::new(case.program.clone(), case.options.clone());
+        assert_eq!(drain(&mut machine), recording.start_events, "{}", case.name);
+        for (i, input) in recording.inputs.iter().enumerate() {
+            let decoded = Input::decode(&input.encode()).unwrap();
+            assert_eq!(&decoded, input, "{}: input {i}", case.name);
+            let _ = apply(&mut machine, &decoded);
+            assert_eq!(
+                drain(&mut machine),
+                recording.events[i],
+                "{}: events after input {i}",
+                case.name
+            );
+        }
+        assert_eq!(summary(machine), recording.summary, "{}", case.name);
+    }
+}
+
+/// Restores `checkpoints` (oldest first; the newest's state) and runs the inputs from
+/// `from` on, checking the events and the outcome against the recording.
+fn resume_and_compare(case: &Case, recording: &Recording, checkpoints: &[Checkpoint], from: usize) {
+    let segments: Vec<(u64, &[u8])> = checkpoints
+        .iter()
+        .map(|c| (c.history_start, c.history.as_slice()))
+        .collect();
+    let newest = checkpoints.last().unwrap();
+    let mut machine = Machine::restore(
+        case.program.clone(),
+        case.options.clone(),
+        &segments,
+        &newest.state,
+    )
+    .unwrap_or_else(|e| panic!("{}: restore before input {from}: {e}", case.name));
+    assert!(drain(&mut machine).is_empty());
+    // A checkpoint of the restored machine is the checkpoint it came from.
+    let again = machine.checkpoint(newest.history_start).unwrap();
+    assert_eq!(&again, newest, "{}: checkpoint after restore", case.name);
+    for (i, input) in recording.inputs.iter().enumerate().skip(from) {
+        let _ = apply(&mut machine, input);
+        assert_eq!(
+            drain(&mut machine),
+            recording.events[i],
+            "{}: restored before input {from}, events after input {i}",
+            case.name
+        );
+    }
+    assert_eq!(
+        summary(machine),
+        recording.summary,
+        "{}: restored before input {from}",
+        case.name
+    );
+}
+
+#[test]
+fn a_checkpoint_at_any_rest_point_resumes_the_run_exactly() {
+    let mut restored = 0;
+    for case in cases() {
+        let recording = record(&case);
+        let mut machine = Machine::new(case.program.clone(), case.options.clone());
+        let _ = drain(&mut machine);
+        // A chain of checkpoints, each holding the history since the one before.
+        let mut chain: Vec<Checkpoint> = Vec::new();
+        let mut covered = 0;
+        for (i, input) in recording.inputs.iter().enumerate() {
+            match machine.checkpoint(0) {
+                Ok(whole) => {
+                    assert!(matches!(input, Input::Poll { .. }), "{}: {i}", case.name);
+                    resume_and_compare(&case, &recording, std::slice::from_ref(&whole), i);
+                    chain.push(machine.checkpoint(covered).unwrap());
+                    covered = machine.history_len();
+                    resume_and_compare(&case, &recording, &chain, i);
+                    restored += 1;
+                }
+                Err(JournalError::NotAtRest(_)) => {
+                    assert!(!matches!(input, Input::Poll { .. }), "{}: {i}", case.name);
+                }
+                Err(e) => panic!("{}: checkpoint before input {i}: {e}", case.name),
+            }
+            let _ = apply(&mut machine, input);
+            let _ = drain(&mut machine);
+        }
+    }
+    assert!(restored > 100, "only {restored} rest points");
+}
+
+/// A case from source, with `answers` as the mock and `options` (events on).
+fn case_from_source(name: &str, source: &str, answers: Vec<Json>, options: RunOptions) -> Case {
+    let compiled = compile(source, name, &Options::for_run(false));
+    let bundle = compiled
+        .bundle
+        .unwrap_or_else(|| panic!("{name} does not compile: {:?}", compiled.diagnostics));
+    Case {
+        name: name.into(),
+        program: Arc::new(Program::from_bundle(bundle, Limits::default()).unwrap()),
+        options: RunOptions {
+            events: true,
+            ..options
+        },
+        script: ScriptedProvider::from_entries(answers).unwrap(),
+    }
+}
+
+/// Values whose representation a lossy copy would change: a namespace mutated after
+/// the restore, a tuple, a map with non-string keys in insertion order, integer and
+/// float kinds, safe strings, a frozen `context` snapshot.
+#[test]
+fn exotic_values_survive_a_restore_and_namespaces_stay_mutable() {
+    let source = r#"
+# pre: a
+{% if get_context('frozen') is none %}{{ set_context('frozen', context) }}{% endif %}
+{% if get_context('ns') is none %}{% set ns = namespace(n=1, l=[1]) %}{{ set_context('ns', ns) }}{% endif %}
+{{ set_context('t', (1, (2.0, 'x'))) }}
+{{ set_context('m', {2: 'two', 'k': [1.0, 1], none: (1,)}) }}
+{{ set_context('s', '<b>'|safe) }}
+{{ set_context('big', 2 ** 62 * 4) }}
+
+# prompt: a
+n is {{ ns.n }}, {{ t }}, {{ m }}, {{ s }}, {{ big }}, {{ 1 if m[2] == 'two' }}
+
+# post: a
+{% set ns = get_context('ns') %}{% set ns.n = ns.n + 1 %}
+{{ set_context('seen', [ns.n, t[1][0] is float, m | list, s ~ '', frozen.global_runs, big]) }}
+{% if ns.n < 4 %}{{ set_context('next_step', 'a') }}{% endif %}
+"#;
+    let case = case_from_source(
+        "exotic.apl",
+        source,
+        vec![json!("one"), json!("two"), json!("three")],
+        RunOptions::default(),
+    );
+    let recording = record(&case);
+    assert!(recording.summary.1.is_none(), "{:?}", recording.summary.1);
+    assert_eq!(
+        recording.summary.0["ns"]["n"],
+        json!(4),
+        "{:#}",
+        recording.summary.0
+    );
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let _ = drain(&mut machine);
+    let mut restored = 0;
+    for (i, input) in recording.inputs.iter().enumerate() {
+        if let Ok(checkpoint) = machine.checkpoint(0) {
+            resume_and_compare(&case, &recording, &[checkpoint], i);
+            restored += 1;
+        }
+        let _ = apply(&mut machine, input);
+        let _ = drain(&mut machine);
+    }
+    assert!(restored > 5);
+}
+
+fn first_unencodable(case: &Case) -> JournalError {
+    let recording = record(case);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    for input in &recording.inputs {
+        match machine.checkpoint(0) {
+            Ok(_) | Err(JournalError::NotAtRest(_)) => {}
+            Err(e) => return e,
+        }
+        let _ = apply(&mut machine, input);
+    }
+    panic!("{}: every checkpoint succeeded", case.name)
+}
+
+#[test]
+fn values_without_a_durable_form_are_refused() {
+    let source = "# pre: a\n{% macro greet() %}hi{% endmacro %}{{ set_context('greeter', greet) }}\n\n# prompt: a\nhi\n";
+    let case = case_from_source(
+        "macro.apl",
+        source,
+        vec![json!("ok")],
+        RunOptions::default(),
+    );
+    assert_eq!(
+        first_unencodable(&case),
+        JournalError::Unencodable {
+            name: "greeter".into(),
+            kind: "macro".into()
+        }
+    );
+    let source = "# pre: a\n{% for i in [1] %}{{ set_context('lp', loop) }}{% endfor %}\n\n# prompt: a\nhi\n";
+    let case = case_from_source("loop.apl", source, vec![json!("ok")], RunOptions::default());
+    assert!(matches!(
+        first_unencodable(&case),
+        JournalError::Unencodable { name, .. } if name == "lp"
+    ));
+    // Inside a list, in the history too: the variable is named.
+    let source = "# pre: a\n{% macro greet() %}hi{% endmacro %}{{ set_context('xs', [1, [greet]]) }}\n\n# prompt: a\nhi\n";
+    let case = case_from_source(
+        "nested.apl",
+        source,
+        vec![json!("ok")],
+        RunOptions::default(),
+    );
+    assert!(matches!(
+        first_unencodable(&case),
+        JournalError::Unencodable { name, .. } if name == "xs"
+    ));
+}
+
+/// A checkpoint in the middle of a run with a tool round, history and events.
+fn some_checkpoint() -> (Case, Vec<Checkpoint>) {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "weather_loop.apl")
+        .unwrap();
+    let recording = record(&case);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let mut chain = Vec::new();
+    let mut covered = 0;
+    for input in &recording.inputs {
+        // Only where the history grew: every segment holds at least one entry.
+        if machine.history_len() > covered
+            && let Ok(checkpoint) = machine.checkpoint(covered)
+        {
+            covered = machine.history_len();
+            chain.push(checkpoint);
+        }
+        let _ = apply(&mut machine, input);
+    }
+    assert!(chain.len() >= 2, "{} checkpoints", chain.len());
+    (case, chain)
+}
+
+fn restore(case: &Case, chain: &[Checkpoint], state: &[u8]) -> Result<Machine, JournalError> {
+    let segments: Vec<(u64, &[u8])> = chain
+        .iter()
+        .map(|c| (c.history_start, c.history.as_slice()))
+        .collect();
+    Machine::restore(case.program.clone(), case.options.clone(), &segments, state)
+}
+
+#[test]
+fn truncated_or_mismatched_checkpoints_are_errors() {
+    let (case, chain) = some_checkpoint();
+    let newest = chain.last().unwrap();
+    assert!(newest.history_start > 0, "the chain splits the history");
+    restore(&case, &chain, &newest.state).unwrap();
+    for len in 0..newest.state.len() {
+        assert!(
+            matches!(
+                restore(&case, &chain, &newest.state[..len]),
+                Err(JournalError::Corrupt(_) | JournalError::Mismatch(_))
+            ),
+            "state truncated to {len}"
+        );
+    }
+    let mut long = newest.state.clone();
+    long.push(0);
+    assert!(matches!(
+        restore(&case, &chain, &long),
+        Err(JournalError::Corrupt(_))
+    ));
+    // A segment missing, out of order, or a history cut short.
+    let missing: Vec<Checkpoint> = chain.iter().skip(1).cloned().collect();
+    assert!(matches!(
+        restore(&case, &missing, &newest.state),
+        Err(JournalError::Mismatch(_))
+    ));
+    let mut swapped = chain.clone();
+    swapped.swap(0, 1);
+    assert!(matches!(
+        restore(&case, &swapped, &newest.state),
+        Err(JournalError::Mismatch(_))
+    ));
+    let short = &chain[..chain.len() - 1];
+    assert!(matches!(
+        restore(&case, short, &newest.state),
+        Err(JournalError::Mismatch(_))
+    ));
+    for segment in &chain {
+        let history = &segment.history;
+        for len in 0..history.len() {
+            let mut cut = chain.clone();
+            let i = chain.iter().position(|c| c == segment).unwrap();
+            cut[i].history = history[..len].to_vec();
+            assert!(restore(&case, &cut, &newest.state).is_err());
+        }
+    }
+    // Another program.
+    let other = cases().into_iter().find(|c| c.name == "calc.apl").unwrap();
+    assert!(matches!(
+        restore(&other, &chain, &newest.state),
+        Err(JournalError::Mismatch(_))
+    ));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn corrupt_checkpoints_never_panic(
+        which in 0usize..64,
+        flips in proptest::collection::vec((0usize..1 << 16, 0u8..8), 1..4),
+        in_history in proptest::bool::ANY,
+    ) {
+        let (case, chain) = CHECKPOINT.with(|c| c.clone());
+        let mut chain = chain;
+        let at = which % chain.len();
+        let target = if in_history { &mut chain[at].history } else { &mut chain[at].state };
+        for (index, bit) in flips {
+            let len = target.len();
+            target[index % len] ^= 1 << bit;
+        }
+        let newest = chain[at].state.clone();
+        // Any answer but a panic; a restored machine must also run without one.
+        if let Ok(mut machine) = restore(&case, &chain[..=at], &newest) {
+            for i in 0..64 {
+                match machine.poll(Duration::from_secs(1000 + i)) {
+                    Action::Done => break,
+                    Action::CallProvider(_) => machine
+                        .handle_provider_response(Duration::from_secs(1000 + i), Ok(aplc_vm::Completion::text("x"))),
+                    Action::CallTool(_) => machine.handle_tool_result(Duration::from_secs(1000 + i), Ok(json!(1))),
+                    Action::Continue => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn random_bytes_are_not_a_checkpoint(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+        let (case, chain) = CHECKPOINT.with(|c| c.clone());
+        let mut state = b"APLS\x01".to_vec();
+        state.extend_from_slice(&bytes);
+        proptest::prop_assert!(restore(&case, &chain, &state).is_err());
+        let mut segment = b"APLH\x01".to_vec();
+        segment.extend_from_slice(&bytes);
+        let _ = restore(&case, &[Checkpoint { history_start: 0, history: segment, state: vec![] }], &chain.last().unwrap().state);
+    }
+}
+
+thread_local! {
+    static CHECKPOINT: (Arc<Case>, Vec<Checkpoint>) = {
+        let (case, chain) = some_checkpoint();
+        (Arc::new(case), chain)
+    };
+}
+
+/// Bytes journaled per step on `benches/agents/self_loop.apl`: the encoded inputs plus
+/// the history segments of a checkpoint every 100 steps. Returns (per step, last state).
+fn self_loop_bytes_per_step(steps: u64) -> (f64, usize) {
+    let path = root().join("benches/agents/self_loop.apl");
+    let mut case = load(&path, None);
+    case.options = RunOptions {
+        events: false,
+        max_steps: steps + 1,
+        ..case.options
+    }
+    .with_context_json(json!({"limit": steps}).as_object().unwrap());
+    case.script = ScriptedProvider::from_entries(vec![json!("ok"); steps as usize]).unwrap();
+    let recording = record(&case);
+    assert!(recording.summary.1.is_none(), "{:?}", recording.summary.1);
+    assert_eq!(recording.summary.3, steps);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let mut input_bytes = 0;
+    let mut segment_bytes = 0;
+    let mut covered = 0;
+    let mut state = 0;
+    for input in &recording.inputs {
+        if machine.history_len() >= covered + 100
+            && let Ok(checkpoint) = machine.checkpoint(covered)
+        {
+            covered = machine.history_len();
+            segment_bytes += checkpoint.history.len();
+            state = checkpoint.state.len();
+        }
+        input_bytes += input.encode().len();
+        let _ = apply(&mut machine, input);
+    }
+    let per_step = (input_bytes + segment_bytes) as f64 / steps as f64;
+    println!(
+        "self_loop, {steps} steps: {input_bytes} bytes of inputs + {segment_bytes} of history \
+         segments = {per_step:.1} bytes/step; last checkpoint state {state} bytes"
+    );
+    (per_step, state)
+}
+
+#[test]
+fn storage_per_step_stays_flat() {
+    let (small, small_state) = self_loop_bytes_per_step(1_000);
+    let (large, large_state) = self_loop_bytes_per_step(10_000);
+    assert!(
+        large <= small * 1.2,
+        "{large:.1} bytes/step at 10,000 steps vs {small:.1} at 1,000"
+    );
+    // The state holds the variables, not the history: it does not grow with the steps.
+    assert!(
+        large_state <= small_state + 64,
+        "{large_state} vs {small_state}"
+    );
+}
