@@ -393,7 +393,7 @@ fn crash_during_tool_call(name: &str, store: &str) {
     let context = context(&output);
     let third = &context["context_history"][2]["result_tool_calls"][0];
     assert_eq!(third["tool_call_id"], "call-3", "{third}");
-    assert_eq!(third["is_error"], true, "{third}");
+    assert_eq!(third["with_error"], true, "{third}");
     let content = third["content"].as_str().unwrap_or_default();
     assert!(
         content.contains("interrupted; not retried because the tool is not idempotent"),

@@ -186,6 +186,7 @@ async fn a_crash_at_any_provider_call_resumes_to_the_same_end() {
                 hang_at: Some(crash_at),
             };
             let tools = toolbox(executions.clone(), None, false);
+            let cfg = config(every);
             let run = durable::start(
                 store.as_ref(),
                 id.clone(),
@@ -194,7 +195,7 @@ async fn a_crash_at_any_provider_call_resumes_to_the_same_end() {
                 &hanging,
                 &tools,
                 None,
-                &config(every),
+                &cfg,
             );
             // The run waits forever on call `crash_at`: drop it there.
             let dropped = tokio::time::timeout(Duration::from_millis(200), run).await;
@@ -247,6 +248,7 @@ async fn a_crash_during_a_tool_call_reruns_it_only_if_idempotent() {
             };
             let executions = Arc::new(AtomicU64::new(0));
             let tools = toolbox(executions.clone(), Some(crash_at), idempotent);
+            let cfg = config(2);
             let run = durable::start(
                 store.as_ref(),
                 id.clone(),
@@ -255,7 +257,7 @@ async fn a_crash_during_a_tool_call_reruns_it_only_if_idempotent() {
                 &model,
                 &tools,
                 None,
-                &config(2),
+                &cfg,
             );
             assert!(
                 tokio::time::timeout(Duration::from_millis(200), run)
@@ -275,10 +277,10 @@ async fn a_crash_during_a_tool_call_reruns_it_only_if_idempotent() {
             let call = &history[crash_at as usize]["result_tool_calls"][0];
             if idempotent {
                 assert_eq!(executions.load(Ordering::SeqCst), TURNS - crash_at);
-                assert_eq!(call["is_error"], false, "{call}");
+                assert_eq!(call["with_error"], false, "{call}");
             } else {
                 assert_eq!(executions.load(Ordering::SeqCst), TURNS - crash_at - 1);
-                assert_eq!(call["is_error"], true, "{call}");
+                assert_eq!(call["with_error"], true, "{call}");
                 assert!(call["content"].as_str().unwrap().contains(INTERRUPTED_TOOL), "{call}");
             }
             assert_eq!(context["turn"], json!(TURNS));
@@ -298,7 +300,7 @@ async fn one_writer_finished_runs_and_mismatches() {
     let executions = Arc::new(AtomicU64::new(0));
     let tools = toolbox(executions, None, false);
     let cfg = config(100);
-    let run = durable::start(
+    let mut run = Box::pin(durable::start(
         store.as_ref(),
         "held".into(),
         program(),
@@ -307,8 +309,7 @@ async fn one_writer_finished_runs_and_mismatches() {
         &tools,
         None,
         &cfg,
-    );
-    tokio::pin!(run);
+    ));
     // Drive the run until it hangs on its second call, holding the lease.
     assert!(
         tokio::time::timeout(Duration::from_millis(200), &mut run)
