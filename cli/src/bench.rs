@@ -423,9 +423,11 @@ fn durability(
                         let outcome = if durable {
                             aplc_runtime::durable::start(
                                 store.as_ref(),
-                                ids[i as usize].clone(),
-                                program.clone(),
-                                options.clone(),
+                                aplc_runtime::durable::NewDurableRun {
+                                    id: ids[i as usize].clone(),
+                                    program: program.clone(),
+                                    options: options.clone(),
+                                },
                                 &provider,
                                 &driver::Toolbox::new(),
                                 None,
@@ -481,7 +483,8 @@ fn durability(
 
     let runs = args.runs as f64;
     let steps = durable.steps.max(1) as f64;
-    let step_us = |p: &Phase| p.wall.as_secs_f64() * 1e6 * concurrency as f64 / p.steps.max(1) as f64;
+    let step_us =
+        |p: &Phase| p.wall.as_secs_f64() * 1e6 * concurrency as f64 / p.steps.max(1) as f64;
     let report = serde_json::json!({
         "mode": "durability",
         "file": display_name(&args.file),

@@ -146,9 +146,11 @@ pub(crate) fn run(
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run = durable::start(
             store.as_ref(),
-            id,
-            program,
-            options,
+            durable::NewDurableRun {
+                id,
+                program,
+                options,
+            },
             &equipment.provider,
             &equipment.toolbox,
             Some(&mut listener),
@@ -226,7 +228,11 @@ fn config(equipment: &Equipment, checkpoint_every: u64) -> DurableOptions {
 /// The run's event sinks: `--events` and the progress line.
 fn sinks(output: &OutputArgs, equipment: &Equipment) -> Result<Sinks, Failure> {
     let progress = !output.quiet && std::io::stderr().is_terminal();
-    Sinks::open(output.events.as_deref(), progress, equipment.secrets.redactor())
+    Sinks::open(
+        output.events.as_deref(),
+        progress,
+        equipment.secrets.redactor(),
+    )
 }
 
 /// Closes the sinks and prints like `aplc run`. A run stopped by a signal or a store
@@ -271,7 +277,11 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
             let store = runtime.block_on(open(&parse_url(&store.store)?))?;
             let runs = runtime.block_on(store.list()).map_err(store_failure)?;
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{:<24}  {:<24}  {:<10}  {:>7}  STARTED", "ID", "AGENT", "STATUS", "STEPS");
+            let _ = writeln!(
+                out,
+                "{:<24}  {:<24}  {:<10}  {:>7}  STARTED",
+                "ID", "AGENT", "STATUS", "STEPS"
+            );
             for run in &runs {
                 let _ = writeln!(
                     out,

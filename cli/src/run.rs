@@ -113,7 +113,11 @@ impl WithArgs {
             None
         };
         let mut secrets = Secrets::new();
-        let (provider, no_key, scripted) = select_provider(self, http.as_ref(), &mut secrets)?;
+        let Selected {
+            provider,
+            no_key,
+            scripted,
+        } = select_provider(self, http.as_ref(), &mut secrets)?;
         let provider = Recorder::new(provider, recording);
         let mut toolbox = match (&self.tools, &http) {
             (Some(path), Some(http)) => {
@@ -308,7 +312,11 @@ impl serde_json::ser::Formatter for ShallowPretty {
 }
 
 /// Prints a run's output and picks the exit code.
-pub(crate) fn report(program: &Program, outcome: &RunOutcome, json: bool) -> Result<ExitCode, Failure> {
+pub(crate) fn report(
+    program: &Program,
+    outcome: &RunOutcome,
+    json: bool,
+) -> Result<ExitCode, Failure> {
     let mut stdout = std::io::stdout().lock();
     let printed = if json {
         write_json(&mut stdout, &outcome.context_json()).and_then(|_| writeln!(stdout))
@@ -402,6 +410,15 @@ impl Secrets {
     }
 }
 
+/// The provider [`select_provider`] chose.
+struct Selected {
+    provider: Box<dyn Provider>,
+    /// The HTTP provider has no key for api.openai.com.
+    no_key: bool,
+    /// The `--mock` provider, shared.
+    scripted: Option<Arc<Scripted>>,
+}
+
 /// The provider a run uses: `--mock`, `--providers`, or the OpenAI-compatible HTTP
 /// provider configured by `--base-url` and `--api-key` / `OPENAI_API_KEY`. The flag is
 /// true when that HTTP provider has no key for api.openai.com: the caller warns once the
@@ -410,7 +427,7 @@ fn select_provider(
     args: &WithArgs,
     http: Option<&HttpClient>,
     secrets: &mut Secrets,
-) -> Result<(Box<dyn Provider>, bool, Option<Arc<Scripted>>), Failure> {
+) -> Result<Selected, Failure> {
     // Even when the flag's provider is not used (`--mock`), the value is the user's key.
     secrets.values.extend(args.api_key.clone());
     let http_flags = args.api_key.is_some() || args.base_url.is_some();
@@ -425,7 +442,11 @@ fn select_provider(
                 eprintln!("warning: --api-key and --base-url are not used with --mock");
             }
             let scripted = Arc::new(Scripted::new(script));
-            Ok((Box::new(scripted.clone()), false, Some(scripted)))
+            Ok(Selected {
+                provider: Box::new(scripted.clone()),
+                no_key: false,
+                scripted: Some(scripted),
+            })
         }
         (None, Some(path)) => {
             if http_flags {
@@ -451,7 +472,11 @@ fn select_provider(
             for (name, value) in read.into_inner() {
                 secrets.variable(&name, value);
             }
-            Ok((Box::new(router), false, None))
+            Ok(Selected {
+                provider: Box::new(router),
+                no_key: false,
+                scripted: None,
+            })
         }
         (None, None) => {
             let mut config = OpenAiConfig::new();
@@ -478,7 +503,11 @@ fn select_provider(
                 config = config.api_key(key);
             }
             let provider = OpenAiProvider::new(config).map_err(Failure::usage)?;
-            Ok((Box::new(provider), no_key, None))
+            Ok(Selected {
+                provider: Box::new(provider),
+                no_key,
+                scripted: None,
+            })
         }
     }
 }

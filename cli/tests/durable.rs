@@ -116,7 +116,7 @@ fn answer(body: &str, ledger: &str) -> Json {
         .filter_map(|text| text.trim().strip_prefix("Turn "))
         .filter_map(|rest| rest.split_whitespace().next())
         .filter_map(|n| n.parse::<u64>().ok())
-        .last()
+        .next_back()
         .unwrap_or(0);
     let arguments = json!({"key": format!("t{turn}"), "ledger": ledger}).to_string();
     json!({
@@ -149,7 +149,9 @@ fn root() -> PathBuf {
 
 /// A scratch directory for one test, emptied first.
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("durable").join(name);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("durable")
+        .join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
@@ -173,7 +175,11 @@ fn setup(dir: &Path, mode: &str) {
         }
     });
     std::fs::write(dir.join("tools.json"), manifest.to_string()).unwrap();
-    std::fs::write(dir.join("context.json"), json!({"turns": TURNS}).to_string()).unwrap();
+    std::fs::write(
+        dir.join("context.json"),
+        json!({"turns": TURNS}).to_string(),
+    )
+    .unwrap();
 }
 
 fn aplc(dir: &Path, args: &[&str]) -> Command {
@@ -274,7 +280,10 @@ fn ledger_lines(path: &Path) -> usize {
 fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ready() {
-        assert!(start.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -290,7 +299,11 @@ fn kill9(mut child: Child) {
 fn baseline(dir: &Path, model: &Model, ledger: &Path) -> (Json, Vec<String>) {
     model.clear();
     let output = succeed(&mut run_command(dir, model, &[]));
-    assert_eq!(ledger_lines(ledger), TURNS as usize, "one tool run per turn");
+    assert_eq!(
+        ledger_lines(ledger),
+        TURNS as usize,
+        "one tool run per turn"
+    );
     std::fs::remove_file(ledger).unwrap();
     (context(&output), model.bodies())
 }
@@ -311,20 +324,36 @@ fn crash_during_provider_call(name: &str, store: &str) {
 
     model.clear();
     model.delay(400);
-    let child = run_command(&dir, &model, &["--store", store, "--run-id", "crash-provider"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn aplc");
+    let child = run_command(
+        &dir,
+        &model,
+        &["--store", store, "--run-id", "crash-provider"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn aplc");
     // The third request is being answered, slowly: kill aplc while it waits.
     wait_for("the third request", || model.bodies().len() >= 3);
     kill9(child);
-    assert_eq!(ledger_lines(&ledger), 2, "two turns' tools ran before the kill");
+    assert_eq!(
+        ledger_lines(&ledger),
+        2,
+        "two turns' tools ran before the kill"
+    );
 
     model.delay(0);
     let output = succeed(&mut resume_command(&dir, &model, store, "crash-provider"));
-    assert_eq!(context(&output), expected, "the resumed run ends as the uninterrupted one");
-    assert_eq!(ledger_lines(&ledger), TURNS as usize, "each tool call ran exactly once");
+    assert_eq!(
+        context(&output),
+        expected,
+        "the resumed run ends as the uninterrupted one"
+    );
+    assert_eq!(
+        ledger_lines(&ledger),
+        TURNS as usize,
+        "each tool call ran exactly once"
+    );
 
     let sent = model.bodies();
     let mut distinct = sent.clone();
@@ -332,7 +361,10 @@ fn crash_during_provider_call(name: &str, store: &str) {
     distinct.dedup();
     let mut expected_distinct = expected_requests.clone();
     expected_distinct.sort();
-    assert_eq!(distinct, expected_distinct, "the same requests as the uninterrupted run");
+    assert_eq!(
+        distinct, expected_distinct,
+        "the same requests as the uninterrupted run"
+    );
     assert_eq!(
         sent.len(),
         TURNS as usize + 1,
@@ -341,17 +373,27 @@ fn crash_during_provider_call(name: &str, store: &str) {
     assert_eq!(sent[2], sent[3], "the call in flight is the one sent again");
 
     // The store has it, finished.
-    let show = succeed(&mut aplc(&dir, &["runs", "show", "crash-provider", "--store", store]));
+    let show = succeed(&mut aplc(
+        &dir,
+        &["runs", "show", "crash-provider", "--store", store],
+    ));
     let show = String::from_utf8_lossy(&show.stdout);
     assert!(show.contains("status:   succeeded"), "{show}");
     assert!(show.contains(&format!("steps:    {TURNS}")), "{show}");
-    let events = succeed(&mut aplc(&dir, &["runs", "events", "crash-provider", "--store", store]));
+    let events = succeed(&mut aplc(
+        &dir,
+        &["runs", "events", "crash-provider", "--store", store],
+    ));
     let events: Vec<Json> = String::from_utf8_lossy(&events.stdout)
         .lines()
         .map(|line| serde_json::from_str(line).expect("JSON Lines"))
         .collect();
     for (i, event) in events.iter().enumerate() {
-        assert_eq!(event["seq"], json!(i), "events numbered without gaps or repeats");
+        assert_eq!(
+            event["seq"],
+            json!(i),
+            "events numbered without gaps or repeats"
+        );
     }
     assert_eq!(events.first().unwrap()["type"], "run_started");
     assert_eq!(events.last().unwrap()["type"], "run_finished");
@@ -382,9 +424,8 @@ fn crash_during_tool_call(name: &str, store: &str) {
     wait_for("the third tool run", || ledger_lines(&ledger) >= 3);
     kill9(child);
 
-    let output = succeed(
-        resume_command(&dir, &model, store, "crash-tool").env("APLC_TEST_TOOL_SLEEP", "0"),
-    );
+    let output =
+        succeed(resume_command(&dir, &model, store, "crash-tool").env("APLC_TEST_TOOL_SLEEP", "0"));
     assert_eq!(
         ledger_lines(&ledger),
         TURNS as usize,
@@ -431,11 +472,18 @@ fn concurrent_resume(name: &str, store: &str) {
     ];
     let won: Vec<_> = outputs.iter().filter(|o| o.status.success()).collect();
     let lost: Vec<_> = outputs.iter().filter(|o| !o.status.success()).collect();
-    assert_eq!(won.len(), 1, "exactly one resume takes the run: {outputs:?}");
+    assert_eq!(
+        won.len(),
+        1,
+        "exactly one resume takes the run: {outputs:?}"
+    );
     assert_eq!(lost.len(), 1);
     let stderr = String::from_utf8_lossy(&lost[0].stderr);
     assert_eq!(lost[0].status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("being advanced by another process"), "{stderr}");
+    assert!(
+        stderr.contains("being advanced by another process"),
+        "{stderr}"
+    );
     assert_eq!(ledger_lines(&ledger), TURNS as usize, "no tool ran twice");
 }
 
@@ -490,21 +538,33 @@ fn postgres_concurrent_resumes_one_wins() {
 fn bad_stores_and_unknown_runs_get_clear_errors() {
     let dir = scratch("bad-stores");
     let foreign = dir.join("foreign.db");
-    std::fs::write(&foreign, b"this is not a database, just text that is long enough. ".repeat(100))
-        .unwrap();
+    std::fs::write(
+        &foreign,
+        b"this is not a database, just text that is long enough. ".repeat(100),
+    )
+    .unwrap();
     let store = format!("sqlite:{}", foreign.display());
-    let output = aplc(&dir, &["runs", "list", "--store", &store]).output().unwrap();
+    let output = aplc(&dir, &["runs", "list", "--store", &store])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("not an aplc run store") || stderr.contains("corrupt"), "{stderr}");
+    assert!(
+        stderr.contains("not an aplc run store") || stderr.contains("corrupt"),
+        "{stderr}"
+    );
 
     let good = sqlite("bad-stores-good");
-    let output = aplc(&dir, &["runs", "show", "nope", "--store", &good]).output().unwrap();
+    let output = aplc(&dir, &["runs", "show", "nope", "--store", &good])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no run `nope`"), "{stderr}");
 
-    let output = aplc(&dir, &["runs", "list", "--store", "mysql://x"]).output().unwrap();
+    let output = aplc(&dir, &["runs", "list", "--store", "mysql://x"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("invalid store URL"), "{stderr}");
@@ -512,7 +572,12 @@ fn bad_stores_and_unknown_runs_get_clear_errors() {
     // A password in the URL never shows, even when the server is not there.
     let output = aplc(
         &dir,
-        &["runs", "list", "--store", "postgres://aplc:hunter2-secret@127.0.0.1:1/db"],
+        &[
+            "runs",
+            "list",
+            "--store",
+            "postgres://aplc:hunter2-secret@127.0.0.1:1/db",
+        ],
     )
     .output()
     .unwrap();

@@ -22,9 +22,7 @@ use serde_json::{Value as Json, json};
 
 use crate::driver::{CallContext, Listener, Provider, Toolbox};
 use crate::redact::Redactor;
-use crate::store::{
-    Batch, Lease, LoadedRun, NewRun, RunStore, StoreError, StoredCheckpoint,
-};
+use crate::store::{Batch, Lease, LoadedRun, NewRun, RunStore, StoreError, StoredCheckpoint};
 use aplc_vm::journal::Input;
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Machine, Program, ProviderError, RunOptions, RunOutcome};
@@ -144,7 +142,10 @@ fn registry_from_fingerprint(fingerprint: &Json) -> Result<ToolRegistry, String>
     let mut registry = ToolRegistry::new();
     let tools = fingerprint.as_array().ok_or("the tools are not a list")?;
     for tool in tools {
-        let descriptor = tool.get("descriptor").cloned().ok_or("a tool has no descriptor")?;
+        let descriptor = tool
+            .get("descriptor")
+            .cloned()
+            .ok_or("a tool has no descriptor")?;
         let mut spec = ToolSpec::new(descriptor)?
             .with_context(tool.get("with_context").and_then(Json::as_bool) == Some(true));
         if let Some(idem) = tool.get("idempotency").filter(|i| !i.is_null()) {
@@ -248,21 +249,35 @@ struct DurableState {
     machine: Vec<u8>,
 }
 
-/// Starts a durable run `id` of `program` in `store`, and drives it to the end.
+/// A new durable run: its id (unique in the store), program and options.
+#[derive(Debug, Clone)]
+pub struct NewDurableRun {
+    /// The run id ([`new_run_id`] makes one).
+    pub id: String,
+    /// What to run.
+    pub program: Arc<Program>,
+    /// How (`tools` and `events` are set by the driver).
+    pub options: RunOptions,
+}
+
+/// Starts a durable run in `store`, and drives it to the end.
 ///
 /// The run's events are journaled (and handed to `listener`, if any), so
 /// `options.events` is turned on. Returns an error only when the store fails: the run
 /// then stays resumable from its last commit.
 pub async fn start(
     store: &dyn RunStore,
-    id: String,
-    program: Arc<Program>,
-    mut options: RunOptions,
+    run: NewDurableRun,
     provider: &dyn Provider,
     toolbox: &Toolbox,
     listener: Option<Listener<'_>>,
     config: &DurableOptions,
 ) -> Result<Finished, DurableError> {
+    let NewDurableRun {
+        id,
+        program,
+        mut options,
+    } = run;
     options.tools = toolbox.registry();
     options.events = true;
     let bundle = aplc_vm::bundle::encode(program.bundle()).map_err(|e| DurableError::Journal {
@@ -291,9 +306,7 @@ pub async fn start(
         listener,
         redactor: &config.redactor,
     };
-    let outcome = run
-        .drive(machine, journal, Duration::ZERO, None)
-        .await?;
+    let outcome = run.drive(machine, journal, Duration::ZERO, None).await?;
     Ok(Finished {
         program,
         outcome,
@@ -463,7 +476,9 @@ pub async fn inspect(store: &dyn RunStore, id: &str) -> Result<RunOutcome, Durab
     let tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
     options.tools =
         Arc::new(registry_from_fingerprint(&tools).map_err(|e| corrupt(format!("tools: {e}")))?);
-    Ok(replay(id, program, options, &loaded)?.machine.into_outcome())
+    Ok(replay(id, program, options, &loaded)?
+        .machine
+        .into_outcome())
 }
 
 /// A machine brought up to a run's last journaled input.
@@ -524,7 +539,7 @@ fn replay(
     let mut last_seq = None;
     let mut pending = None;
     let mut forget = |machine: &mut Machine| {
-        if let Some(event) = machine.drain_events().last() {
+        if let Some(event) = machine.drain_events().next_back() {
             last_seq = Some(event.seq);
         }
     };
@@ -661,7 +676,10 @@ impl<'s> Journal<'s> {
         checkpoint: Option<StoredCheckpoint>,
         outcome: Option<Json>,
     ) -> Result<(), StoreError> {
-        if self.inputs.is_empty() && self.events.is_empty() && checkpoint.is_none() && outcome.is_none()
+        if self.inputs.is_empty()
+            && self.events.is_empty()
+            && checkpoint.is_none()
+            && outcome.is_none()
         {
             return Ok(());
         }
@@ -774,8 +792,7 @@ impl Live<'_, '_> {
                     journal.commit(&machine, None, None).await?;
                     let result = match self.toolbox.tool(&invocation.name) {
                         Some(tool) => {
-                            match tokio::time::timeout_at(deadline, tool.call(&invocation)).await
-                            {
+                            match tokio::time::timeout_at(deadline, tool.call(&invocation)).await {
                                 Ok(result) => result,
                                 Err(_) => {
                                     let at = now().max(deadline_at);

@@ -81,7 +81,7 @@ impl Provider for Model {
                 })
                 .filter_map(|t| t.trim().strip_prefix("Turn ").map(str::to_owned))
                 .filter_map(|t| t.split_whitespace().next()?.parse::<u64>().ok())
-                .last()
+                .next_back()
                 .unwrap_or(0);
             let mut completion = Completion::text(format!("turn {turn}"));
             completion.tool_calls = vec![ToolCall::new(
@@ -147,7 +147,9 @@ async fn sqlite(name: &str) -> Arc<dyn RunStore> {
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(dir.join(format!("{name}.db-wal")));
     let _ = std::fs::remove_file(dir.join(format!("{name}.db-shm")));
-    store::open(&StoreUrl::Sqlite(path)).await.expect("open the store")
+    store::open(&StoreUrl::Sqlite(path))
+        .await
+        .expect("open the store")
 }
 
 fn config(checkpoint_every: u64) -> DurableOptions {
@@ -189,9 +191,11 @@ async fn a_crash_at_any_provider_call_resumes_to_the_same_end() {
             let cfg = config(every);
             let run = durable::start(
                 store.as_ref(),
-                id.clone(),
-                program(),
-                options(),
+                durable::NewDurableRun {
+                    id: id.clone(),
+                    program: program(),
+                    options: options(),
+                },
                 &hanging,
                 &tools,
                 None,
@@ -217,7 +221,10 @@ async fn a_crash_at_any_provider_call_resumes_to_the_same_end() {
             .await
             .expect("resume");
             let context = without_times(finished.outcome.context_json());
-            assert_eq!(context, expected_context, "every={every} crash_at={crash_at}");
+            assert_eq!(
+                context, expected_context,
+                "every={every} crash_at={crash_at}"
+            );
             assert_eq!(
                 finished.replayed_provider_calls, crash_at,
                 "the journaled answers are replayed, not asked again"
@@ -227,7 +234,11 @@ async fn a_crash_at_any_provider_call_resumes_to_the_same_end() {
                 TURNS - crash_at,
                 "only the call in flight and the later ones are sent"
             );
-            assert_eq!(executions.load(Ordering::SeqCst), TURNS, "each tool call ran once");
+            assert_eq!(
+                executions.load(Ordering::SeqCst),
+                TURNS,
+                "each tool call ran once"
+            );
             let summary = store.summary(&id).await.unwrap();
             assert_eq!(summary.steps, TURNS);
         }
@@ -251,9 +262,11 @@ async fn a_crash_during_a_tool_call_reruns_it_only_if_idempotent() {
             let cfg = config(2);
             let run = durable::start(
                 store.as_ref(),
-                id.clone(),
-                program(),
-                options(),
+                durable::NewDurableRun {
+                    id: id.clone(),
+                    program: program(),
+                    options: options(),
+                },
                 &model,
                 &tools,
                 None,
@@ -268,9 +281,10 @@ async fn a_crash_during_a_tool_call_reruns_it_only_if_idempotent() {
 
             let executions = Arc::new(AtomicU64::new(0));
             let tools = toolbox(executions.clone(), None, idempotent);
-            let finished = durable::resume(store.as_ref(), &id, None, &model, &tools, None, &config(2))
-                .await
-                .expect("resume");
+            let finished =
+                durable::resume(store.as_ref(), &id, None, &model, &tools, None, &config(2))
+                    .await
+                    .expect("resume");
             assert!(finished.outcome.error.is_none());
             let context = finished.outcome.context_json();
             let history = context["context_history"].as_array().unwrap();
@@ -281,7 +295,10 @@ async fn a_crash_during_a_tool_call_reruns_it_only_if_idempotent() {
             } else {
                 assert_eq!(executions.load(Ordering::SeqCst), TURNS - crash_at - 1);
                 assert_eq!(call["with_error"], true, "{call}");
-                assert!(call["content"].as_str().unwrap().contains(INTERRUPTED_TOOL), "{call}");
+                assert!(
+                    call["content"].as_str().unwrap().contains(INTERRUPTED_TOOL),
+                    "{call}"
+                );
             }
             assert_eq!(context["turn"], json!(TURNS));
         }
@@ -302,9 +319,11 @@ async fn one_writer_finished_runs_and_mismatches() {
     let cfg = config(100);
     let mut run = Box::pin(durable::start(
         store.as_ref(),
-        "held".into(),
-        program(),
-        options(),
+        durable::NewDurableRun {
+            id: "held".into(),
+            program: program(),
+            options: options(),
+        },
         &model,
         &tools,
         None,
@@ -318,7 +337,10 @@ async fn one_writer_finished_runs_and_mismatches() {
     );
     let second = durable::reopen(store.as_ref(), "held", None, &tools, &cfg).await;
     assert!(
-        matches!(second, Err(durable::DurableError::Store(StoreError::Locked(_)))),
+        matches!(
+            second,
+            Err(durable::DurableError::Store(StoreError::Locked(_)))
+        ),
         "{second:?}"
     );
     drop(run);
@@ -340,12 +362,23 @@ async fn one_writer_finished_runs_and_mismatches() {
         calls: AtomicU64::new(0),
         hang_at: None,
     };
-    durable::resume(store.as_ref(), "held", Some(&program()), &model, &tools, None, &cfg)
-        .await
-        .expect("resume with the same bundle");
+    durable::resume(
+        store.as_ref(),
+        "held",
+        Some(&program()),
+        &model,
+        &tools,
+        None,
+        &cfg,
+    )
+    .await
+    .expect("resume with the same bundle");
     let again = durable::reopen(store.as_ref(), "held", None, &tools, &cfg).await;
     assert!(
-        matches!(again, Err(durable::DurableError::Store(StoreError::Finished(_)))),
+        matches!(
+            again,
+            Err(durable::DurableError::Store(StoreError::Finished(_)))
+        ),
         "{again:?}"
     );
 }
