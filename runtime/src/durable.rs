@@ -3,9 +3,10 @@
 //!
 //! The machine is deterministic given its inputs: the times passed in, the provider
 //! completions and the tool results. This driver records every input, in order, with the
-//! run's events, and commits at the boundaries where effects happen: before a provider
-//! or tool call goes out (so a call in flight at a crash is known to be in flight) and
-//! as soon as its result is back (so a paid completion is never lost). Every
+//! run's events, and commits at the boundaries where effects happen: before a tool call
+//! starts (so a tool in flight at a crash is known to be in flight, and is not run twice
+//! unless it is idempotent) and as soon as a provider's or tool's answer is back (so a
+//! paid completion is never lost). Every
 //! `checkpoint_every` steps it adds a checkpoint, so a resume restores the newest one and
 //! replays only the inputs after it.
 //!
@@ -732,7 +733,10 @@ impl Live<'_, '_> {
         let _watchdog = crate::watchdog::arm(watch_at, machine.deadline_flag());
         let deadline_at = machine.deadline();
 
+        // A new run's first events (`run_started`) are committed at once: a run that
+        // dies before its first answer then still replays to the events it journaled.
         journal.events(&mut machine, &mut self.listener);
+        journal.commit(&machine, None, None).await?;
         let mut pending = pending;
         loop {
             // `in_flight`: the action the journal ends with, asked for before the crash.
@@ -748,9 +752,9 @@ impl Live<'_, '_> {
             };
             match action {
                 Action::CallProvider(request) => {
-                    // The call goes out only once the inputs that led to it are durable:
-                    // a crash from here on finds it in flight and sends it again.
-                    journal.commit(&machine, None, None).await?;
+                    // No commit before a provider call: if it crashes unanswered, the
+                    // replay stops before the poll that asked for it, and the resumed
+                    // run asks again: the same call, sent again, as it must be anyway.
                     let answer =
                         tokio::time::timeout_at(deadline, self.provider.complete(&request, &call))
                             .await;
