@@ -380,6 +380,16 @@ fn crash_during_provider_call(name: &str, store: &str) {
     let show = String::from_utf8_lossy(&show.stdout);
     assert!(show.contains("status:   succeeded"), "{show}");
     assert!(show.contains(&format!("steps:    {TURNS}")), "{show}");
+    let list = succeed(&mut aplc(&dir, &["runs", "list", "--store", store]));
+    let list = String::from_utf8_lossy(&list.stdout);
+    let row = list
+        .lines()
+        .find(|line| line.starts_with("crash-provider "))
+        .unwrap_or_else(|| panic!("the run is listed:\n{list}"));
+    assert!(
+        row.contains("crash_loop.apl") && row.contains("succeeded"),
+        "{row}"
+    );
     let events = succeed(&mut aplc(
         &dir,
         &["runs", "events", "crash-provider", "--store", store],
@@ -584,4 +594,93 @@ fn bad_stores_and_unknown_runs_get_clear_errors() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(!stderr.contains("hunter2-secret"), "{stderr}");
+}
+
+/// A key a server echoes into its error never reaches the store: not in the journal, the
+/// events or the outcome.
+#[test]
+fn secrets_never_reach_the_store() {
+    const KEY: &str = "sk-test-durable-0123456789abcdefSECRET";
+    let dir = scratch("secrets");
+    setup(&dir, "count");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                let mut head = String::new();
+                let mut length = 0usize;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = value.trim().parse().unwrap_or(0);
+                    }
+                    if line.trim_end().is_empty() {
+                        break;
+                    }
+                    head.push_str(&line);
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                // Echo the request's headers, key and all, as a 400 error body.
+                let answer =
+                    json!({"error": {"message": format!("bad request: {head}")}}).to_string();
+                let reply = format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+                let _ = reader.get_mut().write_all(reply.as_bytes());
+            });
+        }
+    });
+    let db = dir.join("runs.db");
+    let store = format!("sqlite:{}", db.display());
+    let agent = agent();
+    let output = aplc(
+        &dir,
+        &[
+            "run",
+            &agent,
+            "--json",
+            "--quiet",
+            "--context",
+            "context.json",
+            "--tools",
+            "tools.json",
+            "--base-url",
+            &url,
+            "--store",
+            &store,
+            "--run-id",
+            "secret",
+        ],
+    )
+    .env("OPENAI_API_KEY", KEY)
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains(KEY), "{stderr}");
+    let events = succeed(&mut aplc(
+        &dir,
+        &["runs", "events", "secret", "--store", &store],
+    ));
+    let events = String::from_utf8_lossy(&events.stdout);
+    assert!(
+        events.contains("bad request"),
+        "the error is journaled: {events}"
+    );
+    // Every byte the store wrote: the database, its WAL, the lock files.
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(!text.contains(KEY), "{} holds the key", path.display());
+        }
+    }
 }
