@@ -1532,7 +1532,7 @@ mod tests {
             Err(JournalError::Unencodable { .. })
         ));
         // Hand-made bytes past the limit: refused before recursing further.
-        let mut hostile = vec![T_LIST, 1].repeat(100_000);
+        let mut hostile = [T_LIST, 1].repeat(100_000);
         hostile.push(T_NONE);
         assert!(matches!(
             decode(&hostile, &[]),
