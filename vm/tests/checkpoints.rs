@@ -184,6 +184,13 @@ struct Recording {
 }
 
 fn record(case: &Case) -> Recording {
+    record_with(case, None)
+}
+
+/// [`record`], with the `n`th provider call (from 0) left unanswered past the deadline:
+/// the driver hands the machine a `Timeout` instead.
+fn record_with(case: &Case, timeout_at_call: Option<usize>) -> Recording {
+    let mut calls = 0;
     let mut script = case.script.clone();
     script.rewind();
     let mut ticks = 0u64;
@@ -202,6 +209,9 @@ fn record(case: &Case) -> Recording {
         inputs.push(poll);
         events.push(drain(&mut machine));
         let answer = match action {
+            Some(Action::CallProvider(_)) if Some(calls) == timeout_at_call => Input::Timeout {
+                at: machine.deadline() + Duration::from_millis(1),
+            },
             Some(Action::CallProvider(_)) => Input::Provider {
                 at: clock(),
                 // As journaled: `Completion::raw` is not kept.
@@ -222,6 +232,9 @@ fn record(case: &Case) -> Recording {
             Some(Action::Continue) => continue,
             Some(Action::Done) | None => break,
         };
+        if matches!(answer, Input::Provider { .. } | Input::Timeout { .. }) {
+            calls += 1;
+        }
         apply(&mut machine, &answer);
         inputs.push(answer);
         events.push(drain(&mut machine));
@@ -629,4 +642,42 @@ fn storage_per_step_stays_flat() {
         large_state <= small_state + 64,
         "{large_state} vs {small_state}"
     );
+}
+
+/// A run that times out waiting for its provider: the `Timeout` input replays, and the
+/// checkpoints before it resume to the same failure.
+#[test]
+fn a_timeout_replays_and_resumes_the_same() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "weather_loop.apl")
+        .unwrap();
+    let recording = record_with(&case, Some(1));
+    assert!(
+        recording
+            .inputs
+            .iter()
+            .any(|i| matches!(i, Input::Timeout { .. })),
+        "no timeout"
+    );
+    let error = recording.summary.1.clone().expect("the run times out");
+    assert_eq!(error.kind, aplc_vm::RunErrorKind::Timeout);
+    let mut replay = Machine::new(case.program.clone(), case.options.clone());
+    let _ = drain(&mut replay);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let _ = drain(&mut machine);
+    for (i, input) in recording.inputs.iter().enumerate() {
+        if let Ok(checkpoint) = machine.checkpoint(0) {
+            resume_and_compare(&case, &recording, &[checkpoint], i);
+        }
+        let _ = apply(&mut machine, input);
+        let _ = drain(&mut machine);
+        let _ = apply(&mut replay, &Input::decode(&input.encode()).unwrap());
+        assert_eq!(
+            drain(&mut replay),
+            recording.events[i],
+            "events after input {i}"
+        );
+    }
+    assert_eq!(summary(replay), recording.summary);
 }

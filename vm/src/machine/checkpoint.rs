@@ -869,17 +869,30 @@ impl<'n> Writer<'n> {
     }
 
     fn provider_error(&mut self, e: &ProviderError) {
-        let kind = ProviderErrorKind::ALL
-            .iter()
-            .position(|k| *k == e.kind)
-            .unwrap_or(ProviderErrorKind::ALL.len() - 1);
-        self.u8(kind as u8);
+        // The index in `ProviderErrorKind::ALL`, which the reader uses; a match, so a new
+        // kind cannot be written as another.
+        self.u8(match e.kind {
+            ProviderErrorKind::Auth => 0,
+            ProviderErrorKind::RateLimited => 1,
+            ProviderErrorKind::Server => 2,
+            ProviderErrorKind::Timeout => 3,
+            ProviderErrorKind::Transport => 4,
+            ProviderErrorKind::InvalidRequest => 5,
+            ProviderErrorKind::InvalidResponse => 6,
+            ProviderErrorKind::Other => 7,
+        });
         self.str(&e.message);
     }
 
     fn message(&mut self, m: &Message) {
-        let role = Role::ALL.iter().position(|r| *r == m.role).unwrap_or(0);
-        self.u8(role as u8);
+        // The index in `Role::ALL`, which the reader uses.
+        self.u8(match m.role {
+            Role::System => 0,
+            Role::User => 1,
+            Role::Assistant => 2,
+            Role::Developer => 3,
+            Role::ToolResult => 4,
+        });
         match &m.content {
             Content::Text(text) => {
                 self.u8(0);
@@ -1543,6 +1556,23 @@ mod tests {
             decode(&[T_LIST, 0xff, 0xff, 0xff, 0xff, 0x0f], &[]),
             Err(JournalError::Corrupt(_))
         ));
+    }
+
+    #[test]
+    fn every_provider_error_kind_and_role_reads_back_as_itself() {
+        for kind in ProviderErrorKind::ALL {
+            let mut w = Writer::new(256, None);
+            w.provider_error(&ProviderError::new(kind, "m"));
+            let mut r = Reader::new(&w.buf, 256, &[]);
+            assert_eq!(r.provider_error().unwrap(), ProviderError::new(kind, "m"));
+        }
+        for role in Role::ALL {
+            let message = Message::text(role, "t");
+            let mut w = Writer::new(256, None);
+            w.message(&message);
+            let mut r = Reader::new(&w.buf, 256, &[]);
+            assert_eq!(r.message().unwrap(), message);
+        }
     }
 
     #[test]
