@@ -27,8 +27,17 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The fixtures are files; the crate itself reads none.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the test reads fixture files; the crate itself does no I/O"
+)]
+fn read(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
 fn read_json(path: &Path) -> Option<Json> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = read(path)?;
     Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
 }
 
@@ -68,7 +77,7 @@ fn registry(manifest: &Json) -> ToolRegistry {
 
 fn load(path: &Path, tools: Option<&Json>) -> Case {
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
-    let source = std::fs::read_to_string(path).unwrap();
+    let source = read(path).unwrap();
     let opts = read_json(&path.with_extension("options.json")).unwrap_or(json!({}));
     let context = read_json(&path.with_extension("context.json"));
     let mut compile_options =
@@ -97,7 +106,7 @@ fn load(path: &Path, tools: Option<&Json>) -> Case {
     if let Some(tools) = tools {
         options.tools = Arc::new(registry(tools));
     }
-    let mock = std::fs::read_to_string(path.with_extension("mock.json")).unwrap();
+    let mock = read(&path.with_extension("mock.json")).unwrap();
     Case {
         name,
         program,
@@ -175,6 +184,13 @@ struct Recording {
 }
 
 fn record(case: &Case) -> Recording {
+    record_with(case, None)
+}
+
+/// [`record`], with the `n`th provider call (from 0) left unanswered past the deadline:
+/// the driver hands the machine a `Timeout` instead.
+fn record_with(case: &Case, timeout_at_call: Option<usize>) -> Recording {
+    let mut calls = 0;
     let mut script = case.script.clone();
     script.rewind();
     let mut ticks = 0u64;
@@ -193,6 +209,9 @@ fn record(case: &Case) -> Recording {
         inputs.push(poll);
         events.push(drain(&mut machine));
         let answer = match action {
+            Some(Action::CallProvider(_)) if Some(calls) == timeout_at_call => Input::Timeout {
+                at: machine.deadline() + Duration::from_millis(1),
+            },
             Some(Action::CallProvider(_)) => Input::Provider {
                 at: clock(),
                 // As journaled: `Completion::raw` is not kept.
@@ -213,6 +232,9 @@ fn record(case: &Case) -> Recording {
             Some(Action::Continue) => continue,
             Some(Action::Done) | None => break,
         };
+        if matches!(answer, Input::Provider { .. } | Input::Timeout { .. }) {
+            calls += 1;
+        }
         apply(&mut machine, &answer);
         inputs.push(answer);
         events.push(drain(&mut machine));
@@ -620,4 +642,42 @@ fn storage_per_step_stays_flat() {
         large_state <= small_state + 64,
         "{large_state} vs {small_state}"
     );
+}
+
+/// A run that times out waiting for its provider: the `Timeout` input replays, and the
+/// checkpoints before it resume to the same failure.
+#[test]
+fn a_timeout_replays_and_resumes_the_same() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "weather_loop.apl")
+        .unwrap();
+    let recording = record_with(&case, Some(1));
+    assert!(
+        recording
+            .inputs
+            .iter()
+            .any(|i| matches!(i, Input::Timeout { .. })),
+        "no timeout"
+    );
+    let error = recording.summary.1.clone().expect("the run times out");
+    assert_eq!(error.kind, aplc_vm::RunErrorKind::Timeout);
+    let mut replay = Machine::new(case.program.clone(), case.options.clone());
+    let _ = drain(&mut replay);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let _ = drain(&mut machine);
+    for (i, input) in recording.inputs.iter().enumerate() {
+        if let Ok(checkpoint) = machine.checkpoint(0) {
+            resume_and_compare(&case, &recording, &[checkpoint], i);
+        }
+        let _ = apply(&mut machine, input);
+        let _ = drain(&mut machine);
+        let _ = apply(&mut replay, &Input::decode(&input.encode()).unwrap());
+        assert_eq!(
+            drain(&mut replay),
+            recording.events[i],
+            "events after input {i}"
+        );
+    }
+    assert_eq!(summary(replay), recording.summary);
 }

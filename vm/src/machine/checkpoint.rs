@@ -869,17 +869,30 @@ impl<'n> Writer<'n> {
     }
 
     fn provider_error(&mut self, e: &ProviderError) {
-        let kind = ProviderErrorKind::ALL
-            .iter()
-            .position(|k| *k == e.kind)
-            .unwrap_or(ProviderErrorKind::ALL.len() - 1);
-        self.u8(kind as u8);
+        // The index in `ProviderErrorKind::ALL`, which the reader uses; a match, so a new
+        // kind cannot be written as another.
+        self.u8(match e.kind {
+            ProviderErrorKind::Auth => 0,
+            ProviderErrorKind::RateLimited => 1,
+            ProviderErrorKind::Server => 2,
+            ProviderErrorKind::Timeout => 3,
+            ProviderErrorKind::Transport => 4,
+            ProviderErrorKind::InvalidRequest => 5,
+            ProviderErrorKind::InvalidResponse => 6,
+            ProviderErrorKind::Other => 7,
+        });
         self.str(&e.message);
     }
 
     fn message(&mut self, m: &Message) {
-        let role = Role::ALL.iter().position(|r| *r == m.role).unwrap_or(0);
-        self.u8(role as u8);
+        // The index in `Role::ALL`, which the reader uses.
+        self.u8(match m.role {
+            Role::System => 0,
+            Role::User => 1,
+            Role::Assistant => 2,
+            Role::Developer => 3,
+            Role::ToolResult => 4,
+        });
         match &m.content {
             Content::Text(text) => {
                 self.u8(0);
@@ -1379,5 +1392,197 @@ impl<'a> Reader<'a> {
             output_tokens: self.u64()?,
             finished: self.bool()?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(value: &Value, namespaces: &Namespaces) -> Result<Vec<u8>, JournalError> {
+        let mut w = Writer::new(256, Some(namespaces));
+        w.value(value, "v", 0)?;
+        Ok(w.buf)
+    }
+
+    fn decode(bytes: &[u8], table: &[Value]) -> Result<Value, JournalError> {
+        let mut r = Reader::new(bytes, 256, table);
+        let value = r.value(0)?;
+        r.end()?;
+        Ok(value)
+    }
+
+    /// Decoding gives a value that encodes to the same bytes, and prints the same.
+    fn round_trip(value: Value) -> Value {
+        let namespaces = Namespaces::default();
+        let bytes = encode(&value, &namespaces).unwrap();
+        let back = decode(&bytes, &namespaces.values()).unwrap();
+        assert_eq!(encode(&back, &namespaces).unwrap(), bytes, "{value:?}");
+        assert_eq!(format!("{back:?}"), format!("{value:?}"));
+        back
+    }
+
+    #[test]
+    fn scalars_keep_their_representation() {
+        for number in [
+            Number::U64(u64::MAX),
+            Number::U64(1),
+            Number::I64(1),
+            Number::I64(i64::MIN),
+            Number::F64(1.0),
+            Number::F64(-0.0),
+            Number::F64(f64::NAN),
+            Number::F64(f64::INFINITY),
+            Number::U128(u128::MAX),
+            Number::I128(i128::MIN),
+        ] {
+            let back = round_trip(durable::from_number(number));
+            match (durable::number(&back), number) {
+                (Some(Number::F64(a)), Number::F64(b)) => assert_eq!(a.to_bits(), b.to_bits()),
+                (got, want) => assert_eq!(got, Some(want)),
+            }
+        }
+        assert_ne!(
+            encode(&Value::from(1), &Namespaces::default()),
+            encode(&Value::from(1.0), &Namespaces::default())
+        );
+        assert!(round_trip(Value::from_safe_string("<b>".into())).is_safe());
+        assert!(!round_trip(Value::from("<b>")).is_safe());
+        let bytes = round_trip(Value::from_bytes(vec![0, 255, 7]));
+        assert_eq!(bytes.as_bytes(), Some(&[0u8, 255, 7][..]));
+        assert!(durable::is_silent_undefined(&round_trip(
+            durable::silent_undefined()
+        )));
+        let undefined = round_trip(Value::UNDEFINED);
+        assert!(undefined.is_undefined() && !durable::is_silent_undefined(&undefined));
+        round_trip(Value::from(()));
+        round_trip(Value::from(true));
+        round_trip(Value::from("é\u{0}\n"));
+    }
+
+    #[test]
+    fn containers_keep_their_type_keys_and_order() {
+        let map = Value::from_pairs(vec![
+            (Value::from(2), Value::from("two")),
+            (
+                Value::from("a"),
+                Value::from(Tuple::new(vec![Value::from(1)])),
+            ),
+            (Value::from(()), Value::from(vec![Value::from(1.5)])),
+        ]);
+        let back = round_trip(map);
+        assert!(durable::is_value_map(&back));
+        let keys: Vec<Value> = back.try_iter().unwrap().collect();
+        assert_eq!(keys, [Value::from(2), Value::from("a"), Value::from(())]);
+        assert!(back.get_item(&Value::from("a")).unwrap().is_tuple());
+        let mut vars = Vars::new();
+        vars.insert("x", Value::from(1));
+        let snapshot = round_trip(Value::from_object(Snapshot(vars.clone())));
+        assert!(snapshot.downcast_object_ref::<Snapshot>().is_some());
+        let history = Value::from_object(History(
+            [Value::from_object(Snapshot(vars))].into_iter().collect(),
+        ));
+        assert!(
+            round_trip(history)
+                .downcast_object_ref::<History>()
+                .is_some()
+        );
+        let sorted = std::collections::BTreeMap::from([("b".to_string(), Value::from(1))]);
+        let back = round_trip(Value::from_object(sorted));
+        assert!(
+            back.downcast_object_ref::<BTreeMap<String, Value>>()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_namespace_is_written_once_and_read_back_as_one_mutable_object() {
+        let namespace = durable::namespace_from_pairs([(Arc::from("n"), Value::from(1))]);
+        let list = Value::from(vec![namespace.clone(), namespace.clone()]);
+        let namespaces = Namespaces::default();
+        let bytes = encode(&list, &namespaces).unwrap();
+        assert_eq!(namespaces.values().len(), 1);
+        // The table as `restore` reads it: fresh namespaces with the same content.
+        let table = vec![durable::namespace_from_pairs([(
+            Arc::from("n"),
+            Value::from(1),
+        )])];
+        let back = decode(&bytes, &table).unwrap();
+        let items: Vec<Value> = back.try_iter().unwrap().collect();
+        assert_eq!(
+            durable::namespace_identity(&items[0]),
+            durable::namespace_identity(&table[0])
+        );
+        assert_eq!(
+            durable::namespace_identity(&items[1]),
+            durable::namespace_identity(&table[0])
+        );
+        assert!(matches!(decode(&bytes, &[]), Err(JournalError::Corrupt(_))));
+        // Mutable: the engine's `{% set ns.n = … %}` works on it.
+        let env = minijinja::Environment::new();
+        let out = env
+            .render_str(
+                "{% set ns.n = 5 %}{{ ns.n }}",
+                minijinja::context! { ns => items[0].clone() },
+            )
+            .unwrap();
+        assert_eq!(out, "5");
+        assert_eq!(items[1].get_attr("n").unwrap(), Value::from(5));
+    }
+
+    #[test]
+    fn nesting_is_bounded_both_ways() {
+        let mut value = Value::from(1);
+        for _ in 0..256 {
+            value = Value::from(vec![value]);
+        }
+        let namespaces = Namespaces::default();
+        let bytes = encode(&value, &namespaces).unwrap();
+        decode(&bytes, &[]).unwrap();
+        let deeper = Value::from(vec![value]);
+        assert!(matches!(
+            encode(&deeper, &namespaces),
+            Err(JournalError::Unencodable { .. })
+        ));
+        // Hand-made bytes past the limit: refused before recursing further.
+        let mut hostile = [T_LIST, 1].repeat(100_000);
+        hostile.push(T_NONE);
+        assert!(matches!(
+            decode(&hostile, &[]),
+            Err(JournalError::Corrupt(_))
+        ));
+        // A length far past the input.
+        assert!(matches!(
+            decode(&[T_LIST, 0xff, 0xff, 0xff, 0xff, 0x0f], &[]),
+            Err(JournalError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn every_provider_error_kind_and_role_reads_back_as_itself() {
+        for kind in ProviderErrorKind::ALL {
+            let mut w = Writer::new(256, None);
+            w.provider_error(&ProviderError::new(kind, "m"));
+            let mut r = Reader::new(&w.buf, 256, &[]);
+            assert_eq!(r.provider_error().unwrap(), ProviderError::new(kind, "m"));
+        }
+        for role in Role::ALL {
+            let message = Message::text(role, "t");
+            let mut w = Writer::new(256, None);
+            w.message(&message);
+            let mut r = Reader::new(&w.buf, 256, &[]);
+            assert_eq!(r.message().unwrap(), message);
+        }
+    }
+
+    #[test]
+    fn json_keeps_number_kinds_and_key_order() {
+        let json = serde_json::json!({"z": u64::MAX, "a": -1, "m": 1.0, "l": [null, true, "s"]});
+        let mut w = Writer::new(256, None);
+        w.json(&json);
+        let mut r = Reader::new(&w.buf, 256, &[]);
+        let back = r.json(0).unwrap();
+        r.end().unwrap();
+        assert_eq!(back.to_string(), json.to_string());
     }
 }
