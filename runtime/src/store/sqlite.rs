@@ -611,7 +611,9 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
             path.display()
         )));
     }
-    conn.pragma_update(None, "synchronous", "FULL")
+    // See the module's doc: a killed process loses nothing, an OS crash may lose the last
+    // commits.
+    conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(db_error)?;
     Ok(conn)
 }
