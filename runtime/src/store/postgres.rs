@@ -11,8 +11,9 @@
 //! store's leases so a hundred runs do not need a hundred connections. The server
 //! releases them when that connection closes, which the kernel does when the process
 //! dies. A session may take the same advisory lock twice, so the store also keeps the
-//! set of run ids it holds, and refuses a second lease of one of them itself. Dropping a
-//! lease queues its unlock to a task on the lock connection.
+//! set of run ids it holds, and refuses a second lease of one of them itself. One task
+//! owns the lock connection and runs every lock and unlock in the order asked, so an
+//! unlock queued by a dropped lease (`Drop` cannot await) never overtakes a later lock.
 //!
 //! Every error message is passed through the URL's redaction: a password never leaves.
 
@@ -93,18 +94,26 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
-/// The lock connection and the run ids whose advisory locks this store holds.
+/// The run ids whose advisory locks this store holds, and the way to the lock task.
 struct Locks {
-    client: Client,
     held: std::sync::Mutex<HashSet<String>>,
-    /// Run ids to unlock (a lease's `Drop` cannot await).
-    unlock: mpsc::UnboundedSender<String>,
+    ops: mpsc::UnboundedSender<LockOp>,
+}
+
+/// What the lock task does, in order.
+enum LockOp {
+    /// `pg_try_advisory_lock`: whether it was taken.
+    Lock(String, oneshot::Sender<Result<bool, StoreError>>),
+    /// `pg_advisory_unlock`.
+    Unlock(String),
 }
 
 /// A lease: one advisory lock on the store's lock connection.
 struct PgLease {
     run_id: String,
     locks: Arc<Locks>,
+    /// Whether dropping it must unlock: not when the server said the lock was not taken.
+    unlock_on_drop: bool,
 }
 
 impl Drop for PgLease {
@@ -112,10 +121,12 @@ impl Drop for PgLease {
         if let Ok(mut held) = self.locks.held.lock() {
             held.remove(&self.run_id);
         }
-        // If the unlock task is gone, so is its connection, and the lock with it. A new
-        // lease of this run taken before the unlock runs is still right: the session
-        // then holds the lock twice, and the unlock takes one away.
-        let _ = self.locks.unlock.send(self.run_id.clone());
+        if self.unlock_on_drop {
+            // If the lock task is gone, so is its connection, and the lock with it. A new
+            // lease of this run taken before the unlock runs is still right: the session
+            // then holds the lock twice, and the unlock takes one away.
+            let _ = self.locks.ops.send(LockOp::Unlock(self.run_id.clone()));
+        }
     }
 }
 
@@ -159,13 +170,12 @@ impl PgStore {
         let lock_client = connect(&url).await?;
         let (jobs, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_loop(Arc::clone(&url), writer, rx));
-        let (unlock, unlocks) = mpsc::unbounded_channel();
+        let (ops, pending) = mpsc::unbounded_channel();
+        tokio::spawn(lock_loop(Arc::clone(&url), lock_client, pending));
         let locks = Arc::new(Locks {
-            client: lock_client,
             held: std::sync::Mutex::new(HashSet::new()),
-            unlock,
+            ops,
         });
-        tokio::spawn(unlock_loop(Arc::downgrade(&locks), unlocks));
         Ok(PgStore {
             url,
             writer: jobs,
@@ -180,30 +190,39 @@ impl PgStore {
 
     /// Takes the advisory lock of run `id`, or fails with [`StoreError::Locked`].
     async fn lock(&self, id: &str) -> Result<PgLease, StoreError> {
-        let locked = || StoreError::Locked(id.to_string());
         {
-            let mut held = self.locks.held.lock().map_err(|_| locked())?;
+            let mut held = self.locks.held.lock().map_err(|_| {
+                StoreError::Database("the store's table of leases was poisoned".into())
+            })?;
             if !held.insert(id.to_string()) {
-                return Err(locked());
+                return Err(StoreError::Locked(id.to_string()));
             }
         }
-        // From here on, dropping `lease` undoes the insert and queues an unlock: harmless
-        // when the lock was not taken (`pg_advisory_unlock` of a lock not held returns
-        // false), and right when the call was cancelled after the server took it.
-        let lease = PgLease {
+        // From here on, dropping `lease` undoes the insert, and unlocks unless told the
+        // lock was not taken: a call cancelled while the server takes the lock leaves an
+        // unlock queued behind it.
+        let mut lease = PgLease {
             run_id: id.to_string(),
             locks: Arc::clone(&self.locks),
+            unlock_on_drop: true,
         };
-        let row = self
-            .locks
-            .client
-            .query_one(&format!("SELECT pg_try_advisory_lock({LOCK_KEY})"), &[&id])
-            .await
-            .map_err(|e| self.error(e))?;
-        if row.try_get::<_, bool>(0).map_err(|e| self.error(e))? {
-            Ok(lease)
-        } else {
-            Err(locked())
+        let (reply, answer) = oneshot::channel();
+        let stopped = || StoreError::Database("the store's lock task has stopped".into());
+        self.locks
+            .ops
+            .send(LockOp::Lock(id.to_string(), reply))
+            .map_err(|_| stopped())?;
+        match answer.await.map_err(|_| stopped())? {
+            Ok(true) => Ok(lease),
+            Ok(false) => {
+                lease.unlock_on_drop = false;
+                Err(StoreError::Locked(id.to_string()))
+            }
+            Err(e) => {
+                // The lock connection failed: it holds no lock any more.
+                lease.unlock_on_drop = false;
+                Err(e)
+            }
         }
     }
 
@@ -513,15 +532,26 @@ async fn append_batch(
         .map_err(error)
 }
 
-/// Unlocks the run ids that dropped leases send, on the lock connection.
-async fn unlock_loop(locks: std::sync::Weak<Locks>, mut ids: mpsc::UnboundedReceiver<String>) {
-    while let Some(id) = ids.recv().await {
-        let Some(locks) = locks.upgrade() else { break };
-        // A failure means the connection is gone, and the lock with it.
-        let _ = locks
-            .client
-            .execute(&format!("SELECT pg_advisory_unlock({LOCK_KEY})"), &[&id])
-            .await;
+/// The lock task: owns the lock connection and runs locks and unlocks in order. It ends
+/// when the store and all its leases are gone, and the connection closes with it.
+async fn lock_loop(url: Arc<str>, client: Client, mut ops: mpsc::UnboundedReceiver<LockOp>) {
+    while let Some(op) = ops.recv().await {
+        match op {
+            LockOp::Lock(id, reply) => {
+                let taken = client
+                    .query_one(&format!("SELECT pg_try_advisory_lock({LOCK_KEY})"), &[&id])
+                    .await
+                    .and_then(|row| row.try_get::<_, bool>(0))
+                    .map_err(|e| db_error(&url, &e));
+                let _ = reply.send(taken);
+            }
+            LockOp::Unlock(id) => {
+                // A failure means the connection is gone, and the lock with it.
+                let _ = client
+                    .execute(&format!("SELECT pg_advisory_unlock({LOCK_KEY})"), &[&id])
+                    .await;
+            }
+        }
     }
 }
 

@@ -97,9 +97,10 @@ pub(super) struct SqliteStore {
 
 impl Drop for SqliteStore {
     fn drop(&mut self) {
-        // Closing the channel ends the writer thread after the jobs already queued; the
-        // wait is at most one commit, and once it returns the file is closed (its WAL
-        // checkpointed) for whoever opens it next.
+        // Closing the channel ends the writer thread after the jobs already queued (the
+        // wait is at most one group's commit). With the reader, dropped next, the last
+        // connection closes and SQLite checkpoints the WAL into the file, so whoever opens
+        // it next finds one file.
         self.writer = None;
         if let Some(thread) = self.writer_thread.take() {
             let _ = thread.join();
