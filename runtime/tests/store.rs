@@ -297,6 +297,13 @@ async fn leases_are_exclusive(backend: Backend) {
         store.acquire("r").await,
         Err(StoreError::Locked(_))
     ));
+    // Still held once every queued unlock has run: none of the refused attempts above
+    // undid the lock `other` took after them.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(matches!(
+        store.acquire("r").await,
+        Err(StoreError::Locked(_))
+    ));
     drop(lease);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
