@@ -407,6 +407,24 @@ async fn concurrent_appends(backend: Backend) {
     );
 }
 
+async fn concurrent_opens_migrate_once(backend: Backend) {
+    // Several processes opening a new store at once: one migrates, the others wait for it
+    // and find the schema there (SQLite `BEGIN IMMEDIATE`, PostgreSQL an advisory lock).
+    let url = StoreUrl::parse(&backend.url).expect("url");
+    let opens: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { store::open(&url).await.map(drop) })
+        })
+        .collect();
+    for open in opens {
+        open.await.expect("task").expect("concurrent open");
+    }
+    let store = backend.open().await;
+    drop(store.create(new_run("r", 0)).await.expect("create"));
+    assert_eq!(store.list().await.expect("list").len(), 1);
+}
+
 /// Each generic check, once per backend.
 macro_rules! both_backends {
     ($($check:ident),* $(,)?) => {
@@ -438,6 +456,7 @@ both_backends!(
     leases_are_exclusive,
     a_killed_holder_releases,
     concurrent_appends,
+    concurrent_opens_migrate_once,
 );
 
 /// Not a check: with `APLC_STORE_LEASE_HOLDER` set, takes that run's lease, says so on
