@@ -11,6 +11,8 @@
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
 //! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool.
+//! * [`store`]: durable run stores, SQLite (embedded default) and PostgreSQL, behind one
+//!   [`store::RunStore`] interface.
 #![deny(missing_docs)]
 
 pub mod anthropic;

@@ -277,16 +277,58 @@ async fn leases_are_exclusive(backend: Backend) {
         other.create(new_run("r", 0)).await,
         Err(StoreError::Locked(_))
     ));
+    // A refused attempt does not release the holder's lease.
+    assert!(matches!(
+        other.acquire("r").await,
+        Err(StoreError::Locked(_))
+    ));
     drop(lease);
-    assert!(
-        matches!(other.create(new_run("r", 0)).await, Err(StoreError::Exists(id)) if id == "r")
+    // The same store takes it again at once.
+    drop(
+        store
+            .acquire("r")
+            .await
+            .expect("released on drop, in the same store"),
     );
-    let lease = other.acquire("r").await.expect("released on drop");
+    // Another store (process) sees the release as soon as the unlock reaches the server
+    // (PostgreSQL's is queued by the lease's Drop, which cannot wait).
+    let lease = acquire_soon(&*other, "r").await;
+    assert!(matches!(
+        store.acquire("r").await,
+        Err(StoreError::Locked(_))
+    ));
+    // Still held once every queued unlock has run: none of the refused attempts above
+    // undid the lock `other` took after them.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(matches!(
         store.acquire("r").await,
         Err(StoreError::Locked(_))
     ));
     drop(lease);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.create(new_run("r", 0)).await {
+            Err(StoreError::Exists(id)) if id == "r" => break,
+            Err(StoreError::Locked(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => panic!("create of an existing run: {other:?}"),
+        }
+    }
+}
+
+/// Acquires `id`, retrying while it is locked for up to 10 s.
+async fn acquire_soon(store: &dyn RunStore, id: &str) -> Box<dyn store::Lease> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.acquire(id).await {
+            Ok(lease) => return lease,
+            Err(StoreError::Locked(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("acquire {id}: {e}"),
+        }
+    }
 }
 
 async fn a_killed_holder_releases(backend: Backend) {
@@ -326,16 +368,7 @@ async fn a_killed_holder_releases(backend: Backend) {
     // No expiry to wait for: the OS (SQLite) or the server (PostgreSQL, on the closed
     // socket) releases the lease as the process dies. A short retry covers the server's
     // backend noticing the close.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match store.acquire("held").await {
-            Ok(_) => break,
-            Err(StoreError::Locked(_)) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("after the holder died: {e}"),
-        }
-    }
+    drop(acquire_soon(&*store, "held").await);
 }
 
 async fn concurrent_appends(backend: Backend) {
@@ -374,6 +407,24 @@ async fn concurrent_appends(backend: Backend) {
     );
 }
 
+async fn concurrent_opens_migrate_once(backend: Backend) {
+    // Several processes opening a new store at once: one migrates, the others wait for it
+    // and find the schema there (SQLite `BEGIN IMMEDIATE`, PostgreSQL an advisory lock).
+    let url = StoreUrl::parse(&backend.url).expect("url");
+    let opens: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { store::open(&url).await.map(drop) })
+        })
+        .collect();
+    for open in opens {
+        open.await.expect("task").expect("concurrent open");
+    }
+    let store = backend.open().await;
+    drop(store.create(new_run("r", 0)).await.expect("create"));
+    assert_eq!(store.list().await.expect("list").len(), 1);
+}
+
 /// Each generic check, once per backend.
 macro_rules! both_backends {
     ($($check:ident),* $(,)?) => {
@@ -405,6 +456,7 @@ both_backends!(
     leases_are_exclusive,
     a_killed_holder_releases,
     concurrent_appends,
+    concurrent_opens_migrate_once,
 );
 
 /// Not a check: with `APLC_STORE_LEASE_HOLDER` set, takes that run's lease, says so on

@@ -1,18 +1,28 @@
 //! The PostgreSQL run store: for several processes or machines sharing runs.
 //!
 //! Plain TCP, no TLS: use it on loopback or a trusted network (spec/durability.md).
-//! Writes go through one connection (an append is one transaction of a few pipelined
-//! statements); reads through a second. A lease is a session-level advisory lock held on a
-//! connection of its own: the server releases it when that connection closes, whether the
-//! lease was dropped or the process died.
+//!
+//! **Writes** go through one connection owned by a writer task, with group commit as in
+//! the SQLite store: every job queued when the task is free runs in its own savepoint of
+//! one transaction, so many runs appending at once share one commit (one fsync on the
+//! server). **Reads** use a second connection.
+//!
+//! **Leases** are session-level advisory locks on a third connection, shared by the
+//! store's leases so a hundred runs do not need a hundred connections. The server
+//! releases them when that connection closes, which the kernel does when the process
+//! dies. A session may take the same advisory lock twice, so the store also keeps the
+//! set of run ids it holds, and refuses a second lease of one of them itself. One task
+//! owns the lock connection and runs every lock and unlock in the order asked, so an
+//! unlock queued by a dropped lease (`Drop` cannot await) never overtakes a later lock.
 //!
 //! Every error message is passed through the URL's redaction: a password never leaves.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, GenericClient, NoTls};
+use tokio_postgres::{Client, GenericClient, NoTls, Transaction};
 
 use super::{
     Batch, Lease, LoadedRun, MAGIC, NewRun, RunState, RunStore, RunSummary, SCHEMA_VERSION,
@@ -71,8 +81,9 @@ const MIGRATION_LOCK: i64 = 0x6170_6c63_0000_0001;
 /// The PostgreSQL store.
 pub(super) struct PgStore {
     url: Arc<str>,
-    writer: Mutex<Client>,
+    writer: mpsc::UnboundedSender<Job>,
     reader: Mutex<Client>,
+    locks: Arc<Locks>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -83,10 +94,40 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
-/// A lease: an advisory lock on a connection of its own, released when it closes.
+/// The run ids whose advisory locks this store holds, and the way to the lock task.
+struct Locks {
+    held: std::sync::Mutex<HashSet<String>>,
+    ops: mpsc::UnboundedSender<LockOp>,
+}
+
+/// What the lock task does, in order.
+enum LockOp {
+    /// `pg_try_advisory_lock`: whether it was taken.
+    Lock(String, oneshot::Sender<Result<bool, StoreError>>),
+    /// `pg_advisory_unlock`.
+    Unlock(String),
+}
+
+/// A lease: one advisory lock on the store's lock connection.
 struct PgLease {
     run_id: String,
-    _client: Client,
+    locks: Arc<Locks>,
+    /// Whether dropping it must unlock: not when the server said the lock was not taken.
+    unlock_on_drop: bool,
+}
+
+impl Drop for PgLease {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.locks.held.lock() {
+            held.remove(&self.run_id);
+        }
+        if self.unlock_on_drop {
+            // If the lock task is gone, so is its connection, and the lock with it. A new
+            // lease of this run taken before the unlock runs is still right: the session
+            // then holds the lock twice, and the unlock takes one away.
+            let _ = self.locks.ops.send(LockOp::Unlock(self.run_id.clone()));
+        }
+    }
 }
 
 impl std::fmt::Debug for PgLease {
@@ -103,18 +144,43 @@ impl Lease for PgLease {
     }
 }
 
+/// A write for the writer task, with where to send its result.
+struct Job {
+    work: Work,
+    reply: oneshot::Sender<Result<(), StoreError>>,
+}
+
+enum Work {
+    Create(NewRun),
+    Append(String, Batch),
+}
+
+/// The advisory lock key of a run: `hashtextextended` is stable across server versions
+/// (hash partitioning relies on it), so every process computes the same key.
+const LOCK_KEY: &str = "hashtextextended('aplc-run:' || $1, 0)";
+
 impl PgStore {
     /// Connects, checks that the database is an aplc store (or has none of its tables),
-    /// and migrates it.
+    /// migrates it, and starts the writer and unlock tasks.
     pub(super) async fn open(url: &str) -> Result<PgStore, StoreError> {
         let url: Arc<str> = Arc::from(url);
         let mut writer = connect(&url).await?;
         migrate(&url, &mut writer).await?;
         let reader = connect(&url).await?;
+        let lock_client = connect(&url).await?;
+        let (jobs, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(Arc::clone(&url), writer, rx));
+        let (ops, pending) = mpsc::unbounded_channel();
+        tokio::spawn(lock_loop(Arc::clone(&url), lock_client, pending));
+        let locks = Arc::new(Locks {
+            held: std::sync::Mutex::new(HashSet::new()),
+            ops,
+        });
         Ok(PgStore {
             url,
-            writer: Mutex::new(writer),
+            writer: jobs,
             reader: Mutex::new(reader),
+            locks,
         })
     }
 
@@ -122,24 +188,52 @@ impl PgStore {
         db_error(&self.url, &error)
     }
 
-    /// Takes the advisory lock of run `id` on a new connection.
+    /// Takes the advisory lock of run `id`, or fails with [`StoreError::Locked`].
     async fn lock(&self, id: &str) -> Result<PgLease, StoreError> {
-        let client = connect(&self.url).await?;
-        let row = client
-            .query_one(
-                "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
-                &[&format!("aplc-run:{id}")],
-            )
-            .await
-            .map_err(|e| self.error(e))?;
-        if row.get::<_, bool>(0) {
-            Ok(PgLease {
-                run_id: id.to_string(),
-                _client: client,
-            })
-        } else {
-            Err(StoreError::Locked(id.to_string()))
+        {
+            let mut held = self.locks.held.lock().map_err(|_| {
+                StoreError::Database("the store's table of leases was poisoned".into())
+            })?;
+            if !held.insert(id.to_string()) {
+                return Err(StoreError::Locked(id.to_string()));
+            }
         }
+        // From here on, dropping `lease` undoes the insert, and unlocks unless told the
+        // lock was not taken: a call cancelled while the server takes the lock leaves an
+        // unlock queued behind it.
+        let mut lease = PgLease {
+            run_id: id.to_string(),
+            locks: Arc::clone(&self.locks),
+            unlock_on_drop: true,
+        };
+        let (reply, answer) = oneshot::channel();
+        let stopped = || StoreError::Database("the store's lock task has stopped".into());
+        self.locks
+            .ops
+            .send(LockOp::Lock(id.to_string(), reply))
+            .map_err(|_| stopped())?;
+        match answer.await.map_err(|_| stopped())? {
+            Ok(true) => Ok(lease),
+            Ok(false) => {
+                lease.unlock_on_drop = false;
+                Err(StoreError::Locked(id.to_string()))
+            }
+            Err(e) => {
+                // The lock connection failed: it holds no lock any more.
+                lease.unlock_on_drop = false;
+                Err(e)
+            }
+        }
+    }
+
+    /// Queues a job for the writer task and waits for its answer.
+    async fn write(&self, work: Work) -> Result<(), StoreError> {
+        let stopped = || StoreError::Database("the store's writer task has stopped".into());
+        let (reply, answer) = oneshot::channel();
+        self.writer
+            .send(Job { work, reply })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 }
 
@@ -147,50 +241,7 @@ impl RunStore for PgStore {
     fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
         Box::pin(async move {
             let lease = self.lock(&run.id).await?;
-            let mut client = self.writer.lock().await;
-            let tx = client.transaction().await.map_err(|e| self.error(e))?;
-            let exists = tx
-                .query_opt("SELECT 1 FROM runs WHERE id = $1", &[&run.id])
-                .await
-                .map_err(|e| self.error(e))?;
-            if exists.is_some() {
-                return Err(StoreError::Exists(run.id));
-            }
-            let options = run.options.to_string();
-            let running = RunState::Running.as_str();
-            let insert_bundle = async {
-                tx.execute(
-                "INSERT INTO bundles (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
-                &[&run.bundle_hash, &run.bundle],
-            )
-                .await
-            };
-            let insert_run = async {
-                tx.execute(
-                    "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
-                                   updated_at_ms, options, outcome, input_count, event_count)
-                 VALUES ($1, $2, $3, $4, 0, $5, $5, $6, NULL, 0, 0)",
-                    &[
-                        &run.id,
-                        &run.agent,
-                        &run.bundle_hash,
-                        &running,
-                        &run.started_at_ms,
-                        &options,
-                    ],
-                )
-                .await
-            };
-            let (bundle, inserted) = tokio::join!(insert_bundle, insert_run);
-            bundle.map_err(|e| self.error(e))?;
-            if let Err(e) = inserted {
-                // A concurrent create of the same id.
-                if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) {
-                    return Err(StoreError::Exists(run.id));
-                }
-                return Err(self.error(e));
-            }
-            tx.commit().await.map_err(|e| self.error(e))?;
+            self.write(Work::Create(run)).await?;
             Ok(Box::new(lease) as Box<dyn Lease>)
         })
     }
@@ -211,36 +262,8 @@ impl RunStore for PgStore {
         lease: &'a dyn Lease,
         batch: Batch,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let id = lease.run_id();
-            let mut client = self.writer.lock().await;
-            let tx = client.transaction().await.map_err(|e| self.error(e))?;
-            let row = tx
-                .query_opt(
-                    "SELECT state, input_count, event_count FROM runs WHERE id = $1 FOR UPDATE",
-                    &[&id],
-                )
-                .await
-                .map_err(|e| self.error(e))?
-                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-            let (state, input_count, event_count): (String, i64, i64) =
-                (row.get(0), row.get(1), row.get(2));
-            if RunState::from_column(&state)? == RunState::Finished {
-                return Err(StoreError::Finished(id.to_string()));
-            }
-            let stored = count(input_count, "input count")?;
-            if batch.first_input != stored {
-                return Err(StoreError::Sequence {
-                    id: id.to_string(),
-                    expected: stored,
-                    got: batch.first_input,
-                });
-            }
-            append_rows(&tx, id, &batch, input_count, event_count)
-                .await
-                .map_err(|e| self.error(e))?;
-            tx.commit().await.map_err(|e| self.error(e))
-        })
+        let id = lease.run_id().to_string();
+        Box::pin(async move { self.write(Work::Append(id, batch)).await })
     }
 
     fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
@@ -373,6 +396,162 @@ impl RunStore for PgStore {
                 .map_err(|e| self.error(e))?;
             count(row.get(0), "byte count")
         })
+    }
+}
+
+/// The writer task: takes every queued job, commits them together, answers each.
+async fn write_loop(url: Arc<str>, mut client: Client, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    while let Some(first) = jobs.recv().await {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        commit_group(&url, &mut client, group).await;
+    }
+}
+
+/// The most jobs committed in one transaction (bounds the latency of the first).
+const MAX_GROUP: usize = 512;
+
+async fn commit_group(url: &str, client: &mut Client, group: Vec<Job>) {
+    let mut answers = Vec::with_capacity(group.len());
+    let committed = match client.transaction().await {
+        Ok(mut tx) => {
+            for job in group {
+                let result = run_job(url, &mut tx, &job.work).await;
+                answers.push((job.reply, result));
+            }
+            tx.commit().await.map_err(|e| db_error(url, &e))
+        }
+        Err(e) => {
+            answers.extend(group.into_iter().map(|job| (job.reply, Ok(()))));
+            Err(db_error(url, &e))
+        }
+    };
+    for (reply, result) in answers {
+        let result = match (&committed, result) {
+            (Err(e), Ok(())) => Err(StoreError::Database(format!("the commit failed: {e}"))),
+            (_, result) => result,
+        };
+        // A caller that stopped waiting has nothing to be told.
+        let _ = reply.send(result);
+    }
+}
+
+/// Runs one job in a savepoint of the group's transaction: undone alone if it fails
+/// (dropping an uncommitted savepoint rolls it back).
+async fn run_job(url: &str, tx: &mut Transaction<'_>, work: &Work) -> Result<(), StoreError> {
+    let error = |e: tokio_postgres::Error| db_error(url, &e);
+    let savepoint = tx.savepoint("job").await.map_err(error)?;
+    match work {
+        Work::Create(run) => insert_run(url, &savepoint, run).await?,
+        Work::Append(id, batch) => append_batch(url, &savepoint, id, batch).await?,
+    }
+    savepoint.commit().await.map_err(error)
+}
+
+async fn insert_run(url: &str, tx: &Transaction<'_>, run: &NewRun) -> Result<(), StoreError> {
+    let error = |e: tokio_postgres::Error| db_error(url, &e);
+    let exists = tx
+        .query_opt("SELECT 1 FROM runs WHERE id = $1", &[&run.id])
+        .await
+        .map_err(error)?;
+    if exists.is_some() {
+        return Err(StoreError::Exists(run.id.clone()));
+    }
+    let options = run.options.to_string();
+    let running = RunState::Running.as_str();
+    let insert_bundle = async {
+        tx.execute(
+            "INSERT INTO bundles (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
+            &[&run.bundle_hash, &run.bundle],
+        )
+        .await
+    };
+    let insert_run = async {
+        tx.execute(
+            "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
+                               updated_at_ms, options, outcome, input_count, event_count)
+             VALUES ($1, $2, $3, $4, 0, $5, $5, $6, NULL, 0, 0)",
+            &[
+                &run.id,
+                &run.agent,
+                &run.bundle_hash,
+                &running,
+                &run.started_at_ms,
+                &options,
+            ],
+        )
+        .await
+    };
+    let (bundle, inserted) = tokio::join!(insert_bundle, insert_run);
+    bundle.map_err(error)?;
+    match inserted {
+        Ok(_) => Ok(()),
+        // A concurrent create of the same id by another process.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+            Err(StoreError::Exists(run.id.clone()))
+        }
+        Err(e) => Err(error(e)),
+    }
+}
+
+async fn append_batch(
+    url: &str,
+    tx: &Transaction<'_>,
+    id: &str,
+    batch: &Batch,
+) -> Result<(), StoreError> {
+    let error = |e: tokio_postgres::Error| db_error(url, &e);
+    let row = tx
+        .query_opt(
+            "SELECT state, input_count, event_count FROM runs WHERE id = $1 FOR UPDATE",
+            &[&id],
+        )
+        .await
+        .map_err(error)?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+    let (state, input_count, event_count): (String, i64, i64) =
+        (row.get(0), row.get(1), row.get(2));
+    if RunState::from_column(&state)? == RunState::Finished {
+        return Err(StoreError::Finished(id.to_string()));
+    }
+    let stored = count(input_count, "input count")?;
+    if batch.first_input != stored {
+        return Err(StoreError::Sequence {
+            id: id.to_string(),
+            expected: stored,
+            got: batch.first_input,
+        });
+    }
+    append_rows(tx, id, batch, input_count, event_count)
+        .await
+        .map_err(error)
+}
+
+/// The lock task: owns the lock connection and runs locks and unlocks in order. It ends
+/// when the store and all its leases are gone, and the connection closes with it.
+async fn lock_loop(url: Arc<str>, client: Client, mut ops: mpsc::UnboundedReceiver<LockOp>) {
+    while let Some(op) = ops.recv().await {
+        match op {
+            LockOp::Lock(id, reply) => {
+                let taken = client
+                    .query_one(&format!("SELECT pg_try_advisory_lock({LOCK_KEY})"), &[&id])
+                    .await
+                    .and_then(|row| row.try_get::<_, bool>(0))
+                    .map_err(|e| db_error(&url, &e));
+                let _ = reply.send(taken);
+            }
+            LockOp::Unlock(id) => {
+                // A failure means the connection is gone, and the lock with it.
+                let _ = client
+                    .execute(&format!("SELECT pg_advisory_unlock({LOCK_KEY})"), &[&id])
+                    .await;
+            }
+        }
     }
 }
 
