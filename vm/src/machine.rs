@@ -52,7 +52,7 @@ use crate::events::{Event, Phase, Recorder};
 use crate::exchange::{Completion, Message, Part, ProviderError, ProviderRequest, ToolCall};
 use crate::interrupt::{Interrupt, InterruptReason};
 use crate::messages::{build_message, message_value};
-use crate::names::{self, Initial, Section, Unsettable, VARIABLES};
+use crate::names::{self, Section, Unsettable, slot_of};
 use crate::program::Program;
 use crate::request::build_request;
 use crate::response::{parse_json_output, validate_output};
@@ -361,7 +361,7 @@ impl Machine {
         let mut events = Recorder::new(options.events);
         let bundle = program.bundle();
         events.run_started(bundle, &options);
-        let store = Store::new(initial_vars());
+        let store = Store::new(program.initial_vars().clone());
         let mut error = None;
         for (name, value) in &options.with_context {
             if let Some(problem) = invalid_context_name(name) {
@@ -522,7 +522,9 @@ impl Machine {
                 }
                 Instr::ProcessResponse => self.process_response(),
                 Instr::CallTools => self.start_tools(),
-                Instr::ClearNextStep => self.store.set(names::NEXT_STEP, Value::from(())),
+                Instr::ClearNextStep => {
+                    (self.store).update(|vars| vars.set_slot(slot_of!(NEXT_STEP), Value::from(())))
+                }
                 Instr::Snapshot => self.snapshot(),
                 Instr::Branch => return self.branch(),
             }
@@ -684,21 +686,23 @@ impl Machine {
         self.state = State::Running;
         self.post_ran = false;
         self.tool_calls = Vec::new();
-        self.store.set(names::PREV_STEP, prev);
-        self.store.set(names::NEXT_STEP, Value::from(()));
-        self.store
-            .set(names::RUNS, Value::from(self.runs[step.index()]));
+        let runs = self.runs[step.index()];
+        self.store.update(|vars| {
+            vars.set_slot(slot_of!(PREV_STEP), prev);
+            vars.set_slot(slot_of!(NEXT_STEP), Value::from(()));
+            vars.set_slot(slot_of!(RUNS), Value::from(runs));
+        });
         self.update_times(now);
         (self.events).step_started(self.program.step_name(step), self.runs[step.index()]);
     }
 
     fn update_times(&self, now: Duration) {
         let ms = |d: Duration| Value::from(d.as_secs_f64() * 1000.0);
-        self.store.set(
-            names::TIME_ELAPSED,
-            ms(now.saturating_sub(self.step_started)),
-        );
-        self.store.set(names::TIME_ELAPSED_GLOBAL, ms(now));
+        let step = ms(now.saturating_sub(self.step_started));
+        self.store.update(|vars| {
+            vars.set_slot(slot_of!(TIME_ELAPSED), step);
+            vars.set_slot(slot_of!(TIME_ELAPSED_GLOBAL), ms(now));
+        });
     }
 
     /// Records an `error` event for each entry appended to `errors` since the last call.
@@ -791,7 +795,8 @@ impl Machine {
             self.state = State::PromptFailed;
         }
         let prompts: Vec<Value> = messages.iter().map(message_value).collect();
-        self.store.set(names::PROMPTS, Value::from(prompts));
+        self.store
+            .update(|vars| vars.set_slot(slot_of!(PROMPTS), Value::from(prompts)));
         self.messages = messages.into();
     }
 
@@ -808,13 +813,23 @@ impl Machine {
             self.fail(RunErrorKind::BudgetExceeded, "Run budget exceeded".into());
             return Some(Action::Done);
         }
-        for (name, value) in RESULT_DEFAULTS {
-            self.store.set(name, value());
-        }
-        // describe_tools (§2.2.1): the registered tools that `allowed_tools` permits.
-        let allowed = Allowed::from_value(self.store.get(names::ALLOWED_TOOLS).as_ref());
-        let tools = self.tools.describe(&allowed);
-        self.store.set(names::TOOLS, Value::from(tools));
+        let initial = self.program.initial_vars();
+        // describe_tools (§2.2.1): the registered tools that `allowed_tools` permits. With
+        // no tool registered that is none whatever `allowed_tools` holds, so `tools` is
+        // its initial empty list and `allowed_tools` needs no reading.
+        let (allowed, tools) = if self.tools.is_empty() {
+            (Allowed::All, initial.slot(slot_of!(TOOLS)).clone())
+        } else {
+            let allowed = Allowed::from_value(self.store.get(names::ALLOWED_TOOLS).as_ref());
+            let tools = Value::from(self.tools.describe(&allowed));
+            (allowed, tools)
+        };
+        self.store.update(|vars| {
+            for i in RESULT_SLOTS {
+                vars.set_slot(i, initial.slot(i).clone());
+            }
+            vars.set_slot(slot_of!(TOOLS), tools);
+        });
         let model = self
             .store
             .get(names::MODEL)
@@ -860,6 +875,8 @@ impl Machine {
             }
         };
         let text = result_text(&completion.content);
+        // A response without attachments (the usual one) shares the initial empty lists.
+        let empty = self.program.initial_vars().slot(slot_of!(RESULT_FILES));
         let urls = |pick: fn(&Part) -> Option<&String>| {
             let urls: Vec<Value> = completion
                 .content
@@ -867,49 +884,47 @@ impl Machine {
                 .filter_map(pick)
                 .map(|url| Value::from(url.as_str()))
                 .collect();
-            Value::from(urls)
+            if urls.is_empty() {
+                empty.clone()
+            } else {
+                Value::from(urls)
+            }
         };
-        let set = |name: &str, value: Value| self.store.set(name, value);
-        set(names::RESULT_ROLE, Value::from(completion.role.as_str()));
-        set(names::RESULT_TEXT, Value::from(text.as_str()));
-        set(
-            names::RESULT_IMAGE_URLS,
-            urls(|p| match p {
-                Part::ImageUrl(url) => Some(url),
-                _ => None,
-            }),
-        );
-        set(
-            names::RESULT_AUDIO_INPUTS,
-            urls(|p| match p {
-                Part::AudioInput(url) => Some(url),
-                _ => None,
-            }),
-        );
-        set(
-            names::RESULT_FILES,
-            urls(|p| match p {
-                Part::File(url) => Some(url),
-                _ => None,
-            }),
-        );
-        set(
-            names::USAGE,
-            completion
-                .usage
-                .as_ref()
-                .map(|usage| value_from_json(&serde_json::Value::Object(usage.fields.clone())))
-                .unwrap_or(Value::from(())),
-        );
+        let image_urls = urls(|p| match p {
+            Part::ImageUrl(url) => Some(url),
+            _ => None,
+        });
+        let audio_inputs = urls(|p| match p {
+            Part::AudioInput(url) => Some(url),
+            _ => None,
+        });
+        let files = urls(|p| match p {
+            Part::File(url) => Some(url),
+            _ => None,
+        });
+        let usage = completion
+            .usage
+            .as_ref()
+            .map(|usage| value_from_json(&serde_json::Value::Object(usage.fields.clone())))
+            .unwrap_or(Value::from(()));
+        self.store.update(|vars| {
+            vars.set_slot(slot_of!(RESULT_ROLE), Value::from(completion.role.as_str()));
+            vars.set_slot(slot_of!(RESULT_TEXT), Value::from(text.as_str()));
+            vars.set_slot(slot_of!(RESULT_IMAGE_URLS), image_urls);
+            vars.set_slot(slot_of!(RESULT_AUDIO_INPUTS), audio_inputs);
+            vars.set_slot(slot_of!(RESULT_FILES), files);
+            vars.set_slot(slot_of!(USAGE), usage);
+        });
         self.structured_output(&text);
 
         if let Some(step) = self.step {
             self.runs[step.index()] += 1;
             self.global_runs += 1;
-            self.store
-                .set(names::RUNS, Value::from(self.runs[step.index()]));
-            self.store
-                .set(names::GLOBAL_RUNS, Value::from(self.global_runs));
+            let (runs, global_runs) = (self.runs[step.index()], self.global_runs);
+            self.store.update(|vars| {
+                vars.set_slot(slot_of!(RUNS), Value::from(runs));
+                vars.set_slot(slot_of!(GLOBAL_RUNS), Value::from(global_runs));
+            });
         }
         self.tool_calls = completion.tool_calls;
     }
@@ -1035,8 +1050,9 @@ impl Machine {
         self.last_errors_step = self.step;
         self.last_step_errors = self.current_errors();
         if self.post_ran {
+            let empty = self.program.initial_vars().slot(slot_of!(ERRORS)).clone();
             self.store
-                .set(names::ERRORS, Value::from(Vec::<Value>::new()));
+                .update(|vars| vars.set_slot(slot_of!(ERRORS), empty));
             self.events.errors_reset();
         }
     }
@@ -1045,6 +1061,8 @@ impl Machine {
     fn current_errors(&self) -> Vec<String> {
         self.store
             .get(names::ERRORS)
+            // Most steps end without errors: an empty list needs no iterator.
+            .filter(|e| e.len() != Some(0))
             .and_then(|e| {
                 e.try_iter()
                     .ok()
@@ -1061,17 +1079,21 @@ impl Machine {
             self.state = State::Done;
             return Action::Done;
         }
-        let name = next
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| next.to_string());
+        let text;
+        let name = match next.as_str() {
+            Some(name) => name,
+            None => {
+                text = next.to_string();
+                text.as_str()
+            }
+        };
         // An empty name is treated like an unset one: `get_context('target', '')` idioms
         // mean "no jump".
         if name == "return" || name.is_empty() {
             self.state = State::Done;
             return Action::Done;
         }
-        match self.program.step_by_name(&name) {
+        match self.program.step_by_name(name) {
             Some(step) => {
                 self.pc = self.program.bundle().steps[step.index()].entry as usize;
                 (self.events).jump(
@@ -1238,17 +1260,9 @@ fn tool_context(vars: &Vars) -> serde_json::Value {
     )
 }
 
-/// The `result_*` variables and their values before any provider call (§2.4).
-const RESULT_DEFAULTS: [(&str, Initial); 8] = names::initials(Section::Result);
-
-/// Every variable a run starts with: executor-maintained (§2.4) and user-settable (§2.5).
-fn initial_vars() -> Vars {
-    let mut vars = Vars::new();
-    for variable in VARIABLES {
-        vars.insert(variable.name, variable.initial());
-    }
-    vars
-}
+/// The slots of the `result_*` variables, reset to their initial values before every
+/// provider call (§2.4).
+const RESULT_SLOTS: [usize; 8] = names::slots_of(Section::Result);
 
 /// The run error for the declared inputs that `with_context` does not give, if any:
 /// one `missing input: <name>` line per missing input, in declaration order.

@@ -213,15 +213,15 @@ pub fn section(section: Section) -> impl Iterator<Item = &'static Variable> {
     VARIABLES.iter().filter(move |v| v.section == section)
 }
 
-/// The names and initial values of the `N` variables of `section`, for a table built at
-/// compile time; a build error if `N` is not their number.
-pub(crate) const fn initials<const N: usize>(section: Section) -> [(&'static str, Initial); N] {
-    let mut out: [(&'static str, Initial); N] = [("", || Value::UNDEFINED); N];
+/// The store slots of the `N` variables of `section`, in the spec's order, for a table
+/// built at compile time; a build error if `N` is not their number.
+pub(crate) const fn slots_of<const N: usize>(section: Section) -> [usize; N] {
+    let mut out = [0; N];
     let (mut i, mut n) = (0, 0);
     while i < VARIABLES.len() {
         if VARIABLES[i].section as u8 == section as u8 {
             assert!(n < N, "more variables in the section than the table holds");
-            out[n] = (VARIABLES[i].name, VARIABLES[i].initial);
+            out[n] = i;
             n += 1;
         }
         i += 1;
@@ -333,8 +333,18 @@ pub fn is_identifier(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// The store slot of the variable whose name constant is `$name` (`slot_of!(RUNS)`),
+/// resolved at build time: the executor's hot paths write by slot
+/// ([`Vars::set_slot`](crate::store::Vars::set_slot)) and skip matching the name.
+macro_rules! slot_of {
+    ($name:ident) => {
+        const { $crate::names::index_of($crate::names::$name) }
+    };
+}
+pub(crate) use slot_of;
+
 /// The index of `name` in [`VARIABLES`]; a build error if it is missing.
-const fn index_of(name: &str) -> usize {
+pub(crate) const fn index_of(name: &str) -> usize {
     let mut i = 0;
     while i < VARIABLES.len() {
         if str_eq(VARIABLES[i].name, name) {

@@ -10,6 +10,8 @@ use minijinja::Environment;
 
 use crate::bundle::{self, Bundle, BundleError, StepId, TemplateId, TemplateKind};
 use crate::env::{Limits, template_env};
+use crate::names::VARIABLES;
+use crate::store::Vars;
 use crate::template_check::check_template;
 
 /// A decoded, validated bundle with its templates compiled.
@@ -23,6 +25,10 @@ pub struct Program {
     names: Vec<String>,
     steps_by_name: HashMap<String, StepId>,
     limits: Limits,
+    /// Every variable a run starts with, built once per program: a run starts from an
+    /// O(1) copy, and the executor's resets (the `result_*` defaults before each call,
+    /// `errors` after each post phase) clone these values instead of allocating new ones.
+    initial_vars: Vars,
 }
 
 /// The most templates a program may have. minijinja allocates about 12 KiB for every
@@ -110,12 +116,19 @@ impl Program {
             names,
             steps_by_name,
             limits,
+            initial_vars: initial_vars(),
         })
     }
 
     /// The bundle the program was loaded from.
     pub fn bundle(&self) -> &Bundle {
         &self.bundle
+    }
+
+    /// Every variable a run starts with: executor-maintained (§2.4) and user-settable
+    /// (§2.5), at their initial values.
+    pub(crate) fn initial_vars(&self) -> &Vars {
+        &self.initial_vars
     }
 
     /// The step with this identifier.
@@ -145,6 +158,15 @@ impl Program {
     pub(crate) fn template_name(&self, template: TemplateId) -> &str {
         &self.names[template.index()]
     }
+}
+
+/// Every variable a run starts with (see [`Program::initial_vars`]).
+fn initial_vars() -> Vars {
+    let mut vars = Vars::new();
+    for variable in VARIABLES {
+        vars.insert(variable.name, variable.initial());
+    }
+    vars
 }
 
 impl fmt::Debug for Program {

@@ -15,25 +15,42 @@ use crate::exchange::{
     Message, OutputFormat, ProviderError, ProviderErrorKind, ProviderRequest, Sampling,
     ToolDefinition,
 };
-use crate::names;
+use crate::names::{self, slot_of};
 use crate::store::Vars;
 use crate::text::{json_kind as kind, value_kind};
 
 /// Picks one field of a [`Sampling`].
 type Field = fn(&mut Sampling) -> &mut Option<Json>;
 
-/// The §2.5 variables that become [`Sampling`] fields, each with its field.
-const SAMPLING: [(&str, Field); 10] = [
-    (names::TEMPERATURE, |s| &mut s.temperature),
-    (names::MAX_TOKENS, |s| &mut s.max_tokens),
-    (names::TOP_P, |s| &mut s.top_p),
-    (names::PRESENCE_PENALTY, |s| &mut s.presence_penalty),
-    (names::FREQUENCY_PENALTY, |s| &mut s.frequency_penalty),
-    (names::SEED, |s| &mut s.seed),
-    (names::STOP_SEQUENCES, |s| &mut s.stop_sequences),
-    (names::LOGIT_BIAS, |s| &mut s.logit_bias),
-    (names::TOP_K, |s| &mut s.top_k),
-    (names::REPETITION_PENALTY, |s| &mut s.repetition_penalty),
+/// The §2.5 variables that become [`Sampling`] fields, each with its store slot (read
+/// on every provider call, so without matching the name) and its field.
+const SAMPLING: [(&str, usize, Field); 10] = [
+    (names::TEMPERATURE, slot_of!(TEMPERATURE), |s| {
+        &mut s.temperature
+    }),
+    (names::MAX_TOKENS, slot_of!(MAX_TOKENS), |s| {
+        &mut s.max_tokens
+    }),
+    (names::TOP_P, slot_of!(TOP_P), |s| &mut s.top_p),
+    (names::PRESENCE_PENALTY, slot_of!(PRESENCE_PENALTY), |s| {
+        &mut s.presence_penalty
+    }),
+    (names::FREQUENCY_PENALTY, slot_of!(FREQUENCY_PENALTY), |s| {
+        &mut s.frequency_penalty
+    }),
+    (names::SEED, slot_of!(SEED), |s| &mut s.seed),
+    (names::STOP_SEQUENCES, slot_of!(STOP_SEQUENCES), |s| {
+        &mut s.stop_sequences
+    }),
+    (names::LOGIT_BIAS, slot_of!(LOGIT_BIAS), |s| {
+        &mut s.logit_bias
+    }),
+    (names::TOP_K, slot_of!(TOP_K), |s| &mut s.top_k),
+    (
+        names::REPETITION_PENALTY,
+        slot_of!(REPETITION_PENALTY),
+        |s| &mut s.repetition_penalty,
+    ),
 ];
 
 /// Builds the request for `model` from the context (which the request keeps, read-only),
@@ -61,8 +78,10 @@ pub fn build_request(
 /// Every sampling variable that is set.
 fn sampling(context: &Vars) -> Result<Sampling, ProviderError> {
     let mut sampling = Sampling::default();
-    for (name, field) in SAMPLING {
-        if let Some(value) = context.get(name).filter(|v| is_set(v)) {
+    for (name, slot, field) in SAMPLING {
+        // An unset slot holds undefined, which `is_set` refuses like `Vars::get` would.
+        let value = context.slot(slot);
+        if is_set(value) {
             let json = serde_json::to_value(value)
                 .map_err(|e| invalid_request(format!("`{name}` has no JSON form: {e}")))?;
             *field(&mut sampling) = Some(json);
@@ -163,7 +182,10 @@ mod tests {
         let mut table: Vec<&str> = names::section(names::Section::Sampling)
             .map(|v| v.name)
             .collect();
-        let mut mapped: Vec<&str> = SAMPLING.iter().map(|(name, _)| *name).collect();
+        let mut mapped: Vec<&str> = SAMPLING.iter().map(|(name, _, _)| *name).collect();
+        for (name, slot, _) in SAMPLING {
+            assert_eq!(names::VARIABLES[slot].name, name, "the slot is the name's");
+        }
         table.sort_unstable();
         mapped.sort_unstable();
         assert_eq!(mapped, table);

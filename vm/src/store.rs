@@ -72,6 +72,20 @@ impl Vars {
         }
     }
 
+    /// Sets the variable in slot `i` (from [`slot_of!`](crate::names::slot_of)):
+    /// the executor's hot paths write about 30 variables a step, and skip matching the
+    /// name for each.
+    #[inline]
+    pub(crate) fn set_slot(&mut self, i: usize, value: Value) {
+        Arc::make_mut(&mut self.slots)[i] = value;
+    }
+
+    /// The value in slot `i` (`Value::UNDEFINED` when unset).
+    #[inline]
+    pub(crate) fn slot(&self, i: usize) -> &Value {
+        &self.slots[i]
+    }
+
     /// Every set variable, in name order (the slots, taken in name order, and the map
     /// are both sorted; this merges them).
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Value)> {
@@ -166,6 +180,13 @@ impl Store {
     #[inline]
     pub fn set(&self, name: &str, value: Value) {
         self.lock().vars.insert(name, value);
+    }
+
+    /// Runs `f` on the variables under one lock, so that the executor's several writes
+    /// of one phase take the lock once.
+    #[inline]
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut Vars) -> R) -> R {
+        f(&mut self.lock().vars)
     }
 
     /// Appends `message` to the `errors` list.
