@@ -314,11 +314,19 @@ struct Timed {
     inner: Arc<dyn RunStore>,
     commits: AtomicU64,
     nanos: AtomicU64,
+    /// Time spent creating runs (their rows and leases).
+    create_nanos: AtomicU64,
 }
 
 impl RunStore for Timed {
     fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
-        self.inner.create(run)
+        Box::pin(async move {
+            let start = Instant::now();
+            let result = self.inner.create(run).await;
+            let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.create_nanos.fetch_add(nanos, Ordering::Relaxed);
+            result
+        })
     }
     fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
         self.inner.acquire(id)
@@ -388,6 +396,7 @@ fn durability(
         inner: store,
         commits: AtomicU64::new(0),
         nanos: AtomicU64::new(0),
+        create_nanos: AtomicU64::new(0),
     });
     let concurrency = args.concurrency.unwrap_or(1).min(args.runs);
     let latency = Duration::from_millis(args.latency_ms);
@@ -462,9 +471,11 @@ fn durability(
     let memory = phase(false, args.warmup, args.runs)?;
     store.commits.store(0, Ordering::Relaxed);
     store.nanos.store(0, Ordering::Relaxed);
+    store.create_nanos.store(0, Ordering::Relaxed);
     let durable = phase(true, args.warmup, args.runs)?;
     let commits = store.commits.load(Ordering::Relaxed);
     let commit_us = store.nanos.load(Ordering::Relaxed) as f64 / 1e3 / commits.max(1) as f64;
+    let create_us = store.create_nanos.load(Ordering::Relaxed) as f64 / 1e3 / args.runs as f64;
     let bytes: u64 = runtime.block_on(async {
         let mut bytes = 0;
         for id in &ids[args.warmup as usize..] {
@@ -502,6 +513,7 @@ fn durability(
         "durability_step_us": step_us(&durable) - step_us(&memory),
         "commits_per_run": commits as f64 / runs,
         "commit_us": commit_us,
+        "create_us": create_us,
         "bytes_per_step": bytes as f64 / steps,
         "resume_ms": resume_ms,
     });
@@ -533,6 +545,7 @@ fn durability(
             commits as f64 / runs,
             commit_us
         );
+        println!("  run creation      {create_us:.1} µs each (its row and its lease)");
         println!("  stored            {:.0} bytes/step", bytes as f64 / steps);
         println!("  resume            {resume_ms:.1} ms (load, restore, replay: the last run)");
         if durable.failures + memory.failures > 0 {

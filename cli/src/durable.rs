@@ -307,13 +307,12 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
                 .map_err(store_failure)?;
             let mut out = std::io::stdout().lock();
             if json {
-                let context = match summary.outcome.as_ref().and_then(|o| o.get("context")) {
-                    Some(context) => context.clone(),
-                    None => runtime
-                        .block_on(durable::inspect(store.as_ref(), &run_id))
-                        .map_err(durable_failure)?
-                        .context_json(),
-                };
+                // Rebuilt from the checkpoints and the journal: the stored outcome keeps
+                // the final variables but not `context_history`.
+                let context = runtime
+                    .block_on(durable::inspect(store.as_ref(), &run_id))
+                    .map_err(durable_failure)?
+                    .context_json();
                 let _ = serde_json::to_writer_pretty(&mut out, &context);
                 let _ = writeln!(out);
             } else {

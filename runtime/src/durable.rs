@@ -223,7 +223,10 @@ fn options_from_json(id: &str, json: &Json) -> Result<RunOptions, DurableError> 
     .with_context_json(context))
 }
 
-/// The outcome as stored: what `aplc runs show` prints.
+/// The outcome as stored: what `aplc runs show` prints. The final variables are kept,
+/// but not `context_history`: it holds every step's variables, so storing it would cost
+/// each run O(steps × context) at its end, the very growth the journal avoids. The whole
+/// final context is rebuilt from the checkpoints and the journal ([`inspect`]).
 pub fn outcome_json(outcome: &RunOutcome) -> Json {
     let error = outcome.error.as_ref().map(|error| {
         json!({
@@ -237,8 +240,15 @@ pub fn outcome_json(outcome: &RunOutcome) -> Json {
         "error": error,
         "steps": outcome.steps,
         "last_step_errors": outcome.last_step_errors,
-        "context": outcome.context_json(),
+        "context": without_history(outcome.context_json()),
     })
+}
+
+fn without_history(mut context: Json) -> Json {
+    if let Some(map) = context.as_object_mut() {
+        map.remove("context_history");
+    }
+    context
 }
 
 /// What the driver keeps beside the machine's own checkpoint: the machine's clock at the
@@ -544,6 +554,18 @@ fn replay(
             last_seq = Some(event.seq);
         }
     };
+    // A run that died before its first commit has journaled nothing, not even the
+    // `run_started` its machine makes: those events are left for the live run to journal.
+    if loaded.events == 0 && loaded.inputs.is_empty() && loaded.checkpoints.is_empty() {
+        return Ok(Replayed {
+            machine,
+            at,
+            pending,
+            inputs: 0,
+            provider_inputs,
+            history_start: 0,
+        });
+    }
     forget(&mut machine);
     for bytes in &loaded.inputs {
         let input = Input::decode(bytes).map_err(|e| corrupt(e.to_string()))?;
@@ -596,6 +618,8 @@ struct Journal<'s> {
     steps_at_checkpoint: u64,
     /// The first `context_history` entry the next checkpoint carries.
     history_start: u64,
+    /// A checkpoint for the next commit.
+    checkpoint: Option<StoredCheckpoint>,
     redactor: Redactor,
 }
 
@@ -619,6 +643,7 @@ impl<'s> Journal<'s> {
             checkpoint_every: config.checkpoint_every.max(1),
             steps_at_checkpoint: 0,
             history_start: 0,
+            checkpoint: None,
             redactor: config.redactor.clone(),
         }
     }
@@ -645,10 +670,13 @@ impl<'s> Journal<'s> {
     /// Adds a checkpoint to the next commit if `checkpoint_every` steps passed since the
     /// last one. A machine holding a value with no durable form is not checkpointed now;
     /// a resume replays from the previous checkpoint instead.
-    fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) -> Option<StoredCheckpoint> {
-        if machine.steps() < self.steps_at_checkpoint + self.checkpoint_every {
-            return None;
+    fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) {
+        if machine.steps() >= self.steps_at_checkpoint + self.checkpoint_every {
+            self.checkpoint = self.checkpoint(machine, at).or(self.checkpoint.take());
         }
+    }
+
+    fn checkpoint(&mut self, machine: &Machine, at: Duration) -> Option<StoredCheckpoint> {
         let checkpoint = match machine.checkpoint(self.history_start) {
             Ok(checkpoint) => checkpoint,
             // `Unencodable`: a value with no durable form; the next checkpoint may do.
@@ -670,13 +698,11 @@ impl<'s> Journal<'s> {
         })
     }
 
-    /// Commits everything journaled since the last commit, in one transaction.
-    async fn commit(
-        &mut self,
-        machine: &Machine,
-        checkpoint: Option<StoredCheckpoint>,
-        outcome: Option<Json>,
-    ) -> Result<(), StoreError> {
+    /// Commits everything journaled since the last commit, in one transaction: the
+    /// inputs, the events, the checkpoint due, and the outcome at the end. `steps` is the
+    /// run's step count now.
+    async fn commit(&mut self, steps: u64, outcome: Option<Json>) -> Result<(), StoreError> {
+        let checkpoint = self.checkpoint.take();
         if self.inputs.is_empty()
             && self.events.is_empty()
             && checkpoint.is_none()
@@ -691,7 +717,7 @@ impl<'s> Journal<'s> {
             inputs,
             events: std::mem::take(&mut self.events),
             checkpoint,
-            steps: machine.steps(),
+            steps,
             outcome,
         };
         self.store.append(self.lease.as_ref(), batch).await?;
@@ -733,10 +759,8 @@ impl Live<'_, '_> {
         let _watchdog = crate::watchdog::arm(watch_at, machine.deadline_flag());
         let deadline_at = machine.deadline();
 
-        // A new run's first events (`run_started`) are committed at once: a run that
-        // dies before its first answer then still replays to the events it journaled.
+        // A new run's first events (`run_started`); nothing for a resumed one.
         journal.events(&mut machine, &mut self.listener);
-        journal.commit(&machine, None, None).await?;
         let mut pending = pending;
         loop {
             // `in_flight`: the action the journal ends with, asked for before the crash.
@@ -752,12 +776,18 @@ impl Live<'_, '_> {
             };
             match action {
                 Action::CallProvider(request) => {
-                    // No commit before a provider call: if it crashes unanswered, the
-                    // replay stops before the poll that asked for it, and the resumed
-                    // run asks again: the same call, sent again, as it must be anyway.
-                    let answer =
-                        tokio::time::timeout_at(deadline, self.provider.complete(&request, &call))
-                            .await;
+                    // The commit of everything since the last call (the previous answer
+                    // above all) runs while this call is out: its latency hides behind
+                    // the model's. Both are awaited before the answer goes in. A crash
+                    // before the commit ends loses the previous answer too, and a resume
+                    // asks for it again: an answer is safe once journaled, and a call
+                    // whose answer is not journaled is in flight (spec/durability.md).
+                    let steps = machine.steps();
+                    let (committed, answer) = tokio::join!(
+                        journal.commit(steps, None),
+                        tokio::time::timeout_at(deadline, self.provider.complete(&request, &call)),
+                    );
+                    committed?;
                     match answer {
                         Ok(result) => {
                             let at = now();
@@ -772,9 +802,7 @@ impl Live<'_, '_> {
                             };
                             machine.handle_provider_response(at, result);
                             journal.events(&mut machine, &mut self.listener);
-                            // A paid answer is committed at once.
-                            let checkpoint = journal.maybe_checkpoint(&machine, at);
-                            journal.commit(&machine, checkpoint, None).await?;
+                            journal.maybe_checkpoint(&machine, at);
                         }
                         Err(_) => {
                             let at = now().max(deadline_at);
@@ -790,10 +818,10 @@ impl Live<'_, '_> {
                     if in_flight && !self.toolbox.is_idempotent(&invocation.name) {
                         let result = Err(INTERRUPTED_TOOL.to_string());
                         self.tool_result(&mut machine, &mut journal, now(), result);
-                        journal.commit(&machine, None, None).await?;
+                        journal.commit(machine.steps(), None).await?;
                         continue;
                     }
-                    journal.commit(&machine, None, None).await?;
+                    journal.commit(machine.steps(), None).await?;
                     let result = match self.toolbox.tool(&invocation.name) {
                         Some(tool) => {
                             match tokio::time::timeout_at(deadline, tool.call(&invocation)).await {
@@ -812,7 +840,7 @@ impl Live<'_, '_> {
                     let at = now();
                     let result = self.toolbox.redacted(result);
                     self.tool_result(&mut machine, &mut journal, at, result);
-                    journal.commit(&machine, None, None).await?;
+                    journal.commit(machine.steps(), None).await?;
                 }
                 Action::Continue => {}
                 Action::Done => {
@@ -850,19 +878,7 @@ impl Live<'_, '_> {
 impl Journal<'_> {
     /// The last commit: everything left, and the outcome.
     async fn finish(&mut self, steps: u64, outcome: Json) -> Result<(), StoreError> {
-        let inputs = std::mem::take(&mut self.inputs);
-        let count = inputs.len() as u64;
-        let batch = Batch {
-            first_input: self.committed,
-            inputs,
-            events: std::mem::take(&mut self.events),
-            checkpoint: None,
-            steps,
-            outcome: Some(outcome),
-        };
-        self.store.append(self.lease.as_ref(), batch).await?;
-        self.committed += count;
-        Ok(())
+        self.commit(steps, Some(outcome)).await
     }
 }
 
