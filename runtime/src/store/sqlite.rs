@@ -904,4 +904,13 @@ fn db_error(error: rusqlite::Error) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_names_this_code_makes_are_holders() {
+        assert!(is_holder_name("1234-00ff00ff00ff00ff.holder"));
+        assert!(!is_holder_name("../../etc/passwd"));
+        assert!(!is_holder_name("a/b.holder"));
+        assert!(!is_holder_name(".holder"));
+        assert!(!is_holder_name("1234-00ff.lock"));
+    }
 }
