@@ -684,3 +684,45 @@ fn secrets_never_reach_the_store() {
         }
     }
 }
+
+/// `APLC_STORE` is the default store of every command, and `--mock` runs journal too: a
+/// resumed scripted run goes on where its script left off.
+#[test]
+fn aplc_store_sets_the_default_store() {
+    let dir = scratch("env-store");
+    let store = sqlite("env-store");
+    let fixture = root().join("fixtures/run/loop_by_runs.apl");
+    let mock = root().join("fixtures/run/loop_by_runs.mock.json");
+    let (fixture, mock) = (fixture.display().to_string(), mock.display().to_string());
+    let output = succeed(
+        aplc(
+            &dir,
+            &[
+                "run", &fixture, "--mock", &mock, "--run-id", "from-env", "--quiet",
+            ],
+        )
+        .env("APLC_STORE", &store),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("run id: from-env"), "{stderr}");
+    let list = succeed(aplc(&dir, &["runs", "list"]).env("APLC_STORE", &store));
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("from-env ") && l.contains("succeeded")),
+        "{list}"
+    );
+    // The whole final context, history included, is rebuilt from the journal.
+    let show =
+        succeed(aplc(&dir, &["runs", "show", "from-env", "--json"]).env("APLC_STORE", &store));
+    let context: Json = serde_json::from_slice(&show.stdout).unwrap();
+    let plain = succeed(&mut aplc(
+        &dir,
+        &["run", &fixture, "--mock", &mock, "--json", "--quiet"],
+    ));
+    let mut expected: Json = serde_json::from_slice(&plain.stdout).unwrap();
+    let mut context = context;
+    strip_times(&mut expected);
+    strip_times(&mut context);
+    assert_eq!(context, expected);
+}
