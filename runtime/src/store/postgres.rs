@@ -417,6 +417,17 @@ async fn write_loop(url: Arc<str>, mut client: Client, mut jobs: mpsc::Unbounded
 const MAX_GROUP: usize = 512;
 
 async fn commit_group(url: &str, client: &mut Client, group: Vec<Job>) {
+    // Most groups commit in a handful of statements for every job at once; a group the
+    // fast path cannot take (a run twice in it, a write the checks did not foresee) runs
+    // job by job, each in a savepoint, as below.
+    if group.len() > 1
+        && let Some(results) = commit_together(client, &group).await
+    {
+        for (job, result) in group.into_iter().zip(results) {
+            let _ = job.reply.send(result);
+        }
+        return;
+    }
     let mut answers = Vec::with_capacity(group.len());
     let committed = match client.transaction().await {
         Ok(mut tx) => {
@@ -439,6 +450,227 @@ async fn commit_group(url: &str, client: &mut Client, group: Vec<Job>) {
         // A caller that stopped waiting has nothing to be told.
         let _ = reply.send(result);
     }
+}
+
+/// Commits a group with a fixed number of statements, whatever its size: one `SELECT …
+/// FOR UPDATE` reads every run the group touches, each job is checked against it (a job
+/// refused here writes nothing and gets its error), and the writes of all the others go
+/// in as arrays (`UNNEST`). On any database error the transaction rolls back and the
+/// caller runs the group job by job instead. Job by job costs four round trips a job; at
+/// 100 runs at once that held durable runs to 46 % of in-memory throughput.
+async fn commit_together(
+    client: &mut Client,
+    group: &[Job],
+) -> Option<Vec<Result<(), StoreError>>> {
+    let mut ids: Vec<&str> = group
+        .iter()
+        .map(|job| match &job.work {
+            Work::Create(run) => run.id.as_str(),
+            Work::Append(id, _) => id.as_str(),
+        })
+        .collect();
+    let unique: HashSet<&str> = ids.iter().copied().collect();
+    if unique.len() != ids.len() {
+        // The same run twice: its second batch depends on its first. Job by job.
+        return None;
+    }
+    ids.sort_unstable();
+    write_together(client, group, &ids).await.ok()
+}
+
+async fn write_together(
+    client: &mut Client,
+    group: &[Job],
+    ids: &[&str],
+) -> Result<Vec<Result<(), StoreError>>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    let rows = tx
+        .query(
+            "SELECT id, state, input_count, event_count FROM runs WHERE id = ANY($1)
+             ORDER BY id FOR UPDATE",
+            &[&ids],
+        )
+        .await?;
+    let mut known = std::collections::HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let (id, state, inputs, events): (String, String, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        known.insert(id, (state, inputs, events));
+    }
+
+    let now = now_ms();
+    let mut results = Vec::with_capacity(group.len());
+    let mut new_runs: Vec<&NewRun> = Vec::new();
+    // Rows to insert, column by column.
+    let (mut in_run, mut in_seq, mut in_bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ev_run, mut ev_seq, mut ev_json) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ck_run, mut ck_inputs, mut ck_start, mut ck_history, mut ck_state) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut up_id, mut up_steps, mut up_inputs, mut up_events, mut up_state, mut up_outcome) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    for job in group {
+        let result = match &job.work {
+            Work::Create(run) => {
+                if known.contains_key(&run.id) {
+                    Err(StoreError::Exists(run.id.clone()))
+                } else {
+                    new_runs.push(run);
+                    Ok(())
+                }
+            }
+            Work::Append(id, batch) => match known.get(id) {
+                None => Err(StoreError::NotFound(id.clone())),
+                Some((state, input_count, event_count)) => {
+                    let checked = RunState::from_column(state).and_then(|state| {
+                        if state == RunState::Finished {
+                            return Err(StoreError::Finished(id.clone()));
+                        }
+                        let stored = count(*input_count, "input count")?;
+                        if batch.first_input != stored {
+                            return Err(StoreError::Sequence {
+                                id: id.clone(),
+                                expected: stored,
+                                got: batch.first_input,
+                            });
+                        }
+                        Ok(())
+                    });
+                    if checked.is_ok() {
+                        for (seq, bytes) in (*input_count..).zip(&batch.inputs) {
+                            in_run.push(id.as_str());
+                            in_seq.push(seq);
+                            in_bytes.push(bytes.as_slice());
+                        }
+                        for (seq, json) in (*event_count..).zip(&batch.events) {
+                            ev_run.push(id.as_str());
+                            ev_seq.push(seq);
+                            ev_json.push(json.as_str());
+                        }
+                        if let Some(checkpoint) = &batch.checkpoint {
+                            ck_run.push(id.as_str());
+                            ck_inputs.push(db_int(checkpoint.inputs));
+                            ck_start.push(db_int(checkpoint.history_start));
+                            ck_history.push(checkpoint.history.as_slice());
+                            ck_state.push(checkpoint.state.as_deref());
+                        }
+                        let (state, outcome) = match &batch.outcome {
+                            Some(outcome) => (RunState::Finished, Some(outcome.to_string())),
+                            None => (RunState::Running, None),
+                        };
+                        up_id.push(id.as_str());
+                        up_steps.push(db_int(batch.steps));
+                        up_inputs.push(input_count + db_int(batch.inputs.len() as u64));
+                        up_events.push(event_count + db_int(batch.events.len() as u64));
+                        up_state.push(state.as_str());
+                        up_outcome.push(outcome);
+                    }
+                    checked
+                }
+            },
+        };
+        results.push(result);
+    }
+
+    if !new_runs.is_empty() {
+        let mut hashes: Vec<&str> = Vec::new();
+        let mut bundles: Vec<&[u8]> = Vec::new();
+        let mut seen = HashSet::new();
+        for run in &new_runs {
+            if seen.insert(run.bundle_hash.as_str()) {
+                hashes.push(&run.bundle_hash);
+                bundles.push(&run.bundle);
+            }
+        }
+        tx.execute(
+            "INSERT INTO bundles (hash, bytes) SELECT * FROM UNNEST($1::TEXT[], $2::BYTEA[])
+             ON CONFLICT (hash) DO NOTHING",
+            &[&hashes, &bundles],
+        )
+        .await?;
+        let ids: Vec<&str> = new_runs.iter().map(|r| r.id.as_str()).collect();
+        let agents: Vec<&str> = new_runs.iter().map(|r| r.agent.as_str()).collect();
+        let hashes: Vec<&str> = new_runs.iter().map(|r| r.bundle_hash.as_str()).collect();
+        let started: Vec<i64> = new_runs.iter().map(|r| r.started_at_ms).collect();
+        let options: Vec<String> = new_runs.iter().map(|r| r.options.to_string()).collect();
+        tx.execute(
+            "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
+                               updated_at_ms, options, outcome, input_count, event_count)
+             SELECT t.id, t.agent, t.hash, $6, 0, t.started, t.started, t.options, NULL, 0, 0
+             FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[])
+                  AS t(id, agent, hash, started, options)",
+            &[
+                &ids,
+                &agents,
+                &hashes,
+                &started,
+                &options,
+                &RunState::Running.as_str(),
+            ],
+        )
+        .await?;
+    }
+    if !in_run.is_empty() {
+        tx.execute(
+            "INSERT INTO inputs (run_id, seq, bytes)
+             SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BYTEA[])",
+            &[&in_run, &in_seq, &in_bytes],
+        )
+        .await?;
+    }
+    if !ev_run.is_empty() {
+        tx.execute(
+            "INSERT INTO events (run_id, seq, json)
+             SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::TEXT[])",
+            &[&ev_run, &ev_seq, &ev_json],
+        )
+        .await?;
+    }
+    if !ck_run.is_empty() {
+        // The previous newest states go first, or the new ones would go with them.
+        tx.execute(
+            "UPDATE checkpoints SET state = NULL WHERE run_id = ANY($1) AND state IS NOT NULL",
+            &[&ck_run],
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO checkpoints (run_id, seq, inputs, history_start, history, state)
+             SELECT t.run_id,
+                    (SELECT COALESCE(MAX(c.seq) + 1, 0) FROM checkpoints c WHERE c.run_id = t.run_id),
+                    t.inputs, t.history_start, t.history, t.state
+             FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BYTEA[], $5::BYTEA[])
+                  AS t(run_id, inputs, history_start, history, state)",
+            &[&ck_run, &ck_inputs, &ck_start, &ck_history, &ck_state],
+        )
+        .await?;
+    }
+    if !up_id.is_empty() {
+        tx.execute(
+            "UPDATE runs r SET steps = t.steps, updated_at_ms = $7, input_count = t.inputs,
+                               event_count = t.events, state = t.state,
+                               outcome = COALESCE(t.outcome, r.outcome)
+             FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[],
+                         $6::TEXT[]) AS t(id, steps, inputs, events, state, outcome)
+             WHERE r.id = t.id",
+            &[
+                &up_id,
+                &up_steps,
+                &up_inputs,
+                &up_events,
+                &up_state,
+                &up_outcome,
+                &now,
+            ],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(results)
 }
 
 /// Runs one job in a savepoint of the group's transaction: undone alone if it fails
