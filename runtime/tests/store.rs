@@ -381,12 +381,41 @@ async fn concurrent_appends(backend: Backend) {
             let id = format!("run-{r}");
             let lease = store.create(new_run(&id, r)).await?;
             for i in 0..5u8 {
-                store
-                    .append(
-                        &*lease,
-                        batch(u64::from(i), vec![vec![i]], &["{}"], u64::from(i)),
-                    )
-                    .await?;
+                // A batch out of sequence, among everyone's good ones: refused alone
+                // (the group it lands in commits the others).
+                if i == 2 {
+                    let wrong = store
+                        .append(&*lease, batch(99, vec![vec![0]], &["{}"], 0))
+                        .await;
+                    assert!(
+                        matches!(
+                            wrong,
+                            Err(StoreError::Sequence {
+                                expected: 2,
+                                got: 99,
+                                ..
+                            })
+                        ),
+                        "{wrong:?}"
+                    );
+                }
+                let mut good = batch(u64::from(i), vec![vec![i]], &["{}"], u64::from(i));
+                if i == 3 {
+                    good.checkpoint = Some(StoredCheckpoint {
+                        inputs: 4,
+                        history_start: 0,
+                        history: vec![r as u8],
+                        state: Some(vec![i]),
+                    });
+                }
+                if i == 4 && r % 2 == 0 {
+                    good.outcome = Some(json!({"status": "succeeded", "run": r}));
+                }
+                store.append(&*lease, good).await?;
+            }
+            if r % 2 == 0 {
+                let late = store.append(&*lease, batch(5, vec![], &[], 5)).await;
+                assert!(matches!(late, Err(StoreError::Finished(_))), "{late:?}");
             }
             Ok::<_, StoreError>(())
         }));
@@ -399,6 +428,20 @@ async fn concurrent_appends(backend: Backend) {
     assert!(
         list.iter()
             .all(|s| s.inputs == 5 && s.events == 5 && s.steps == 4)
+    );
+    let finished = list
+        .iter()
+        .filter(|s| s.state == RunState::Finished)
+        .count();
+    assert_eq!(finished, runs as usize / 2);
+    let loaded = store.load("run-6").await.expect("load");
+    assert_eq!(loaded.checkpoints.len(), 1);
+    assert_eq!(loaded.checkpoints[0].history, vec![6]);
+    assert_eq!(loaded.checkpoints[0].state, Some(vec![3]));
+    assert_eq!(
+        loaded.inputs,
+        vec![vec![4]],
+        "only the input after the checkpoint"
     );
     // The bundle is stored once and shared.
     assert_eq!(
