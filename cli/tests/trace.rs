@@ -70,7 +70,11 @@ fn verbose_prints_steps_calls_and_errors_on_stderr() {
     let stderr = text(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     // The output is still result_text alone.
-    assert!(!text(&out.stdout).contains("step work"), "{}", text(&out.stdout));
+    assert!(
+        !text(&out.stdout).contains("step work"),
+        "{}",
+        text(&out.stdout)
+    );
     insta::assert_snapshot!(without_times(&stderr));
 }
 
@@ -78,7 +82,15 @@ fn verbose_prints_steps_calls_and_errors_on_stderr() {
 fn verbose_lines_are_indented_by_nesting() {
     let out = aplc_in(
         &fixture(""),
-        &["run", "agent.apl", "--mock", "mock.json", "--tools", "tools.json", "-v"],
+        &[
+            "run",
+            "agent.apl",
+            "--mock",
+            "mock.json",
+            "--tools",
+            "tools.json",
+            "-v",
+        ],
     );
     let stderr = text(&out.stderr);
     let line = |needle: &str| {
@@ -88,7 +100,11 @@ fn verbose_lines_are_indented_by_nesting() {
             .unwrap_or_else(|| panic!("no {needle}: {stderr}"))
             .to_string()
     };
-    let indent = |l: String| l.split("ms  ").nth(1).map(|r| r.len() - r.trim_start().len());
+    let indent = |l: String| {
+        l.split("ms  ")
+            .nth(1)
+            .map(|r| r.len() - r.trim_start().len())
+    };
     assert_eq!(indent(line("step work (runs 0)")), Some(0));
     assert_eq!(indent(line("provider gpt-4o")), Some(2));
     assert_eq!(indent(line("tool add [call_1]: ok")), Some(2));
@@ -198,7 +214,15 @@ fn trace_of_a_missing_file_is_a_usage_error() {
 fn verbose_redacts_the_runs_secrets() {
     let out = Command::new(env!("CARGO_BIN_EXE_aplc"))
         .current_dir(fixture(""))
-        .args(["run", "agent.apl", "--mock", "mock.json", "--tools", "tools.json", "-v"])
+        .args([
+            "run",
+            "agent.apl",
+            "--mock",
+            "mock.json",
+            "--tools",
+            "tools.json",
+            "-v",
+        ])
         .env("OPENAI_API_KEY", "overloaded")
         .output()
         .expect("aplc runs");
@@ -209,5 +233,8 @@ fn verbose_redacts_the_runs_secrets() {
         .find(|l| l.contains("failed (other)"))
         .unwrap_or_else(|| panic!("{stderr}"));
     assert!(failed.ends_with("the model is <redacted>"), "{failed}");
-    assert!(!verbose.iter().any(|l| l.contains("overloaded")), "{stderr}");
+    assert!(
+        !verbose.iter().any(|l| l.contains("overloaded")),
+        "{stderr}"
+    );
 }
