@@ -236,8 +236,8 @@ mod tests {
             timeline.line(&event(2.0, kind)).unwrap_or_default()
         };
         assert!(tool(false, false).ends_with("tool add [c1]: ok, 0.500 ms"));
-        assert!(tool(false, true).ends_with(": failed, 0.500 ms"));
-        assert!(tool(true, false).ends_with(": cached, 0.500 ms"));
+        assert!(tool(true, false).ends_with(": failed, 0.500 ms"));
+        assert!(tool(false, true).ends_with(": cached, 0.500 ms"));
         assert_eq!(timeline.totals.tool_calls, 3);
         assert_eq!(timeline.totals.tool_failed, 1);
         assert_eq!(timeline.totals.tool_cached, 1);
