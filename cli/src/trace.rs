@@ -146,6 +146,9 @@ fn timeline(mut input: impl BufRead, name: &str, out: &mut impl Write) -> Result
     if cut_short {
         writeln!(out, "the last line ({number}) is cut short")?;
     }
+    if number == 0 {
+        writeln!(out, "{name} holds no events")?;
+    }
     let (outcome, wall) = match t.finished {
         Some((outcome, elapsed)) => (status(outcome).to_owned(), elapsed),
         None => (
@@ -232,6 +235,13 @@ mod tests {
     fn a_last_line_cut_short_is_not_an_error() {
         let out = run(&format!("{STEP}\n{{\"seq\":2,\"t_m")).unwrap_or_else(|e| panic!("{e}"));
         assert!(out.contains("the last line (2) is cut short"), "{out}");
+        assert!(out.contains("did not finish"), "{out}");
+    }
+
+    #[test]
+    fn an_empty_file_says_so() {
+        let out = run("").unwrap_or_else(|e| panic!("{e}"));
+        assert!(out.contains("f.jsonl holds no events"), "{out}");
         assert!(out.contains("did not finish"), "{out}");
     }
 
