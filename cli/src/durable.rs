@@ -225,12 +225,13 @@ fn config(equipment: &Equipment, checkpoint_every: u64) -> DurableOptions {
     config
 }
 
-/// The run's event sinks: `--events` and the progress line.
+/// The run's event sinks: `--events`, the progress line and `--verbose`.
 fn sinks(output: &OutputArgs, equipment: &Equipment) -> Result<Sinks, Failure> {
     let progress = !output.quiet && std::io::stderr().is_terminal();
     Sinks::open(
         output.events.as_deref(),
         progress,
+        output.verbose,
         equipment.secrets.redactor(),
     )
 }

@@ -1,5 +1,5 @@
-//! Where `aplc run` sends a run's events: `--events FILE` (JSON Lines) and the progress
-//! line.
+//! Where `aplc run` sends a run's events: `--events FILE` (JSON Lines), the progress
+//! line and `--verbose` (one line per step, call and error on stderr).
 //!
 //! Every event is redacted with the run's secrets before it is written, like the errors
 //! `aplc run` prints: a provider or tool may echo a key into a message.
@@ -10,14 +10,17 @@ use std::path::{Path, PathBuf};
 
 use aplc_runtime::Redactor;
 use aplc_vm::Event;
+use aplc_vm::text::escape_control;
 
 use crate::Failure;
 use crate::progress::Progress;
+use crate::timeline::Timeline;
 
 /// The consumers of one run's events.
 pub(crate) struct Sinks {
     file: Option<EventFile>,
     progress: Option<Progress>,
+    verbose: Option<Timeline>,
     redactor: Redactor,
 }
 
@@ -30,11 +33,13 @@ struct EventFile {
 }
 
 impl Sinks {
-    /// Opens `events` (before the run, so a bad path fails before any provider call) and
-    /// starts the progress line if `progress`.
+    /// Opens `events` (before the run, so a bad path fails before any provider call),
+    /// starts the progress line if `progress` and prints lines on stderr if `verbose`.
+    /// The two would fight over stderr: `verbose` wins.
     pub(crate) fn open(
         events: Option<&Path>,
         progress: bool,
+        verbose: bool,
         redactor: Redactor,
     ) -> Result<Sinks, Failure> {
         let file = match events {
@@ -49,20 +54,29 @@ impl Sinks {
         };
         Ok(Sinks {
             file,
-            progress: progress.then(Progress::start),
+            progress: (progress && !verbose).then(Progress::start),
+            verbose: verbose.then(|| Timeline::new(false)),
             redactor,
         })
     }
 
     /// True if anyone listens: otherwise the run records no events at all.
     pub(crate) fn listening(&self) -> bool {
-        self.file.is_some() || self.progress.is_some()
+        self.file.is_some() || self.progress.is_some() || self.verbose.is_some()
     }
 
     /// Hands one event to every consumer.
     pub(crate) fn on_event(&mut self, event: &Event) {
         if let Some(progress) = &mut self.progress {
             progress.on_event(event);
+        }
+        if let Some(timeline) = &mut self.verbose
+            && let Some(line) = timeline.line(event)
+        {
+            // Redacted as the run saw the text, then escaped; a closed stderr is not the
+            // run's problem.
+            let line = escape_control(&self.redactor.redact(&line)).into_owned();
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
         }
         if let Some(file) = &mut self.file
             && file.failed.is_none()

@@ -5,8 +5,8 @@
 //! bundle) or a file could not be written; 2 usage or compile errors.
 //!
 //! One module per command: `compile.rs` (check, build), `run.rs` (with `record.rs` for
-//! `--record`), `agent_test/` (test), `init.rs`, `graph.rs`, `inspect.rs`, `bench.rs`;
-//! `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
+//! `--record`), `agent_test/` (test), `init.rs`, `graph.rs`, `inspect.rs`, `bench.rs`,
+//! `trace.rs` (with `timeline.rs`, shared with `run --verbose`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
 //! when every case passed, 1 when one failed, 2 for an invalid test file.
 
 mod agent_test;
@@ -22,6 +22,8 @@ mod progress;
 mod record;
 mod run;
 mod signals;
+mod timeline;
+mod trace;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -75,6 +77,10 @@ enum Command {
     Runs(durable::RunsCommand),
     /// Print the step graph of an .apl file or a bundle (DOT or Mermaid) on stdout.
     Graph(graph::GraphArgs),
+    /// Print a readable timeline of a run from its events file (`run --events FILE`,
+    /// `runs events`): steps, phases, provider and tool calls with durations, then
+    /// totals. `-` reads stdin. Exit 2 for a line that is not an event.
+    Trace(trace::TraceArgs),
     /// Print a readable listing of a bundle: header, steps, instructions, templates, graph.
     Inspect(inspect::InspectArgs),
     /// Measure the executor: run an agent N times in-process with scripted responses.
@@ -120,6 +126,7 @@ fn main() -> ExitCode {
         Command::Runs(command) => durable::runs(command),
         Command::Graph(args) => graph::graph(&args),
         Command::Inspect(args) => inspect::inspect(&args),
+        Command::Trace(args) => trace::trace(&args),
         Command::Bench(args) => bench::bench(args),
         Command::Test(args) => agent_test::test(&args),
         Command::Init(args) => init::init(&args),

@@ -89,6 +89,10 @@ pub(crate) struct OutputArgs {
     /// No progress line on stderr (it is shown only when stderr is a terminal).
     #[arg(long, short = 'q')]
     pub(crate) quiet: bool,
+    /// Print each step, provider call, tool call and error on stderr as it happens, with
+    /// the time since the run started (instead of the progress line).
+    #[arg(long, short = 'v')]
+    pub(crate) verbose: bool,
 }
 
 /// A run's provider (wrapped for `--record`), tools and secrets, from its flags.
@@ -187,7 +191,12 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
 
     let runtime = runtime()?;
     let progress = !args.output.quiet && std::io::stderr().is_terminal();
-    let mut sinks = Sinks::open(args.output.events.as_deref(), progress, secrets.redactor())?;
+    let mut sinks = Sinks::open(
+        args.output.events.as_deref(),
+        progress,
+        args.output.verbose,
+        secrets.redactor(),
+    )?;
     let outcome = if sinks.listening() {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run =
