@@ -217,10 +217,7 @@ fn concurrent(
     script: ScriptedProvider,
     options: RunOptions,
 ) -> Result<ExitCode, Failure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
+    let runtime = multi_thread_runtime()?;
     let latency = Duration::from_millis(args.latency_ms);
     let calls = Arc::new(AtomicU64::new(0));
     let steps = Arc::new(AtomicU64::new(0));
@@ -385,10 +382,7 @@ fn durability(
     script: ScriptedProvider,
     options: RunOptions,
 ) -> Result<ExitCode, Failure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
+    let runtime = multi_thread_runtime()?;
     let store = runtime
         .block_on(aplc_runtime::store::open(url))
         .map_err(|e| Failure::run(e.to_string()))?;
@@ -556,6 +550,14 @@ fn durability(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The runtime of the concurrent benches: every core, as a service would run.
+fn multi_thread_runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))
 }
 
 fn micros(d: Duration) -> f64 {

@@ -156,9 +156,18 @@ impl Toolbox {
         self.redactor = redactor;
     }
 
-    /// The implementation of the tool `name`.
-    pub(crate) fn tool(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name)
+    /// Runs the tool `invocation` asks for until the run's deadline: its result,
+    /// redacted, or `None` if the deadline came first.
+    pub(crate) async fn run(
+        &self,
+        invocation: &ToolInvocation,
+        clock: &RunClock,
+    ) -> Option<Result<Json, String>> {
+        let result = match self.tools.get(&invocation.name) {
+            Some(tool) => clock.until_deadline(tool.call(invocation)).await?,
+            None => Err("the tool has a descriptor but no implementation".to_string()),
+        };
+        Some(self.redacted(result))
     }
 
     /// True if the tool `name` is declared idempotent: running it twice does no harm.
@@ -169,7 +178,7 @@ impl Toolbox {
     }
 
     /// `result` with every secret the toolbox knows replaced.
-    pub(crate) fn redacted(&self, result: Result<Json, String>) -> Result<Json, String> {
+    fn redacted(&self, result: Result<Json, String>) -> Result<Json, String> {
         match result {
             Ok(json) => Ok(self.redactor.redact_json(json)),
             Err(message) => Err(self.redactor.redact(&message)),
@@ -285,24 +294,8 @@ async fn drive(
     mut listener: Option<Listener<'_>>,
 ) -> RunOutcome {
     options.tools = toolbox.registry();
-    // The machine's clock: time since this instant, on tokio's clock, which the timers
-    // use too (and which tests can pause and advance).
-    let start = tokio::time::Instant::now();
-    let now = || start.elapsed();
     let mut machine = Machine::new(program, options);
-    let deadline = start
-        .checked_add(machine.deadline())
-        .unwrap_or_else(|| start + FAR_FUTURE);
-    let call = CallContext::new(deadline.into_std());
-    // A render blocks this thread, and on a current-thread runtime no tokio timer can
-    // fire meanwhile: a watchdog thread sets the run's interrupt flag at the deadline.
-    // It counts on the real clock from now, so a test's paused tokio clock cannot make
-    // it fire early or late by more than the test's own drift.
-    let remaining = machine.deadline().saturating_sub(now());
-    let watch_at = Instant::now()
-        .checked_add(remaining)
-        .unwrap_or_else(|| Instant::now() + FAR_FUTURE);
-    let _watchdog = crate::watchdog::arm(watch_at, machine.deadline_flag());
+    let clock = RunClock::start(&machine, Duration::ZERO);
     let mut deliver = |machine: &mut Machine| {
         if let Some(listener) = listener.as_mut() {
             machine.drain_events().for_each(|event| listener(&event));
@@ -310,36 +303,87 @@ async fn drive(
     };
     deliver(&mut machine);
     loop {
-        let action = machine.poll(now());
+        let action = machine.poll(clock.now());
         deliver(&mut machine);
         match action {
             Action::CallProvider(request) => {
-                match tokio::time::timeout_at(deadline, provider.complete(&request, &call)).await {
-                    Ok(result) => machine.handle_provider_response(now(), result),
-                    // The timer fired at the deadline, so that is the earliest "now".
-                    Err(_) => machine.handle_timeout(now().max(machine.deadline())),
+                let answer = clock.until_deadline(provider.complete(&request, clock.call()));
+                match answer.await {
+                    Some(result) => machine.handle_provider_response(clock.now(), result),
+                    None => machine.handle_timeout(clock.timed_out_at()),
                 }
             }
-            Action::CallTool(invocation) => {
-                let result = match toolbox.tools.get(&invocation.name) {
-                    Some(tool) => {
-                        match tokio::time::timeout_at(deadline, tool.call(&invocation)).await {
-                            Ok(result) => result,
-                            Err(_) => {
-                                machine.handle_timeout(now().max(machine.deadline()));
-                                deliver(&mut machine);
-                                continue;
-                            }
-                        }
-                    }
-                    None => Err("the tool has a descriptor but no implementation".to_string()),
-                };
-                machine.handle_tool_result(now(), toolbox.redacted(result));
-            }
+            Action::CallTool(invocation) => match toolbox.run(&invocation, &clock).await {
+                Some(result) => machine.handle_tool_result(clock.now(), result),
+                None => machine.handle_timeout(clock.timed_out_at()),
+            },
             Action::Continue => continue,
             Action::Done => return machine.into_outcome(),
         }
         deliver(&mut machine);
+    }
+}
+
+/// A run's clock and deadline, as a driver keeps them.
+///
+/// The machine's time is `offset` (where a resumed run left off; zero for a new one)
+/// plus the time since the clock started, on tokio's clock, which the timers use too
+/// (and which tests can pause and advance).
+pub(crate) struct RunClock {
+    start: tokio::time::Instant,
+    offset: Duration,
+    /// The run's deadline on tokio's clock, for timers.
+    deadline: tokio::time::Instant,
+    /// The same deadline in machine time.
+    machine_deadline: Duration,
+    call: CallContext,
+    _watchdog: crate::watchdog::Armed,
+}
+
+impl RunClock {
+    /// Starts the clock of `machine`, which reads `offset` now, and arms its watchdog.
+    pub(crate) fn start(machine: &Machine, offset: Duration) -> RunClock {
+        let start = tokio::time::Instant::now();
+        let remaining = machine.deadline().saturating_sub(offset);
+        let deadline = start
+            .checked_add(remaining)
+            .unwrap_or_else(|| start + FAR_FUTURE);
+        // A render blocks this thread, and on a current-thread runtime no tokio timer can
+        // fire meanwhile: a watchdog thread sets the run's interrupt flag at the deadline.
+        // It counts on the real clock from now, so a test's paused tokio clock cannot make
+        // it fire early or late by more than the test's own drift.
+        let watch_at = Instant::now()
+            .checked_add(remaining)
+            .unwrap_or_else(|| Instant::now() + FAR_FUTURE);
+        RunClock {
+            start,
+            offset,
+            deadline,
+            machine_deadline: machine.deadline(),
+            call: CallContext::new(deadline.into_std()),
+            _watchdog: crate::watchdog::arm(watch_at, machine.deadline_flag()),
+        }
+    }
+
+    /// The machine's time now.
+    pub(crate) fn now(&self) -> Duration {
+        self.offset + self.start.elapsed()
+    }
+
+    /// The time to report a timeout at: the timer fired at the deadline, so that is the
+    /// earliest "now".
+    pub(crate) fn timed_out_at(&self) -> Duration {
+        self.now().max(self.machine_deadline)
+    }
+
+    /// What a provider call needs to know of the run.
+    pub(crate) fn call(&self) -> &CallContext {
+        &self.call
+    }
+
+    /// `work`'s output, or `None` if the run's deadline came first.
+    pub(crate) async fn until_deadline<T>(&self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::time::timeout_at(self.deadline, work).await.ok()
     }
 }
 

@@ -16,12 +16,12 @@
 //! is idempotent, and otherwise resolves as a failed call.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
-use crate::driver::{CallContext, Listener, Provider, Toolbox};
+use crate::driver::{Listener, Provider, RunClock, Toolbox};
 use crate::redact::Redactor;
 use crate::store::{Batch, Lease, LoadedRun, NewRun, RunStore, StoreError, StoredCheckpoint};
 use aplc_vm::journal::Input;
@@ -310,12 +310,11 @@ pub async fn start(
         })
         .await?;
     let machine = Machine::new(program.clone(), options);
-    let journal = Journal::new(store, lease, config, 0, 0, 0);
+    let journal = Journal::new(store, lease, config, 0, 0);
     let run = Live {
         provider,
         toolbox,
         listener,
-        redactor: &config.redactor,
     };
     let outcome = run.drive(machine, journal, Duration::ZERO, None).await?;
     Ok(Finished {
@@ -351,7 +350,6 @@ pub struct Reopened<'s> {
     at: Duration,
     pending: Option<Action>,
     replayed_provider_calls: u64,
-    redactor: Redactor,
 }
 
 impl std::fmt::Debug for Reopened<'_> {
@@ -388,7 +386,6 @@ impl Reopened<'_> {
             provider,
             toolbox,
             listener,
-            redactor: &self.redactor,
         };
         let outcome = live
             .drive(self.machine, self.journal, self.at, self.pending)
@@ -454,7 +451,6 @@ pub async fn reopen<'s>(
         lease,
         config,
         replayed.inputs,
-        loaded.events,
         replayed.provider_inputs,
     );
     journal.steps_at_checkpoint = replayed.machine.steps();
@@ -466,7 +462,6 @@ pub async fn reopen<'s>(
         at: replayed.at,
         pending: replayed.pending,
         replayed_provider_calls: replayed.provider_inputs,
-        redactor: config.redactor.clone(),
     })
 }
 
@@ -610,8 +605,6 @@ struct Journal<'s> {
     committed: u64,
     inputs: Vec<Vec<u8>>,
     events: Vec<String>,
-    /// Events journaled so far, committed or not.
-    event_count: u64,
     /// Provider answers journaled so far.
     provider_inputs: u64,
     checkpoint_every: u64,
@@ -629,7 +622,6 @@ impl<'s> Journal<'s> {
         lease: Box<dyn Lease>,
         config: &DurableOptions,
         committed: u64,
-        event_count: u64,
         provider_inputs: u64,
     ) -> Journal<'s> {
         Journal {
@@ -638,7 +630,6 @@ impl<'s> Journal<'s> {
             committed,
             inputs: Vec::new(),
             events: Vec::new(),
-            event_count,
             provider_inputs,
             checkpoint_every: config.checkpoint_every.max(1),
             steps_at_checkpoint: 0,
@@ -663,7 +654,6 @@ impl<'s> Journal<'s> {
             }
             let json = self.redactor.redact_json(event.to_json());
             self.events.push(json.to_string());
-            self.event_count += 1;
         }
     }
 
@@ -731,7 +721,6 @@ struct Live<'a, 'l> {
     provider: &'a dyn Provider,
     toolbox: &'a Toolbox,
     listener: Option<Listener<'l>>,
-    redactor: &'a Redactor,
 }
 
 impl Live<'_, '_> {
@@ -746,18 +735,8 @@ impl Live<'_, '_> {
         offset: Duration,
         pending: Option<Action>,
     ) -> Result<RunOutcome, DurableError> {
-        let start = tokio::time::Instant::now();
-        let now = || offset + start.elapsed();
-        let remaining = machine.deadline().saturating_sub(offset);
-        let deadline = start
-            .checked_add(remaining)
-            .unwrap_or_else(|| start + FAR_FUTURE);
-        let call = CallContext::new(deadline.into_std());
-        let watch_at = Instant::now()
-            .checked_add(remaining)
-            .unwrap_or_else(|| Instant::now() + FAR_FUTURE);
-        let _watchdog = crate::watchdog::arm(watch_at, machine.deadline_flag());
-        let deadline_at = machine.deadline();
+        let clock = RunClock::start(&machine, offset);
+        let now = || clock.now();
 
         // A new run's first events (`run_started`); nothing for a resumed one.
         journal.events(&mut machine, &mut self.listener);
@@ -785,14 +764,14 @@ impl Live<'_, '_> {
                     let steps = machine.steps();
                     let (committed, answer) = tokio::join!(
                         journal.commit(steps, None),
-                        tokio::time::timeout_at(deadline, self.provider.complete(&request, &call)),
+                        clock.until_deadline(self.provider.complete(&request, clock.call())),
                     );
                     committed?;
                     match answer {
-                        Ok(result) => {
+                        Some(result) => {
                             let at = now();
                             let result = result.map_err(|mut e: ProviderError| {
-                                e.message = self.redactor.redact(&e.message);
+                                e.message = journal.redactor.redact(&e.message);
                                 e
                             });
                             let input = Input::Provider { at, result };
@@ -804,12 +783,7 @@ impl Live<'_, '_> {
                             journal.events(&mut machine, &mut self.listener);
                             journal.maybe_checkpoint(&machine, at);
                         }
-                        Err(_) => {
-                            let at = now().max(deadline_at);
-                            machine.handle_timeout(at);
-                            journal.input(&Input::Timeout { at });
-                            journal.events(&mut machine, &mut self.listener);
-                        }
+                        None => self.timeout(&mut machine, &mut journal, clock.timed_out_at()),
                     }
                 }
                 Action::CallTool(invocation) => {
@@ -822,40 +796,31 @@ impl Live<'_, '_> {
                         continue;
                     }
                     journal.commit(machine.steps(), None).await?;
-                    let result = match self.toolbox.tool(&invocation.name) {
-                        Some(tool) => {
-                            match tokio::time::timeout_at(deadline, tool.call(&invocation)).await {
-                                Ok(result) => result,
-                                Err(_) => {
-                                    let at = now().max(deadline_at);
-                                    machine.handle_timeout(at);
-                                    journal.input(&Input::Timeout { at });
-                                    journal.events(&mut machine, &mut self.listener);
-                                    continue;
-                                }
-                            }
+                    match self.toolbox.run(&invocation, &clock).await {
+                        Some(result) => {
+                            self.tool_result(&mut machine, &mut journal, now(), result);
+                            journal.commit(machine.steps(), None).await?;
                         }
-                        None => Err("the tool has a descriptor but no implementation".to_string()),
-                    };
-                    let at = now();
-                    let result = self.toolbox.redacted(result);
-                    self.tool_result(&mut machine, &mut journal, at, result);
-                    journal.commit(machine.steps(), None).await?;
+                        None => self.timeout(&mut machine, &mut journal, clock.timed_out_at()),
+                    }
                 }
                 Action::Continue => {}
                 Action::Done => {
                     let outcome = machine.into_outcome();
-                    let stored = self.redactor.redact_json(outcome_json(&outcome));
+                    let stored = journal.redactor.redact_json(outcome_json(&outcome));
                     // `into_outcome` consumed the machine: the final step count is the
                     // outcome's.
-                    journal
-                        .finish(outcome.steps, stored)
-                        .await
-                        .map_err(DurableError::from)?;
+                    journal.commit(outcome.steps, Some(stored)).await?;
                     return Ok(outcome);
                 }
             }
         }
+    }
+
+    fn timeout(&mut self, machine: &mut Machine, journal: &mut Journal<'_>, at: Duration) {
+        machine.handle_timeout(at);
+        journal.input(&Input::Timeout { at });
+        journal.events(machine, &mut self.listener);
     }
 
     fn tool_result(
@@ -874,13 +839,3 @@ impl Live<'_, '_> {
         journal.events(machine, &mut self.listener);
     }
 }
-
-impl Journal<'_> {
-    /// The last commit: everything left, and the outcome.
-    async fn finish(&mut self, steps: u64, outcome: Json) -> Result<(), StoreError> {
-        self.commit(steps, Some(outcome)).await
-    }
-}
-
-/// Stands in for a deadline too far away to represent (a timeout of `Duration::MAX`).
-const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
