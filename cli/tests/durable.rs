@@ -31,18 +31,14 @@ struct Model {
 
 impl Model {
     fn start(ledger: &Path) -> Model {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        let url = format!("http://{}", listener.local_addr().expect("address"));
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let delay_ms = Arc::new(AtomicU64::new(0));
         let (log, delay) = (bodies.clone(), delay_ms.clone());
         let ledger = ledger.display().to_string();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let (log, delay, ledger) = (log.clone(), delay.clone(), ledger.clone());
-                std::thread::spawn(move || serve(stream, &log, &delay, &ledger));
-            }
+        let url = serve_http(move |_, body| {
+            log.lock().unwrap().push(body.to_owned());
+            std::thread::sleep(Duration::from_millis(delay.load(Ordering::SeqCst)));
+            (200, answer(body, &ledger))
         });
         Model {
             url,
@@ -64,45 +60,59 @@ impl Model {
     }
 }
 
-fn serve(stream: TcpStream, log: &Mutex<Vec<String>>, delay: &AtomicU64, ledger: &str) {
-    let mut reader = BufReader::new(stream);
+/// Serves HTTP/1.1 on 127.0.0.1, a thread per connection, answering every request with
+/// `respond(head, body)`: a status and a JSON body. Returns the base URL.
+fn serve_http(respond: impl Fn(&str, &str) -> (u16, Json) + Send + Sync + 'static) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let respond = Arc::new(respond);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let respond = respond.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                while let Some((head, body)) = read_request(&mut reader) {
+                    let (status, answer) = respond(&head, &body);
+                    let reason = if status == 200 { "OK" } else { "Error" };
+                    let answer = answer.to_string();
+                    let reply = format!(
+                        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                        answer.len()
+                    );
+                    if reader.get_mut().write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// One request: its head (request line and headers) and its body; `None` once the
+/// connection ends.
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, String)> {
+    let mut head = String::new();
+    let mut length = 0usize;
     loop {
-        let mut length = 0usize;
         let mut line = String::new();
         if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
+            return None;
         }
-        loop {
-            let mut header = String::new();
-            if reader.read_line(&mut header).unwrap_or(0) == 0 {
-                return;
-            }
-            let header = header.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = header.split_once(':')
-                && name.eq_ignore_ascii_case("content-length")
-            {
-                length = value.trim().parse().unwrap_or(0);
-            }
+        if line.trim_end().is_empty() {
+            break;
         }
-        let mut body = vec![0; length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
         }
-        let body = String::from_utf8_lossy(&body).into_owned();
-        log.lock().unwrap().push(body.clone());
-        std::thread::sleep(Duration::from_millis(delay.load(Ordering::SeqCst)));
-        let answer = answer(&body, ledger).to_string();
-        let reply = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
-            answer.len()
-        );
-        if reader.get_mut().write_all(reply.as_bytes()).is_err() {
-            return;
-        }
+        head.push_str(&line);
     }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((head, String::from_utf8_lossy(&body).into_owned()))
 }
 
 fn answer(body: &str, ledger: &str) -> Json {
@@ -603,40 +613,12 @@ fn secrets_never_reach_the_store() {
     const KEY: &str = "sk-test-durable-0123456789abcdefSECRET";
     let dir = scratch("secrets");
     setup(&dir, "count");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream);
-                let mut head = String::new();
-                let mut length = 0usize;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        length = value.trim().parse().unwrap_or(0);
-                    }
-                    if line.trim_end().is_empty() {
-                        break;
-                    }
-                    head.push_str(&line);
-                }
-                let mut body = vec![0; length];
-                let _ = reader.read_exact(&mut body);
-                // Echo the request's headers, key and all, as a 400 error body.
-                let answer =
-                    json!({"error": {"message": format!("bad request: {head}")}}).to_string();
-                let reply = format!(
-                    "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                    answer.len()
-                );
-                let _ = reader.get_mut().write_all(reply.as_bytes());
-            });
-        }
+    // Echo the request's headers, key and all, as a 400 error body.
+    let url = serve_http(|head, _| {
+        (
+            400,
+            json!({"error": {"message": format!("bad request: {head}")}}),
+        )
     });
     let db = dir.join("runs.db");
     let store = format!("sqlite:{}", db.display());
