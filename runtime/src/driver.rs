@@ -15,7 +15,7 @@ use serde_json::Value as Json;
 use crate::redact::Redactor;
 use aplc_vm::Program;
 use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
-use aplc_vm::{Action, Event, Machine, RunOptions, RunOutcome};
+use aplc_vm::{Action, Event, EventKind, Machine, RunOptions, RunOutcome};
 use aplc_vm::{Completion, ProviderError, ProviderRequest, ScriptedProvider};
 
 /// A boxed, sendable future.
@@ -27,12 +27,46 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct CallContext {
     /// When the run times out. A provider must not retry or wait past it.
     pub deadline: Instant,
+    /// Where a streaming provider sends the text of its answer as it arrives; `None`
+    /// when nobody listens (the provider still streams if configured to, silently).
+    pub deltas: Option<DeltaSink>,
 }
 
 impl CallContext {
     /// A call that must be over by `deadline`.
     pub fn new(deadline: Instant) -> CallContext {
-        CallContext { deadline }
+        CallContext {
+            deadline,
+            deltas: None,
+        }
+    }
+
+    /// The same call, sending text deltas to `sink`.
+    pub fn with_deltas(mut self, sink: DeltaSink) -> CallContext {
+        self.deltas = Some(sink);
+        self
+    }
+}
+
+/// How many deltas wait between a provider and a listener before the provider waits.
+const DELTA_QUEUE: usize = 32;
+
+/// The sending end of a provider call's text deltas: a bounded channel, so a slow
+/// listener slows the stream (and the run) instead of growing a buffer.
+#[derive(Debug, Clone)]
+pub struct DeltaSink(tokio::sync::mpsc::Sender<String>);
+
+impl DeltaSink {
+    /// A sink and its receiver, holding at most `capacity` deltas (at least one).
+    pub fn channel(capacity: usize) -> (DeltaSink, tokio::sync::mpsc::Receiver<String>) {
+        let (sender, receiver) = tokio::sync::mpsc::channel(capacity.max(1));
+        (DeltaSink(sender), receiver)
+    }
+
+    /// Sends one delta, waiting while the queue is full. A receiver that is gone is not
+    /// the provider's problem: the delta is dropped.
+    pub async fn send(&self, text: String) {
+        let _ = self.0.send(text).await;
     }
 }
 
@@ -201,6 +235,7 @@ impl Toolbox {
 pub struct Scripted {
     script: Mutex<ScriptedProvider>,
     latency: Duration,
+    stream: bool,
 }
 
 impl Scripted {
@@ -209,6 +244,7 @@ impl Scripted {
         Scripted {
             script: Mutex::new(script),
             latency: Duration::ZERO,
+            stream: false,
         }
     }
 
@@ -226,22 +262,44 @@ impl Scripted {
         self.latency = latency;
         self
     }
+
+    /// Streams like an HTTP provider: each answer's text goes out as one delta before
+    /// the answer, so `aplc run --stream` behaves the same offline.
+    pub fn streaming(mut self, stream: bool) -> Scripted {
+        self.stream = stream;
+        self
+    }
 }
 
 impl Provider for Scripted {
     fn complete<'a>(
         &'a self,
         _request: &'a ProviderRequest,
-        _call: &'a CallContext,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
             if !self.latency.is_zero() {
                 tokio::time::sleep(self.latency).await;
             }
-            self.script
+            let answer = self
+                .script
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .next_response()
+                .next_response();
+            if let (true, Some(sink), Ok(completion)) = (self.stream, &call.deltas, &answer) {
+                let text: String = completion
+                    .content
+                    .iter()
+                    .filter_map(|part| match part {
+                        aplc_vm::Part::Text(text) => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                if !text.is_empty() {
+                    sink.send(text).await;
+                }
+            }
+            answer
         })
     }
 }
@@ -296,19 +354,25 @@ async fn drive(
     options.tools = toolbox.registry();
     let mut machine = Machine::new(program, options);
     let clock = RunClock::start(&machine, Duration::ZERO);
-    let mut deliver = |machine: &mut Machine| {
-        if let Some(listener) = listener.as_mut() {
-            machine.drain_events().for_each(|event| listener(&event));
+    let mut relay = listener.as_ref().map(|_| DeltaRelay::new(&clock));
+    let deliver = |machine: &mut Machine,
+                       listener: &mut Option<Listener<'_>>,
+                       relay: &mut Option<DeltaRelay>| {
+        if let (Some(listener), Some(relay)) = (listener.as_mut(), relay.as_mut()) {
+            machine.drain_events().for_each(|event| {
+                relay.saw(&event);
+                listener(&event);
+            });
         }
     };
-    deliver(&mut machine);
+    deliver(&mut machine, &mut listener, &mut relay);
     loop {
         let action = machine.poll(clock.now());
-        deliver(&mut machine);
+        deliver(&mut machine, &mut listener, &mut relay);
         match action {
             Action::CallProvider(request) => {
-                let answer = clock.until_deadline(provider.complete(&request, clock.call()));
-                match answer.await {
+                let relayed = relay.as_mut().zip(listener.as_mut());
+                match call_provider(provider, &request, &clock, relayed).await {
                     Some(result) => machine.handle_provider_response(clock.now(), result),
                     None => machine.handle_timeout(clock.timed_out_at()),
                 }
@@ -320,7 +384,81 @@ async fn drive(
             Action::Continue => continue,
             Action::Done => return machine.into_outcome(),
         }
-        deliver(&mut machine);
+        deliver(&mut machine, &mut listener, &mut relay);
+    }
+}
+
+/// Carries a run's text deltas from its provider calls to its listener as
+/// `provider_delta` events. One per run that has a listener: a run without one builds
+/// no channel and sends its providers no sink.
+pub(crate) struct DeltaRelay {
+    receiver: tokio::sync::mpsc::Receiver<String>,
+    /// The run's call context, with the sending end.
+    call: CallContext,
+    /// The `seq` and step of the last `provider_call` seen.
+    seq: u64,
+    step: String,
+}
+
+impl DeltaRelay {
+    pub(crate) fn new(clock: &RunClock) -> DeltaRelay {
+        let (sink, receiver) = DeltaSink::channel(DELTA_QUEUE);
+        DeltaRelay {
+            receiver,
+            call: clock.call().clone().with_deltas(sink),
+            seq: 0,
+            step: String::new(),
+        }
+    }
+
+    /// Notes the call the next deltas belong to.
+    pub(crate) fn saw(&mut self, event: &Event) {
+        if let EventKind::ProviderCall { step, .. } = &event.kind {
+            self.seq = event.seq;
+            self.step.clone_from(step);
+        }
+    }
+}
+
+/// Calls `provider` until the run's deadline (`None` if it came first). With a relay,
+/// the provider gets its sink, and every delta it sends reaches the listener, in order,
+/// before the answer goes back to the machine.
+pub(crate) async fn call_provider(
+    provider: &dyn Provider,
+    request: &ProviderRequest,
+    clock: &RunClock,
+    relayed: Option<(&mut DeltaRelay, &mut Listener<'_>)>,
+) -> Option<Result<Completion, ProviderError>> {
+    let Some((relay, listener)) = relayed else {
+        return clock
+            .until_deadline(provider.complete(request, clock.call()))
+            .await;
+    };
+    let DeltaRelay {
+        receiver,
+        call,
+        seq,
+        step,
+    } = relay;
+    let mut index = 0u64;
+    let mut emit = |text: String| {
+        listener(&Event::provider_delta(*seq, clock.now(), step, index, text));
+        index += 1;
+    };
+    let answer = clock.until_deadline(provider.complete(request, call));
+    tokio::pin!(answer);
+    loop {
+        tokio::select! {
+            biased;
+            result = &mut answer => {
+                // What the provider sent before it returned is still queued.
+                while let Ok(text) = receiver.try_recv() {
+                    emit(text);
+                }
+                return result;
+            }
+            Some(text) = receiver.recv() => emit(text),
+        }
     }
 }
 

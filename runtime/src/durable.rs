@@ -21,12 +21,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
-use crate::driver::{Listener, Provider, RunClock, Toolbox};
+use crate::driver::{DeltaRelay, Listener, Provider, RunClock, Toolbox, call_provider};
 use crate::redact::Redactor;
 use crate::store::{Batch, Lease, LoadedRun, NewRun, RunStore, StoreError, StoredCheckpoint};
 use aplc_vm::journal::Input;
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
-use aplc_vm::{Action, Machine, Program, ProviderError, RunOptions, RunOutcome};
+use aplc_vm::{Action, Event, Machine, Program, ProviderError, RunOptions, RunOutcome};
 
 /// The message a non-idempotent tool call in flight at a crash resolves with.
 pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
@@ -315,8 +315,9 @@ pub async fn start(
         provider,
         toolbox,
         listener,
+        relay: None,
     };
-    let outcome = run.drive(machine, journal, Duration::ZERO, None).await?;
+    let outcome = run.drive(machine, journal, Duration::ZERO, None, None).await?;
     Ok(Finished {
         program,
         outcome,
@@ -349,6 +350,8 @@ pub struct Reopened<'s> {
     journal: Journal<'s>,
     at: Duration,
     pending: Option<Action>,
+    /// The last event the replay re-made: an in-flight call's `provider_call`.
+    last_event: Option<Event>,
     replayed_provider_calls: u64,
 }
 
@@ -386,9 +389,10 @@ impl Reopened<'_> {
             provider,
             toolbox,
             listener,
+            relay: None,
         };
         let outcome = live
-            .drive(self.machine, self.journal, self.at, self.pending)
+            .drive(self.machine, self.journal, self.at, self.pending, self.last_event)
             .await?;
         Ok(Finished {
             program: self.program,
@@ -461,6 +465,7 @@ pub async fn reopen<'s>(
         journal,
         at: replayed.at,
         pending: replayed.pending,
+        last_event: replayed.last_event,
         replayed_provider_calls: replayed.provider_inputs,
     })
 }
@@ -494,6 +499,8 @@ struct Replayed {
     at: Duration,
     /// What the last `poll` asked for, if the journal ends with it.
     pending: Option<Action>,
+    /// The last event the replay re-made.
+    last_event: Option<Event>,
     /// Inputs journaled in all.
     inputs: u64,
     /// Provider answers journaled in all.
@@ -542,11 +549,11 @@ fn replay(
 
     // The events the replay re-emits are journaled already; the last one's number must
     // meet the journal's count, or the replay went another way than the run did.
-    let mut last_seq = None;
+    let mut last_event: Option<Event> = None;
     let mut pending = None;
     let mut forget = |machine: &mut Machine| {
         if let Some(event) = machine.drain_events().next_back() {
-            last_seq = Some(event.seq);
+            last_event = Some(event);
         }
     };
     // A run that died before its first commit has journaled nothing, not even the
@@ -556,6 +563,7 @@ fn replay(
             machine,
             at,
             pending,
+            last_event: None,
             inputs: 0,
             provider_inputs,
             history_start: 0,
@@ -577,7 +585,7 @@ fn replay(
         }
         forget(&mut machine);
     }
-    if let Some(seq) = last_seq
+    if let Some(seq) = last_event.as_ref().map(|e| e.seq)
         && seq + 1 != loaded.events
     {
         return Err(corrupt(format!(
@@ -591,6 +599,7 @@ fn replay(
         machine,
         at,
         pending,
+        last_event,
         inputs: base + loaded.inputs.len() as u64,
         provider_inputs,
         history_start,
@@ -647,8 +656,16 @@ impl<'s> Journal<'s> {
     }
 
     /// Journals the machine's new events and hands them to the listener.
-    fn events(&mut self, machine: &mut Machine, listener: &mut Option<Listener<'_>>) {
+    fn events(
+        &mut self,
+        machine: &mut Machine,
+        listener: &mut Option<Listener<'_>>,
+        relay: &mut Option<DeltaRelay>,
+    ) {
         for event in machine.drain_events() {
+            if let Some(relay) = relay.as_mut() {
+                relay.saw(&event);
+            }
             if let Some(listener) = listener.as_mut() {
                 listener(&event);
             }
@@ -721,25 +738,34 @@ struct Live<'a, 'l> {
     provider: &'a dyn Provider,
     toolbox: &'a Toolbox,
     listener: Option<Listener<'l>>,
+    /// Set when the drive starts, if there is a listener.
+    relay: Option<DeltaRelay>,
 }
 
 impl Live<'_, '_> {
     /// Drives `machine` to the end, journaling every input. Its clock reads `offset` now:
     /// time spent down between a crash and a resume does not count (spec/durability.md).
     /// `pending` is the action the last replayed `poll` returned, if the journal ends
-    /// with one: a call that was in flight.
+    /// with one: a call that was in flight; `last_event` is the last event the replay
+    /// re-made (that call's `provider_call`, which its deltas refer to).
     async fn drive(
         mut self,
         mut machine: Machine,
         mut journal: Journal<'_>,
         offset: Duration,
         pending: Option<Action>,
+        last_event: Option<Event>,
     ) -> Result<RunOutcome, DurableError> {
         let clock = RunClock::start(&machine, offset);
         let now = || clock.now();
+        // Deltas are live only: relayed to a listener, never journaled.
+        self.relay = self.listener.as_ref().map(|_| DeltaRelay::new(&clock));
+        if let (Some(relay), Some(event)) = (self.relay.as_mut(), &last_event) {
+            relay.saw(event);
+        }
 
         // A new run's first events (`run_started`); nothing for a resumed one.
-        journal.events(&mut machine, &mut self.listener);
+        journal.events(&mut machine, &mut self.listener, &mut self.relay);
         let mut pending = pending;
         loop {
             // `in_flight`: the action the journal ends with, asked for before the crash.
@@ -749,7 +775,7 @@ impl Live<'_, '_> {
                     let at = now();
                     let action = machine.poll(at);
                     journal.input(&Input::Poll { at });
-                    journal.events(&mut machine, &mut self.listener);
+                    journal.events(&mut machine, &mut self.listener, &mut self.relay);
                     (action, false)
                 }
             };
@@ -762,9 +788,10 @@ impl Live<'_, '_> {
                     // asks for it again: an answer is safe once journaled, and a call
                     // whose answer is not journaled is in flight (spec/durability.md).
                     let steps = machine.steps();
+                    let relayed = self.relay.as_mut().zip(self.listener.as_mut());
                     let (committed, answer) = tokio::join!(
                         journal.commit(steps, None),
-                        clock.until_deadline(self.provider.complete(&request, clock.call())),
+                        call_provider(self.provider, &request, &clock, relayed),
                     );
                     committed?;
                     match answer {
@@ -780,7 +807,7 @@ impl Live<'_, '_> {
                                 unreachable!("built just above")
                             };
                             machine.handle_provider_response(at, result);
-                            journal.events(&mut machine, &mut self.listener);
+                            journal.events(&mut machine, &mut self.listener, &mut self.relay);
                             journal.maybe_checkpoint(&machine, at);
                         }
                         None => self.timeout(&mut machine, &mut journal, clock.timed_out_at()),
@@ -820,7 +847,7 @@ impl Live<'_, '_> {
     fn timeout(&mut self, machine: &mut Machine, journal: &mut Journal<'_>, at: Duration) {
         machine.handle_timeout(at);
         journal.input(&Input::Timeout { at });
-        journal.events(machine, &mut self.listener);
+        journal.events(machine, &mut self.listener, &mut self.relay);
     }
 
     fn tool_result(
@@ -836,6 +863,6 @@ impl Live<'_, '_> {
             unreachable!("built just above")
         };
         machine.handle_tool_result(at, result);
-        journal.events(machine, &mut self.listener);
+        journal.events(machine, &mut self.listener, &mut self.relay);
     }
 }

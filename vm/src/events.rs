@@ -37,6 +37,20 @@ pub struct Event {
 }
 
 impl Event {
+    /// A `provider_delta`: piece `index` of the text of the call whose `provider_call`
+    /// has `seq`, arrived at `at` (machine time).
+    pub fn provider_delta(seq: u64, at: Duration, step: &str, index: u64, text: String) -> Event {
+        Event {
+            seq,
+            t_ms: ms(at),
+            kind: EventKind::ProviderDelta {
+                step: step.to_owned(),
+                index,
+                text,
+            },
+        }
+    }
+
     /// The event as one JSON object: `seq`, `t_ms`, `type` and the event's fields.
     pub fn to_json(&self) -> Json {
         // Every field is a string, number, bool, null, list or map with string keys:
@@ -96,6 +110,17 @@ pub enum EventKind {
         latency_ms: f64,
         /// Why the call failed, if it did.
         error: Option<EventError>,
+    },
+    /// A piece of a streamed provider call's text, as it arrived. Live only: the
+    /// machine never records one (the driver builds it), journals do not keep it, a
+    /// replay has none; its `seq` is its call's `provider_call`'s (`spec/events.md`).
+    ProviderDelta {
+        /// The step.
+        step: String,
+        /// 0 for the call's first delta, then one more per delta.
+        index: u64,
+        /// The text.
+        text: String,
     },
     /// The model asked for a tool call (checked, reused or executed).
     ToolCall {

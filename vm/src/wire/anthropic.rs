@@ -3,6 +3,8 @@
 //! an error body to the API's message. `spec/providers.md` ("Anthropic") specifies the
 //! mapping; `aplc-runtime`'s `AnthropicProvider` adds the transport, retries and auth.
 //!
+//! [`encode_streaming_request`] and [`EventAssembler`] are the streamed form.
+//!
 //! Not in here: HTTP statuses, headers and retries, and quoting a body in an error (the
 //! runtime redacts secrets before it quotes anything).
 
@@ -31,6 +33,16 @@ pub const JSON_OBJECT_INSTRUCTION: &str =
 /// API cannot take: an audio attachment, an attachment in a system or developer message,
 /// or an attachment URL that is neither `http(s)://` nor a base64 `data:` URL.
 pub fn encode_request(request: &ProviderRequest) -> Result<Vec<u8>, ProviderError> {
+    encode(request, false)
+}
+
+/// [`encode_request`] asking for a stream (`"stream": true` last); [`EventAssembler`]
+/// reads the answer.
+pub fn encode_streaming_request(request: &ProviderRequest) -> Result<Vec<u8>, ProviderError> {
+    encode(request, true)
+}
+
+fn encode(request: &ProviderRequest, stream: bool) -> Result<Vec<u8>, ProviderError> {
     let mut body = Map::new();
     body.insert("model".into(), Json::String(request.model.clone()));
     let max_tokens = request
@@ -67,6 +79,9 @@ pub fn encode_request(request: &ProviderRequest) -> Result<Vec<u8>, ProviderErro
             "tools".into(),
             Json::Array(request.tools.iter().map(tool).collect()),
         );
+    }
+    if stream {
+        body.insert("stream".into(), Json::Bool(true));
     }
     serde_json::to_vec(&Json::Object(body)).map_err(|e| {
         ProviderError::new(
@@ -361,6 +376,11 @@ fn usage(usage: &Map<String, Json>) -> Usage {
         fields,
     }
 }
+
+mod stream;
+pub use stream::EventAssembler;
+#[doc(hidden)]
+pub use stream::{events_of, sse_body};
 
 #[cfg(test)]
 mod tests {

@@ -4,6 +4,7 @@
 //! `POST /v1/chat/completions` from a typed [`ProviderRequest`]; [`decode_response`] and
 //! [`decode_value`] read a success body into a [`Completion`]; [`response_json`] writes a
 //! completion back as the §2.2.5 response dict (for `aplc run --record` and embedders).
+//! [`encode_streaming_request`] and [`ChunkAssembler`] are the streamed form.
 //! Status codes, error bodies and retries are the HTTP provider's, not this module's.
 
 use std::sync::Arc;
@@ -23,7 +24,18 @@ use crate::text::json_kind as kind;
 /// that are set (in §2.5's order; `stop_sequences` is sent as `stop`), `tools` when any
 /// are offered, and `response_format` unless the output is free text.
 pub fn encode_request(request: &ProviderRequest) -> Result<Vec<u8>, ProviderError> {
-    serde_json::to_vec(&Body(request)).map_err(|e| {
+    encode(request, false)
+}
+
+/// [`encode_request`] asking for a stream: the same body, then `"stream": true` and
+/// `"stream_options": {"include_usage": true}` (so the last chunk carries `usage`).
+/// [`ChunkAssembler`] reads the answer.
+pub fn encode_streaming_request(request: &ProviderRequest) -> Result<Vec<u8>, ProviderError> {
+    encode(request, true)
+}
+
+fn encode(request: &ProviderRequest, stream: bool) -> Result<Vec<u8>, ProviderError> {
+    serde_json::to_vec(&Body(request, stream)).map_err(|e| {
         ProviderError::new(
             ProviderErrorKind::InvalidRequest,
             format!("the request could not be encoded: {e}"),
@@ -155,8 +167,8 @@ pub(crate) fn read_completion(raw: &Json) -> Result<Completion, String> {
 // ---------------------------------------------------------------------------------------
 // The request body.
 
-/// The whole body.
-struct Body<'a>(&'a ProviderRequest);
+/// The whole body, and whether it asks for a stream.
+struct Body<'a>(&'a ProviderRequest, bool);
 
 impl Serialize for Body<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -178,6 +190,10 @@ impl Serialize for Body<'_> {
             OutputFormat::JsonSchema { name, schema } => {
                 map.serialize_entry("response_format", &SchemaFormat { name, schema })?;
             }
+        }
+        if self.1 {
+            map.serialize_entry("stream", &true)?;
+            map.serialize_entry("stream_options", &IncludeUsage)?;
         }
         map.end()
     }
@@ -308,6 +324,17 @@ impl Serialize for Function<'_> {
         if let Some(strict) = tool.strict {
             map.serialize_entry("strict", &strict)?;
         }
+        map.end()
+    }
+}
+
+/// `stream_options`: `{"include_usage": true}`.
+struct IncludeUsage;
+
+impl Serialize for IncludeUsage {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry("include_usage", &true)?;
         map.end()
     }
 }
@@ -557,6 +584,9 @@ fn tool_call_json(call: &ToolCall) -> Json {
         "function": {"name": call.name, "arguments": call.arguments},
     })
 }
+
+mod stream;
+pub use stream::ChunkAssembler;
 
 #[cfg(test)]
 mod tests;
