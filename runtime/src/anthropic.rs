@@ -8,7 +8,8 @@
 //! specification.
 //!
 //! Not in here: the mapping itself (pure, in the core), reading the key from the
-//! environment ([`crate::routing`] and the CLI do that), and streaming.
+//! environment ([`crate::routing`] and the CLI do that). With
+//! [`AnthropicConfig::stream`] the answer is streamed (`spec/providers.md`, "Streaming").
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -55,6 +56,7 @@ pub struct AnthropicConfig {
     retry_base_delay: Duration,
     retry_max_delay: Duration,
     client: Option<HttpClient>,
+    stream: bool,
 }
 
 impl Default for AnthropicConfig {
@@ -69,6 +71,7 @@ impl Default for AnthropicConfig {
             retry_base_delay: DEFAULT_RETRY_BASE_DELAY,
             retry_max_delay: DEFAULT_RETRY_MAX_DELAY,
             client: None,
+            stream: false,
         }
     }
 }
@@ -130,6 +133,14 @@ impl AnthropicConfig {
         self.retry_max_delay = max;
         self
     }
+
+    /// Streams each answer (`"stream": true`), sending its text to the call's delta
+    /// sink as it arrives; the completion is the same as without (`spec/providers.md`,
+    /// "Streaming"). Off by default.
+    pub fn stream(mut self, stream: bool) -> AnthropicConfig {
+        self.stream = stream;
+        self
+    }
 }
 
 impl fmt::Debug for AnthropicConfig {
@@ -143,6 +154,7 @@ impl fmt::Debug for AnthropicConfig {
             .field("max_retries", &self.max_retries)
             .field("retry_base_delay", &self.retry_base_delay)
             .field("retry_max_delay", &self.retry_max_delay)
+            .field("stream", &self.stream)
             .finish()
     }
 }
@@ -157,6 +169,7 @@ pub struct AnthropicProvider {
     transport: Transport,
     /// Custom header names, for `Debug`.
     custom_headers: Vec<String>,
+    stream: bool,
 }
 
 impl AnthropicProvider {
@@ -196,6 +209,7 @@ impl AnthropicProvider {
         Ok(AnthropicProvider {
             transport: Transport::new(client, endpoint, headers, &secrets, retries, api_message),
             custom_headers: config.headers.iter().map(|(n, _)| n.clone()).collect(),
+            stream: config.stream,
         })
     }
 
@@ -211,6 +225,26 @@ impl AnthropicProvider {
         request: &ProviderRequest,
         deadline: Instant,
     ) -> Result<Completion, ProviderError> {
+        self.call(request, &CallContext::new(deadline)).await
+    }
+
+    /// [`AnthropicProvider::complete`] with the driver's call context: streamed (the
+    /// text to `call.deltas`) if the provider is configured to.
+    async fn call(
+        &self,
+        request: &ProviderRequest,
+        call: &CallContext,
+    ) -> Result<Completion, ProviderError> {
+        let deadline = call.deadline;
+        if self.stream {
+            let body = wire::encode_streaming_request(request)
+                .map_err(|e| ProviderError::new(e.kind, self.transport.redact(e.message)))?;
+            let deltas = call.deltas.as_ref();
+            return self
+                .transport
+                .stream(body, deadline, wire::EventAssembler::new, deltas)
+                .await;
+        }
         let body = wire::encode_request(request)
             .map_err(|e| ProviderError::new(e.kind, self.transport.redact(e.message)))?;
         let delivered = self.transport.send(body, deadline).await?;
@@ -245,6 +279,7 @@ impl fmt::Debug for AnthropicProvider {
             .field("headers", &custom)
             .field("request_timeout", &retries.request_timeout)
             .field("max_retries", &retries.max_retries)
+            .field("stream", &self.stream)
             .finish_non_exhaustive()
     }
 }
@@ -261,7 +296,7 @@ impl Provider for AnthropicProvider {
         request: &'a ProviderRequest,
         call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
-        Box::pin(AnthropicProvider::complete(self, request, call.deadline))
+        Box::pin(self.call(request, call))
     }
 }
 

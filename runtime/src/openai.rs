@@ -10,8 +10,10 @@
 //!
 //! This module adds only auth and the endpoint: the request and response JSON are the
 //! sans-IO core's (`aplc_vm::wire::openai`), and sending, retrying and redacting are
-//! [`crate::transport`]'s, shared with the Anthropic provider. Not in here: streaming
-//! (the machine consumes whole responses), reading API
+//! [`crate::transport`]'s, shared with the Anthropic provider. With
+//! [`OpenAiConfig::stream`], the answer is streamed (`spec/providers.md`, "Streaming"):
+//! the core's `ChunkAssembler` turns the chunks into text deltas and the same
+//! completion. Not in here: reading API
 //! keys from the environment (the CLI and [`crate::routing`] do that), and choosing a
 //! provider by model name ([`crate::routing::Router`]).
 
@@ -31,6 +33,7 @@ use crate::transport::{
 };
 use aplc_vm::text::json_kind as kind;
 use aplc_vm::wire;
+use aplc_vm::wire::openai::ChunkAssembler;
 use aplc_vm::{Completion, ProviderError, ProviderRequest};
 
 /// Where requests go when no base URL is configured (§6.1 `base_url`).
@@ -61,6 +64,7 @@ pub struct OpenAiConfig {
     retry_base_delay: Duration,
     retry_max_delay: Duration,
     client: Option<HttpClient>,
+    stream: bool,
 }
 
 impl Default for OpenAiConfig {
@@ -74,6 +78,7 @@ impl Default for OpenAiConfig {
             retry_base_delay: DEFAULT_RETRY_BASE_DELAY,
             retry_max_delay: DEFAULT_RETRY_MAX_DELAY,
             client: None,
+            stream: false,
         }
     }
 }
@@ -130,6 +135,14 @@ impl OpenAiConfig {
         self.retry_max_delay = max;
         self
     }
+
+    /// Streams each answer (`"stream": true`), sending its text to the call's delta
+    /// sink as it arrives; the completion is the same as without (`spec/providers.md`,
+    /// "Streaming"). Off by default.
+    pub fn stream(mut self, stream: bool) -> OpenAiConfig {
+        self.stream = stream;
+        self
+    }
 }
 
 impl fmt::Debug for OpenAiConfig {
@@ -142,6 +155,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("max_retries", &self.max_retries)
             .field("retry_base_delay", &self.retry_base_delay)
             .field("retry_max_delay", &self.retry_max_delay)
+            .field("stream", &self.stream)
             .finish()
     }
 }
@@ -155,6 +169,7 @@ pub struct OpenAiProvider {
     /// The endpoint, the headers (the key among them), the retry rules and the
     /// redactor that scrubs every error message.
     transport: Transport,
+    stream: bool,
 }
 
 impl OpenAiProvider {
@@ -192,6 +207,7 @@ impl OpenAiProvider {
         };
         Ok(OpenAiProvider {
             transport: Transport::new(client, endpoint, headers, &secrets, retries, error_message),
+            stream: config.stream,
         })
     }
 
@@ -229,6 +245,15 @@ impl Provider for OpenAiProvider {
         call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
+            if self.stream {
+                let body = wire::openai::encode_streaming_request(request)
+                    .map_err(|e| ProviderError::new(e.kind, self.redact(e.message)))?;
+                let deltas = call.deltas.as_ref();
+                return self
+                    .transport
+                    .stream(body, call.deadline, ChunkAssembler::new, deltas)
+                    .await;
+            }
             let body = wire::openai::encode_request(request)
                 .map_err(|e| ProviderError::new(e.kind, self.redact(e.message)))?;
             self.send(body, call.deadline).await
@@ -256,6 +281,7 @@ impl fmt::Debug for OpenAiProvider {
             .field("headers", &custom)
             .field("request_timeout", &retries.request_timeout)
             .field("max_retries", &retries.max_retries)
+            .field("stream", &self.stream)
             .finish_non_exhaustive()
     }
 }

@@ -101,6 +101,15 @@ impl Router {
         Router::configured(&json, env, Some(client))
     }
 
+    /// [`Router::from_config`], with every HTTP route sending through `client`.
+    pub fn from_config_with_client(
+        config: &Json,
+        env: &dyn Fn(&str) -> Option<String>,
+        client: &HttpClient,
+    ) -> Result<Router, String> {
+        Router::configured(config, env, Some(client))
+    }
+
     fn configured(
         config: &Json,
         env: &dyn Fn(&str) -> Option<String>,
@@ -237,7 +246,7 @@ pub fn glob_match(pattern: &str, model: &str) -> bool {
 /// The keys every route has.
 const COMMON_KEYS: [&str; 2] = ["model", "kind"];
 /// The keys of an `openai` route besides the common ones.
-const OPENAI_KEYS: [&str; 7] = [
+const OPENAI_KEYS: [&str; 8] = [
     "base_url",
     "api_key_env",
     "headers",
@@ -245,9 +254,10 @@ const OPENAI_KEYS: [&str; 7] = [
     "timeout_ms",
     "max_retries",
     "retry_base_delay_ms",
+    "stream",
 ];
 /// The keys of an `anthropic` route besides the common ones.
-const ANTHROPIC_KEYS: [&str; 8] = [
+const ANTHROPIC_KEYS: [&str; 9] = [
     "base_url",
     "api_key_env",
     "headers",
@@ -256,9 +266,10 @@ const ANTHROPIC_KEYS: [&str; 8] = [
     "max_retries",
     "retry_base_delay_ms",
     "anthropic_version",
+    "stream",
 ];
 /// The keys of a `mock` route besides the common ones.
-const MOCK_KEYS: [&str; 2] = ["responses", "latency_ms"];
+const MOCK_KEYS: [&str; 3] = ["responses", "latency_ms", "stream"];
 
 /// The longest `timeout_ms`, `latency_ms` or `retry_base_delay_ms` accepted: one day.
 const MAX_MILLIS: u64 = 86_400_000;
@@ -437,6 +448,7 @@ trait HttpRouteConfig: Sized {
     fn max_retries(self, retries: u32) -> Self;
     fn retry_delays(self, base: std::time::Duration, max: std::time::Duration) -> Self;
     fn http_client(self, client: HttpClient) -> Self;
+    fn stream(self, stream: bool) -> Self;
 }
 
 macro_rules! http_route_config {
@@ -462,6 +474,9 @@ macro_rules! http_route_config {
             }
             fn http_client(self, client: HttpClient) -> Self {
                 <$config>::http_client(self, client)
+            }
+            fn stream(self, stream: bool) -> Self {
+                <$config>::stream(self, stream)
             }
         }
     };
@@ -508,6 +523,9 @@ fn http_route<C: HttpRouteConfig>(
     }
     if let Some(client) = client {
         config = config.http_client(client.clone());
+    }
+    if let Some(stream) = boolean(route, "stream")? {
+        config = config.stream(stream);
     }
     Ok(config)
 }
@@ -562,7 +580,22 @@ fn mock_route(route: &Map<String, Json>) -> Result<(Arc<dyn Provider>, String), 
     if let Some(ms) = integer(route, "latency_ms", MAX_MILLIS)? {
         provider = provider.with_latency(std::time::Duration::from_millis(ms));
     }
+    if let Some(stream) = boolean(route, "stream")? {
+        provider = provider.streaming(stream);
+    }
     Ok((Arc::new(provider), description))
+}
+
+/// `key` as a bool, if present.
+fn boolean(route: &Map<String, Json>, key: &str) -> Result<Option<bool>, String> {
+    match route.get(key) {
+        None => Ok(None),
+        Some(Json::Bool(value)) => Ok(Some(*value)),
+        Some(other) => Err(format!(
+            "expected `{key}` to be true or false, found {}",
+            kind(other)
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -655,7 +688,7 @@ mod tests {
             (
                 r#"{"routes": [{"model": "*", "kind": "mock", "responses": [], "base_url": "x"}]}"#,
                 "providers config: routes[0]: unknown key `base_url` for kind `mock` \
-                 (expected `model`, `kind`, `responses`, `latency_ms`)",
+                 (expected `model`, `kind`, `responses`, `latency_ms`, `stream`)",
             ),
             (
                 r#"{"routes": [{"model": "*", "kind": "mock", "responses": [3]}]}"#,
@@ -704,7 +737,7 @@ mod tests {
             "http://127.0.0.1:1/v1/messages AnthropicConfig { base_url: \"http://127.0.0.1:1\", \
              api_key: Some(<redacted>), api_version: \"2024-01-01\", headers: \
              {\"anthropic-beta\": <redacted>}, request_timeout: 100ms, max_retries: 0, \
-             retry_base_delay: 10ms, retry_max_delay: 8s }"
+             retry_base_delay: 10ms, retry_max_delay: 8s, stream: false }"
         );
         let minimal = anthropic(r#"{"model": "*", "kind": "anthropic"}"#, &env).unwrap();
         assert!(
@@ -721,7 +754,7 @@ mod tests {
                 r#"{"model": "*", "kind": "anthropic", "responses": []}"#,
                 "unknown key `responses` for kind `anthropic` (expected `model`, `kind`, \
                  `base_url`, `api_key_env`, `headers`, `headers_env`, `timeout_ms`, \
-                 `max_retries`, `retry_base_delay_ms`, `anthropic_version`)",
+                 `max_retries`, `retry_base_delay_ms`, `anthropic_version`, `stream`)",
             ),
             (
                 r#"{"model": "*", "kind": "anthropic", "api_key_env": "EMPTY"}"#,

@@ -12,13 +12,17 @@
 //! out of an error body, and decodes a 2xx body itself (its wire format).
 
 use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use aplc_vm::{ProviderError, ProviderErrorKind};
+use aplc_vm::wire::StreamAssembler;
+use aplc_vm::{Completion, ProviderError, ProviderErrorKind};
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 use serde_json::Value as Json;
 
+use crate::driver::DeltaSink;
 use crate::http::{self, BodyError, HttpClient, MAX_BODY_BYTES};
 use crate::redact::{REDACTED, Redactor};
 
@@ -125,6 +129,56 @@ impl Transport {
         body: Vec<u8>,
         deadline: Instant,
     ) -> Result<Delivered, ProviderError> {
+        let ((status, body), attempts) = self
+            .retrying(deadline, None, || self.attempt(body.clone()))
+            .await?;
+        Ok(Delivered {
+            status,
+            body,
+            attempts,
+        })
+    }
+
+    /// Sends `body`, a request for a stream, and assembles the answer with a fresh
+    /// assembler from `assembler` per attempt, sending its text deltas to `deltas`.
+    ///
+    /// Retried as [`Transport::send`] is until the first text delta arrives; after it,
+    /// any failure is final (a listener has seen the text). The whole stream counts
+    /// against [`MAX_BODY_BYTES`] and the request timeout, as a whole body does.
+    pub(crate) async fn stream<A: StreamAssembler>(
+        &self,
+        body: Vec<u8>,
+        deadline: Instant,
+        assembler: impl Fn() -> A,
+        deltas: Option<&DeltaSink>,
+    ) -> Result<Completion, ProviderError> {
+        let started = AtomicBool::new(false);
+        let (completion, _) = self
+            .retrying(deadline, Some(&started), || {
+                self.stream_attempt(body.clone(), assembler(), deltas, &started)
+            })
+            .await?;
+        Ok(completion)
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, runs out of retries or would
+    /// pass `deadline`; its result and the number of attempts. Once `streamed` is set,
+    /// nothing is retried.
+    async fn retrying<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        streamed: Option<&AtomicBool>,
+        mut attempt: F,
+    ) -> Result<(T, u32), ProviderError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let what = if streamed.is_some() {
+            "the stream did not end"
+        } else {
+            "no response"
+        };
         let deadline = tokio::time::Instant::from_std(deadline);
         let mut attempts = 0u32;
         loop {
@@ -142,33 +196,31 @@ impl Transport {
             attempts += 1;
             let timeout = self.retries.request_timeout;
             let limit = timeout.min(left);
-            let failure = match tokio::time::timeout(limit, self.attempt(body.clone())).await {
-                Ok(Ok((status, body))) => {
-                    return Ok(Delivered {
-                        status,
-                        body,
-                        attempts,
-                    });
-                }
+            let failure = match tokio::time::timeout(limit, attempt()).await {
+                Ok(Ok(done)) => return Ok((done, attempts)),
                 Ok(Err(failure)) => failure,
                 // Nothing is left to retry with.
                 Err(_) if limit < timeout => Failure::fatal(
                     ProviderErrorKind::Timeout,
                     format!(
-                        "no response before the run's deadline ({} ms)",
+                        "{what} before the run's deadline ({} ms)",
                         limit.as_millis()
                     ),
                 ),
                 Err(_) => Failure {
                     kind: ProviderErrorKind::Timeout,
                     message: format!(
-                        "no response within the request timeout of {} ms",
+                        "{what} within the request timeout of {} ms",
                         limit.as_millis()
                     ),
                     retry: true,
                     retry_after: None,
                 },
             };
+            if failure.retry && streamed.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                let note = "not retried: its text had begun to stream";
+                return Err(self.gave_up(failure, attempts, Some(note)));
+            }
             if !failure.retry || attempts > self.retries.max_retries {
                 return Err(self.gave_up(failure, attempts, None));
             }
@@ -203,15 +255,91 @@ impl Transport {
 
     /// One HTTP exchange: the status and body of a 2xx answer, or why there is none.
     async fn attempt(&self, body: Vec<u8>) -> Result<(StatusCode, Vec<u8>), Failure> {
-        let mut response = self
-            .client
+        let mut response = self.post(body).await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.refused(response).await);
+        }
+        let body = read_body(&mut response).await?;
+        Ok((status, body))
+    }
+
+    /// One streamed exchange: a 2xx answer's events assembled (their text deltas sent to
+    /// `deltas` as they come, `started` set at the first), or why there is none.
+    async fn stream_attempt<A: StreamAssembler>(
+        &self,
+        body: Vec<u8>,
+        mut assembler: A,
+        deltas: Option<&DeltaSink>,
+        started: &AtomicBool,
+    ) -> Result<Completion, Failure> {
+        let mut response = self.post(body).await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(self.refused(response).await);
+        }
+        let status = status_text(status);
+        let assembly = |e: ProviderError| Failure {
+            // An error event is the server's failure; before any text, it is retried
+            // as the same failure with an HTTP status would be.
+            retry: matches!(
+                e.kind,
+                ProviderErrorKind::Server | ProviderErrorKind::RateLimited
+            ),
+            kind: e.kind,
+            message: format!("{status}: {}", e.message),
+            retry_after: None,
+        };
+        let mut read = 0usize;
+        let mut texts = Vec::new();
+        while !assembler.done() {
+            let chunk = match response.chunk().await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                Err(e) => {
+                    let mut failure = Failure::transport(e);
+                    failure.message = format!(
+                        "{status}: the stream broke off after {read} bytes: {}",
+                        failure.message
+                    );
+                    return Err(failure);
+                }
+            };
+            read += chunk.len();
+            if read > MAX_BODY_BYTES {
+                return Err(Failure::fatal(
+                    ProviderErrorKind::InvalidResponse,
+                    format!(
+                        "{status}: the stream is larger than {} MiB",
+                        MAX_BODY_BYTES >> 20
+                    ),
+                ));
+            }
+            assembler.feed(&chunk, &mut texts).map_err(assembly)?;
+            for text in texts.drain(..) {
+                started.store(true, Ordering::Relaxed);
+                if let Some(sink) = deltas {
+                    sink.send(text).await;
+                }
+            }
+        }
+        assembler.finish().map_err(assembly)
+    }
+
+    /// Sends the request; a failure to get any response is a transport failure.
+    async fn post(&self, body: Vec<u8>) -> Result<reqwest::Response, Failure> {
+        self.client
             .inner()
             .post(self.endpoint.clone())
             .headers(self.headers.clone())
             .body(body)
             .send()
             .await
-            .map_err(Failure::transport)?;
+            .map_err(Failure::transport)
+    }
+
+    /// The failure of a non-2xx answer, its body read for the API's message.
+    async fn refused(&self, mut response: reqwest::Response) -> Failure {
         let status = response.status();
         let retry_after = retry_after(response.headers(), SystemTime::now());
         let location = response
@@ -219,10 +347,10 @@ impl Transport {
             .get(header::LOCATION)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let body = read_body(&mut response).await?;
-        if status.is_success() {
-            return Ok((status, body));
-        }
+        let body = match read_body(&mut response).await {
+            Ok(body) => body,
+            Err(failure) => return failure,
+        };
         let retry = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
         let detail = if status.is_redirection() {
             let to = location
@@ -235,12 +363,12 @@ impl Transport {
         } else {
             self.api_message(&body)
         };
-        Err(Failure {
+        Failure {
             kind: status_kind(status),
             message: format!("{}: {detail}", status_text(status)),
             retry,
             retry_after: retry_after.filter(|_| retry),
-        })
+        }
     }
 
     /// The API's message from an error body, or an excerpt of the body; redacted, then
