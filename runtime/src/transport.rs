@@ -315,13 +315,15 @@ impl Transport {
                     ),
                 ));
             }
-            assembler.feed(&chunk, &mut texts).map_err(assembly)?;
+            // The text before a fault in the same chunk goes out too: it arrived.
+            let fed = assembler.feed(&chunk, &mut texts);
             for text in texts.drain(..) {
                 started.store(true, Ordering::Relaxed);
                 if let Some(sink) = deltas {
                     sink.send(text).await;
                 }
             }
+            fed.map_err(assembly)?;
         }
         assembler.finish().map_err(assembly)
     }

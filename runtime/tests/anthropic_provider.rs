@@ -401,7 +401,7 @@ async fn the_key_never_appears_in_debug_output() {
         format!("{provider:?}"),
         "AnthropicProvider { endpoint: \"http://127.0.0.1:9/v1/messages\", api_key: \
          Some(<redacted>), api_version: Some(\"2023-06-01\"), headers: [(\"anthropic-beta\", \
-         <redacted>)], request_timeout: 60s, max_retries: 2, .. }"
+         <redacted>)], request_timeout: 60s, max_retries: 2, stream: false, .. }"
     );
 }
 

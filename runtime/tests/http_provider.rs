@@ -10,7 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aplc_runtime::driver::{BoxFuture, CallContext, Provider, Scripted};
+use aplc_runtime::driver::{BoxFuture, CallContext, DeltaSink, Provider, Scripted};
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
 use aplc_vm::minijinja::Value;
@@ -20,7 +20,7 @@ use aplc_vm::{
 };
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
-use support::{Reply, Server};
+use support::{Reply, Server, StreamEnd};
 
 /// The API key of every test: it must never appear in an error or in `Debug` output.
 const KEY: &str = "sk-test-0123456789abcdef-SECRET";
@@ -728,7 +728,7 @@ async fn secrets_never_appear_in_debug_output() {
         format!("{provider:?}"),
         "OpenAiProvider { endpoint: \"http://127.0.0.1:9/v1/chat/completions\", api_key: \
          Some(<redacted>), headers: [(\"api-key\", <redacted>)], request_timeout: 60s, \
-         max_retries: 2, .. }"
+         max_retries: 2, stream: false, .. }"
     );
 }
 
@@ -815,4 +815,232 @@ async fn a_completion_that_does_not_decode_is_an_invalid_response() {
          found a number"
     );
     assert_eq!(server.requests().len(), 1, "a decoded 200 is not retried");
+}
+
+// ---------------------------------------------------------------------------------------
+// Streaming (spec/providers.md, "Streaming").
+
+/// The answer of the streaming tests, whole: text, an `add` call, usage.
+fn whole_answer() -> Json {
+    json!({
+        "id": "chatcmpl-s", "object": "chat.completion", "model": "gpt-stream",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": "Let me add those: one moment.",
+            "tool_calls": [{"id": "call_1", "type": "function",
+                            "function": {"name": "add", "arguments": "{\"a\": 1, \"b\": 2}"}}]}}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 9, "total_tokens": 20},
+    })
+}
+
+/// The same answer as a chunk stream: text in pieces of 5 characters, the arguments in
+/// pieces of 4, then the finish reason, the usage chunk and `[DONE]`.
+fn streamed_answer() -> String {
+    let chunk = |delta: Json, finish: Json| {
+        json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "model": "gpt-stream",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), Json::Null)];
+    let text: Vec<char> = "Let me add those: one moment.".chars().collect();
+    for piece in text.chunks(5) {
+        let piece: String = piece.iter().collect();
+        chunks.push(chunk(json!({"content": piece}), Json::Null));
+    }
+    chunks.push(chunk(
+        json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                               "function": {"name": "add", "arguments": ""}}]}),
+        Json::Null,
+    ));
+    let arguments: Vec<char> = "{\"a\": 1, \"b\": 2}".chars().collect();
+    for piece in arguments.chunks(4) {
+        let piece: String = piece.iter().collect();
+        chunks.push(chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+            Json::Null,
+        ));
+    }
+    chunks.push(chunk(json!({}), json!("tool_calls")));
+    let mut usage = json!({"id": "chatcmpl-s", "object": "chat.completion.chunk",
+                           "model": "gpt-stream", "choices": []});
+    usage["usage"] = whole_answer()["usage"].clone();
+    chunks.push(usage);
+    let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    body.push_str("data: [DONE]\n\n");
+    body
+}
+
+/// The first `n` events of [`streamed_answer`] (each ends in a blank line).
+fn streamed_prefix(n: usize) -> String {
+    streamed_answer()
+        .split_inclusive("\n\n")
+        .take(n)
+        .collect()
+}
+
+/// Calls `provider` with a delta sink: the result and the deltas it sent.
+async fn call_streamed(
+    provider: &OpenAiProvider,
+    call: &Call,
+) -> (Result<Completion, ProviderError>, Vec<String>) {
+    let (sink, mut receiver) = DeltaSink::channel(1024);
+    let context = CallContext::new(call.deadline).with_deltas(sink);
+    let result = provider.complete(&call.request, &context).await;
+    let mut deltas = Vec::new();
+    while let Ok(text) = receiver.try_recv() {
+        deltas.push(text);
+    }
+    (result, deltas)
+}
+
+fn streaming(server: &Server) -> OpenAiProvider {
+    OpenAiProvider::new(config(server).stream(true)).unwrap()
+}
+
+#[tokio::test]
+async fn a_streamed_run_ends_with_the_same_context_and_relays_its_deltas() {
+    let server = Server::start(vec![Reply::json(200, whole_answer())]).await;
+    let (whole, _) = support::run_agent(&provider(&server), Duration::from_secs(10)).await;
+    assert!(whole.error.is_none(), "{:?}", whole.error);
+    // Pieces of 7 bytes: events, lines and JSON split across HTTP chunks.
+    let server = Server::start(vec![Reply::stream(&streamed_answer(), 7)]).await;
+    let (streamed, events) = support::run_agent(&streaming(&server), Duration::from_secs(10)).await;
+    assert_eq!(support::final_context(&streamed), support::final_context(&whole));
+    assert_eq!(
+        support::streamed_texts(&events),
+        ["Let me add those: one moment."]
+    );
+    let sent = server.requests()[0].json();
+    assert_eq!(sent["stream"], json!(true));
+    assert_eq!(sent["stream_options"], json!({"include_usage": true}));
+}
+
+#[tokio::test]
+async fn a_streamed_call_assembles_text_tool_calls_and_usage() {
+    let server = Server::start(vec![Reply::stream(&streamed_answer(), 3)]).await;
+    let (result, deltas) = call_streamed(&streaming(&server), &request(json!({}))).await;
+    let completion = result.expect("the stream assembles");
+    let mut expected = aplc_vm::wire::openai::decode_value(&whole_answer()).unwrap();
+    expected.raw = None;
+    let mut got = completion.clone();
+    got.raw = None;
+    assert_eq!(got, expected);
+    assert_eq!(deltas.concat(), "Let me add those: one moment.");
+    assert_eq!(deltas.len(), 6);
+}
+
+#[tokio::test]
+async fn an_error_status_before_the_stream_is_retried() {
+    let server = Server::start(vec![
+        Reply::json(503, json!({"error": {"message": "busy"}})),
+        Reply::stream(&streamed_answer(), 64),
+    ])
+    .await;
+    let (result, deltas) = call_streamed(&streaming(&server), &request(json!({}))).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(deltas.concat(), "Let me add those: one moment.");
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_stream_dropped_before_its_first_delta_is_retried() {
+    let server = Server::start(vec![
+        Reply::stream_then(&streamed_prefix(1), 64, StreamEnd::Drop),
+        Reply::stream(&streamed_answer(), 64),
+    ])
+    .await;
+    let (result, deltas) = call_streamed(&streaming(&server), &request(json!({}))).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(deltas.concat(), "Let me add those: one moment.");
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_stream_dropped_after_a_delta_fails_without_a_retry() {
+    let server = Server::start(vec![
+        Reply::stream_then(&streamed_prefix(3), 64, StreamEnd::Drop),
+        Reply::stream(&streamed_answer(), 64),
+    ])
+    .await;
+    let provider = streaming(&server);
+    let (result, deltas) = call_streamed(&provider, &request(json!({}))).await;
+    let e = result.expect_err("the stream broke off");
+    assert_eq!(e.kind, ProviderErrorKind::Transport, "{}", e.message);
+    assert!(e.message.starts_with("HTTP 200 OK: the stream broke off after"), "{}", e.message);
+    assert!(e.message.contains("not retried: its text had begun to stream"), "{}", e.message);
+    assert!(!e.message.contains(KEY));
+    assert_eq!(deltas, ["Let m", "e add"]);
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_malformed_chunk_is_an_invalid_response() {
+    let body = format!("{}data: {{\"choices\": [\n\n", streamed_prefix(2));
+    let server = Server::start(vec![Reply::stream(&body, 64)]).await;
+    let (result, deltas) = call_streamed(&streaming(&server), &request(json!({}))).await;
+    let e = result.expect_err("a malformed chunk");
+    assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
+    assert!(
+        e.message.starts_with("HTTP 200 OK: invalid provider response: chunk 2 is not JSON"),
+        "{}",
+        e.message
+    );
+    assert_eq!(deltas, ["Let m"]);
+    assert_eq!(server.requests().len(), 1);
+    // A stream that ends without `[DONE]` is cut short too.
+    let server = Server::start(vec![Reply::stream(&streamed_prefix(4), 64)]).await;
+    let (result, _) = call_streamed(&streaming(&server), &request(json!({}))).await;
+    let e = result.expect_err("no [DONE]");
+    assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
+    assert!(e.message.contains("the stream ended before `data: [DONE]`"), "{}", e.message);
+}
+
+#[tokio::test]
+async fn a_stalled_stream_times_out_without_a_retry() {
+    let server = Server::start(vec![
+        Reply::stream_then(&streamed_prefix(2), 64, StreamEnd::Hang),
+        Reply::stream(&streamed_answer(), 64),
+    ])
+    .await;
+    let provider =
+        OpenAiProvider::new(config(&server).stream(true).request_timeout(Duration::from_millis(300)))
+            .unwrap();
+    let (result, deltas) = call_streamed(&provider, &request(json!({}))).await;
+    let e = result.expect_err("the stream stalled");
+    assert_eq!(e.kind, ProviderErrorKind::Timeout);
+    assert!(
+        e.message.starts_with("the stream did not end within the request timeout of 300 ms"),
+        "{}",
+        e.message
+    );
+    assert_eq!(deltas, ["Let m"]);
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_stall_is_bounded_by_the_run_timeout_and_no_partial_text_reaches_the_context() {
+    let server = Server::start(vec![Reply::stream_then(&streamed_prefix(3), 64, StreamEnd::Hang)]).await;
+    let (outcome, events) =
+        support::run_agent(&streaming(&server), Duration::from_millis(400)).await;
+    let error = outcome.error.as_ref().expect("the run timed out");
+    assert_eq!(error.kind, aplc_vm::RunErrorKind::Timeout, "{}", error.message);
+    assert_eq!(support::streamed_texts(&events), ["Let me add"]);
+    assert_eq!(outcome.result_text(), "");
+}
+
+#[tokio::test]
+async fn a_failed_stream_leaves_an_error_and_no_text() {
+    let server = Server::start(vec![Reply::stream_then(&streamed_prefix(3), 64, StreamEnd::Drop)]).await;
+    let (outcome, events) = support::run_agent(&streaming(&server), Duration::from_secs(10)).await;
+    assert!(outcome.error.is_none());
+    assert_eq!(outcome.result_text(), "");
+    assert_eq!(outcome.last_step_errors.len(), 1, "{:?}", outcome.last_step_errors);
+    assert!(outcome.last_step_errors[0].contains("the stream broke off"));
+    assert_eq!(support::streamed_texts(&events), ["Let me add"]);
+    let result = events
+        .iter()
+        .find_map(|e| match &e.kind {
+            aplc_vm::EventKind::ProviderResult { error, .. } => error.clone(),
+            _ => None,
+        })
+        .expect("the call's result has its error");
+    assert_eq!(result.kind, "transport");
 }

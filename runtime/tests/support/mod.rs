@@ -3,10 +3,18 @@
 //! Each request gets the next scripted [`Reply`] and is recorded (method, path, headers,
 //! body) for the test to assert on. One request per connection (`Connection: close`), so
 //! the order of replies is the order of requests. Only what the tests need: no chunked
-//! request bodies, no keep-alive, no TLS.
+//! request bodies, no keep-alive, no TLS. [`Reply::Stream`] answers with an event
+//! stream, chunk by chunk, and [`run_agent`] runs one agent through a provider with its
+//! events, for the streaming tests.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aplc_runtime::driver::{Provider, Toolbox, run_with_listener};
+use aplc_vm::tools::ToolSpec;
+use aplc_vm::{Event, EventKind, Program, RunOptions, RunOutcome};
+use serde_json::{Value as Json, json};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -25,6 +33,20 @@ pub enum Reply {
     Hang,
     /// Reads the request and closes the connection without a word.
     Close,
+    /// Answers 200 with a chunked `text/event-stream` body: each piece is one HTTP
+    /// chunk, written and flushed in turn; then ends as `end` says.
+    Stream { pieces: Vec<Vec<u8>>, end: StreamEnd },
+}
+
+/// How a [`Reply::Stream`] ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The last chunk, then the connection closes: a complete body.
+    Finish,
+    /// The connection closes without the last chunk: a body cut short.
+    Drop,
+    /// Nothing more is sent, and the connection stays open: a stalled stream.
+    Hang,
 }
 
 impl Reply {
@@ -54,6 +76,20 @@ impl Reply {
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
             }),
         )
+    }
+
+    /// A complete event stream of `body`, cut into pieces of `size` bytes (so events,
+    /// lines and characters are split across chunks).
+    pub fn stream(body: &str, size: usize) -> Reply {
+        Reply::stream_then(body, size, StreamEnd::Finish)
+    }
+
+    /// [`Reply::stream`], ending as `end` says.
+    pub fn stream_then(body: &str, size: usize, end: StreamEnd) -> Reply {
+        Reply::Stream {
+            pieces: body.as_bytes().chunks(size.max(1)).map(<[u8]>::to_vec).collect(),
+            end,
+        }
     }
 
     /// Adds a response header.
@@ -160,6 +196,30 @@ async fn serve(
     match reply {
         Reply::Hang => Some(stream),
         Reply::Close => None,
+        Reply::Stream { pieces, end } => {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                        transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+            let out = stream.get_mut();
+            let _ = out.write_all(head.as_bytes()).await;
+            for piece in pieces.iter().filter(|p| !p.is_empty()) {
+                let _ = out.write_all(format!("{:x}\r\n", piece.len()).as_bytes()).await;
+                let _ = out.write_all(piece).await;
+                let _ = out.write_all(b"\r\n").await;
+                let _ = out.flush().await;
+            }
+            match end {
+                StreamEnd::Finish => {
+                    let _ = out.write_all(b"0\r\n\r\n").await;
+                    let _ = out.shutdown().await;
+                    None
+                }
+                StreamEnd::Drop => {
+                    let _ = out.shutdown().await;
+                    None
+                }
+                StreamEnd::Hang => Some(stream),
+            }
+        }
         Reply::Respond {
             status,
             headers,
@@ -216,4 +276,91 @@ async fn read_request(stream: &mut BufReader<TcpStream>) -> Option<Recorded> {
         headers,
         body,
     })
+}
+
+// ---------------------------------------------------------------------------------------
+// Streaming: one agent run through a provider, with its events.
+
+/// One step: the model answers with text and an `add` tool call, which runs.
+const AGENT: &str = "# prompt: ask\n## user\nAdd 1 and 2, please.\n";
+
+/// Runs [`AGENT`] with `provider` and an `add` tool, within `timeout`: the outcome and
+/// every event the listener got.
+pub async fn run_agent(provider: &dyn Provider, timeout: Duration) -> (RunOutcome, Vec<Event>) {
+    let compiled = aplc_compiler::compile(AGENT, "stream.apl", &Default::default());
+    let bundle = compiled.bundle.expect("the agent compiles");
+    let program = Arc::new(Program::from_bundle(bundle, Default::default()).expect("loads"));
+    let spec = ToolSpec::new(json!({
+        "name": "add",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "number"}, "b": {"type": "number"}}},
+    }))
+    .expect("a valid descriptor");
+    let mut toolbox = Toolbox::new();
+    toolbox
+        .register_fn(spec, |args, _| {
+            let sum = args["a"].as_f64().unwrap_or(0.0) + args["b"].as_f64().unwrap_or(0.0);
+            Ok(json!(sum))
+        })
+        .expect("registers");
+    let options = RunOptions {
+        timeout,
+        ..RunOptions::default()
+    };
+    let mut events = Vec::new();
+    let outcome = run_with_listener(program, options, provider, &toolbox, &mut |e: &Event| {
+        events.push(e.clone())
+    })
+    .await;
+    (outcome, events)
+}
+
+/// The final context without its times, to compare two runs.
+pub fn final_context(outcome: &RunOutcome) -> Json {
+    fn strip(json: &mut Json) {
+        match json {
+            Json::Object(map) => {
+                map.remove("time_elapsed");
+                map.remove("time_elapsed_global");
+                map.values_mut().for_each(strip);
+            }
+            Json::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut json = outcome.context_json();
+    strip(&mut json);
+    json
+}
+
+/// Checks the `provider_delta` events of a run (each carries its call's `provider_call`
+/// `seq` and counts from 0 within the call, and comes before the call's
+/// `provider_result`; the other events' `seq`s have no gaps) and returns each call's
+/// text, in order.
+pub fn streamed_texts(events: &[Event]) -> Vec<String> {
+    let mut texts: Vec<String> = Vec::new();
+    let mut call: Option<u64> = None;
+    let mut next_index = 0;
+    let mut next_seq = 0;
+    for event in events {
+        match &event.kind {
+            EventKind::ProviderDelta { index, text, .. } => {
+                assert_eq!(Some(event.seq), call, "a delta carries its call's seq");
+                assert_eq!(*index, next_index, "deltas count from 0 within a call");
+                next_index += 1;
+                texts.last_mut().expect("a call").push_str(text);
+                continue;
+            }
+            EventKind::ProviderCall { .. } => {
+                call = Some(event.seq);
+                next_index = 0;
+                texts.push(String::new());
+            }
+            EventKind::ProviderResult { .. } => call = None,
+            _ => {}
+        }
+        assert_eq!(event.seq, next_seq, "no gaps in the other events' seq");
+        next_seq += 1;
+    }
+    texts
 }
