@@ -9,12 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aplc_runtime::anthropic::{AnthropicConfig, AnthropicProvider};
+use aplc_runtime::driver::{CallContext, DeltaSink, Provider};
+use aplc_vm::wire::anthropic::sse_body;
 use aplc_vm::{
     Completion, Content, FinishReason, Message, Part, ProviderError, ProviderErrorKind,
     ProviderRequest, Role, ToolCall, ToolDefinition,
 };
 use serde_json::{Value as Json, json};
-use support::{Reply, Server};
+use support::{Reply, Server, StreamEnd};
 
 /// The API key of every test: it must never appear in an error or in `Debug` output.
 const KEY: &str = "sk-ant-test-0123456789abcdef-SECRET";
@@ -428,4 +430,137 @@ async fn a_providers_file_routes_claude_models_to_anthropic() {
     assert_eq!(requests.len(), 1);
     assert_eq!(requests[0].header("x-api-key"), Some(KEY));
     assert_eq!(requests[0].json()["model"], "claude-test");
+}
+
+// ---------------------------------------------------------------------------------------
+// Streaming (spec/providers.md, "Streaming").
+
+/// The answer of the streaming tests, whole: text, an `add` tool use, usage.
+fn whole_message() -> Json {
+    json!({
+        "id": "msg_s", "type": "message", "role": "assistant", "model": "claude-stream",
+        "content": [
+            {"type": "text", "text": "Let me add those: one moment."},
+            {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1, "b": 2}},
+        ],
+        "stop_reason": "tool_use", "stop_sequence": null,
+        "usage": {"input_tokens": 11, "output_tokens": 9},
+    })
+}
+
+/// The same message as the API streams it: text in pieces of 5 characters, the input
+/// JSON in pieces of 5.
+fn streamed_events() -> Vec<Json> {
+    aplc_vm::wire::anthropic::events_of(&whole_message(), 5)
+}
+
+fn streaming(server: &Server) -> AnthropicProvider {
+    AnthropicProvider::new(config(server).stream(true)).unwrap()
+}
+
+/// Calls `provider` with a delta sink: the result and the deltas it sent.
+async fn call_streamed(provider: &AnthropicProvider) -> (Result<Completion, ProviderError>, Vec<String>) {
+    let (sink, mut receiver) = DeltaSink::channel(1024);
+    let context = CallContext::new(deadline()).with_deltas(sink);
+    let result = Provider::complete(provider, &hello(), &context).await;
+    let mut deltas = Vec::new();
+    while let Ok(text) = receiver.try_recv() {
+        deltas.push(text);
+    }
+    (result, deltas)
+}
+
+#[tokio::test]
+async fn a_streamed_run_ends_with_the_same_context_and_relays_its_deltas() {
+    let server = Server::start(vec![Reply::json(200, whole_message())]).await;
+    let (whole, _) = support::run_agent(&provider(&server), Duration::from_secs(10)).await;
+    assert!(whole.error.is_none(), "{:?}", whole.error);
+    let body = sse_body(&streamed_events());
+    let server = Server::start(vec![Reply::stream(&body, 7)]).await;
+    let (streamed, events) = support::run_agent(&streaming(&server), Duration::from_secs(10)).await;
+    assert_eq!(support::final_context(&streamed), support::final_context(&whole));
+    assert_eq!(
+        support::streamed_texts(&events),
+        ["Let me add those: one moment."]
+    );
+    assert_eq!(server.requests()[0].json()["stream"], json!(true));
+}
+
+#[tokio::test]
+async fn a_streamed_call_assembles_the_whole_message() {
+    let server = Server::start(vec![Reply::stream(&sse_body(&streamed_events()), 3)]).await;
+    let (result, deltas) = call_streamed(&streaming(&server)).await;
+    let completion = result.expect("the stream assembles");
+    let expected = aplc_vm::wire::anthropic::decode_response(whole_message().to_string().as_bytes())
+        .unwrap();
+    assert_eq!(completion, expected);
+    assert_eq!(completion.finish_reason, Some(FinishReason::ToolCalls));
+    assert_eq!(deltas.len(), 6);
+}
+
+#[tokio::test]
+async fn an_overloaded_event_before_any_text_is_retried() {
+    let events = streamed_events();
+    let overloaded = sse_body(&[
+        events[0].clone(),
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    ]);
+    let server = Server::start(vec![
+        Reply::stream(&overloaded, 64),
+        Reply::stream(&sse_body(&events), 64),
+    ])
+    .await;
+    let (result, deltas) = call_streamed(&streaming(&server)).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(deltas.concat(), "Let me add those: one moment.");
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn mid_stream_faults_are_final() {
+    let events = streamed_events();
+    // Dropped after two text deltas (message_start, block start, ping, two deltas).
+    let server = Server::start(vec![
+        Reply::stream_then(&sse_body(&events[..5]), 64, StreamEnd::Drop),
+        Reply::stream(&sse_body(&events), 64),
+    ])
+    .await;
+    let (result, deltas) = call_streamed(&streaming(&server)).await;
+    let e = result.expect_err("the stream broke off");
+    assert_eq!(e.kind, ProviderErrorKind::Transport, "{}", e.message);
+    assert!(e.message.contains("not retried: its text had begun to stream"), "{}", e.message);
+    assert!(!e.message.contains(KEY));
+    assert_eq!(deltas, ["Let m", "e add"]);
+    assert_eq!(server.requests().len(), 1);
+    // An error event after text.
+    let mut cut = events[..5].to_vec();
+    cut.push(json!({"type": "error", "error": {"type": "api_error", "message": "boom"}}));
+    let server = Server::start(vec![Reply::stream(&sse_body(&cut), 64)]).await;
+    let e = call_streamed(&streaming(&server)).await.0.expect_err("an error event");
+    assert_eq!(e.kind, ProviderErrorKind::Server);
+    assert!(
+        e.message.starts_with("HTTP 200 OK: the stream reported an error: api_error: boom"),
+        "{}",
+        e.message
+    );
+    assert_eq!(server.requests().len(), 1);
+    // A malformed event, and a stream without `message_stop`.
+    let body = format!("{}event: content_block_delta\ndata: {{oops\n\n", sse_body(&events[..4]));
+    let server = Server::start(vec![Reply::stream(&body, 64)]).await;
+    let e = call_streamed(&streaming(&server)).await.0.expect_err("malformed");
+    assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
+    assert!(e.message.contains("an event of the stream is not JSON"), "{}", e.message);
+    let server = Server::start(vec![Reply::stream(&sse_body(&events[..events.len() - 1]), 64)]).await;
+    let e = call_streamed(&streaming(&server)).await.0.expect_err("no message_stop");
+    assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
+    assert!(e.message.contains("the stream ended before `message_stop`"), "{}", e.message);
+    // A stall, bounded by the run's timeout; the machine never sees the partial text.
+    let server =
+        Server::start(vec![Reply::stream_then(&sse_body(&events[..5]), 64, StreamEnd::Hang)]).await;
+    let (outcome, run_events) =
+        support::run_agent(&streaming(&server), Duration::from_millis(400)).await;
+    let error = outcome.error.as_ref().expect("the run timed out");
+    assert_eq!(error.kind, aplc_vm::RunErrorKind::Timeout, "{}", error.message);
+    assert_eq!(support::streamed_texts(&run_events), ["Let me add"]);
+    assert_eq!(outcome.result_text(), "");
 }
