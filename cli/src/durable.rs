@@ -227,13 +227,14 @@ fn config(equipment: &Equipment, checkpoint_every: u64) -> DurableOptions {
 
 /// The run's event sinks: `--events`, the progress line and `--verbose`.
 fn sinks(output: &OutputArgs, equipment: &Equipment) -> Result<Sinks, Failure> {
-    let progress = !output.quiet && std::io::stderr().is_terminal();
-    Sinks::open(
+    let progress = !output.quiet && !equipment.stream && std::io::stderr().is_terminal();
+    Ok(Sinks::open(
         output.events.as_deref(),
         progress,
         output.verbose,
         equipment.secrets.redactor(),
-    )
+    )?
+    .streaming(equipment.stream))
 }
 
 /// Closes the sinks and prints like `aplc run`. A run stopped by a signal or a store
@@ -263,7 +264,12 @@ fn finish(
             failure
         })?;
     written?;
-    let result = report(&finished.program, &finished.outcome, output.json);
+    let result = report(
+        &finished.program,
+        &finished.outcome,
+        output.json,
+        equipment.stream,
+    );
     match &output.record {
         Some(path) => equipment.provider.write_after(path, result),
         None => result,

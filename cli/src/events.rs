@@ -1,15 +1,17 @@
 //! Where `aplc run` sends a run's events: `--events FILE` (JSON Lines), the progress
-//! line and `--verbose` (one line per step, call and error on stderr).
+//! line, `--verbose` (one line per step, call and error on stderr) and `--stream` (the
+//! `provider_delta` text on stdout).
 //!
-//! Every event is redacted with the run's secrets before it is written, like the errors
-//! `aplc run` prints: a provider or tool may echo a key into a message.
+//! Every event is redacted with the run's secrets before it is written to the file or
+//! stderr, like the errors `aplc run` prints: a provider or tool may echo a key into a
+//! message. The streamed text is the agent's output, printed as `result_text` is.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use aplc_runtime::Redactor;
-use aplc_vm::Event;
+use aplc_vm::{Event, EventKind};
 use aplc_vm::text::escape_control;
 
 use crate::Failure;
@@ -21,7 +23,40 @@ pub(crate) struct Sinks {
     file: Option<EventFile>,
     progress: Option<Progress>,
     verbose: Option<Timeline>,
+    /// `--stream`.
+    stream: Option<StreamOut>,
     redactor: Redactor,
+}
+
+/// `--stream`: each call's text on stdout as it arrives, a newline after each call that
+/// printed any.
+struct StreamOut {
+    /// Escape control characters: stdout is a terminal.
+    escape: bool,
+    /// The current call printed text.
+    open: bool,
+}
+
+impl StreamOut {
+    fn on_event(&mut self, event: &Event) {
+        let mut stdout = std::io::stdout().lock();
+        // A closed stdout (`aplc run … | head`) is not the run's problem.
+        let _ = match &event.kind {
+            EventKind::ProviderDelta { text, .. } => {
+                self.open = true;
+                let written = if self.escape {
+                    stdout.write_all(escape_control(text).as_bytes())
+                } else {
+                    stdout.write_all(text.as_bytes())
+                };
+                written.and_then(|()| stdout.flush())
+            }
+            EventKind::ProviderResult { .. } if std::mem::take(&mut self.open) => {
+                stdout.write_all(b"\n").and_then(|()| stdout.flush())
+            }
+            _ => Ok(()),
+        };
+    }
 }
 
 /// `--events FILE`: one JSON object per line, written through a buffer.
@@ -56,17 +91,33 @@ impl Sinks {
             file,
             progress: (progress && !verbose).then(Progress::start),
             verbose: verbose.then(|| Timeline::new(false)),
+            stream: None,
             redactor,
         })
     }
 
+    /// With `stream` (`--stream`), writes each call's text to stdout as it arrives.
+    pub(crate) fn streaming(mut self, stream: bool) -> Sinks {
+        self.stream = stream.then(|| StreamOut {
+            escape: std::io::stdout().is_terminal(),
+            open: false,
+        });
+        self
+    }
+
     /// True if anyone listens: otherwise the run records no events at all.
     pub(crate) fn listening(&self) -> bool {
-        self.file.is_some() || self.progress.is_some() || self.verbose.is_some()
+        self.file.is_some()
+            || self.progress.is_some()
+            || self.verbose.is_some()
+            || self.stream.is_some()
     }
 
     /// Hands one event to every consumer.
     pub(crate) fn on_event(&mut self, event: &Event) {
+        if let Some(stream) = &mut self.stream {
+            stream.on_event(event);
+        }
         if let Some(progress) = &mut self.progress {
             progress.on_event(event);
         }

@@ -70,6 +70,11 @@ pub(crate) struct WithArgs {
     /// trailing /v1 is fine).
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
+    /// Stream each provider call's text to stdout as it arrives, calls separated by a
+    /// newline; the final `result_text` is not printed again (`--json` still prints the
+    /// context). `--mock` sends each answer's text whole.
+    #[arg(long)]
+    pub(crate) stream: bool,
 }
 
 /// What a run prints and records: shared by `aplc run` and `aplc resume`.
@@ -104,6 +109,8 @@ pub(crate) struct Equipment {
     pub(crate) no_key: bool,
     /// The `--mock` provider, which a resumed run advances past the calls it replayed.
     pub(crate) scripted: Option<Arc<Scripted>>,
+    /// `--stream`: the providers stream, and the text goes to stdout as it arrives.
+    pub(crate) stream: bool,
 }
 
 impl WithArgs {
@@ -144,6 +151,7 @@ impl WithArgs {
             secrets,
             no_key,
             scripted,
+            stream: self.stream,
         })
     }
 }
@@ -186,17 +194,20 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         provider,
         toolbox,
         secrets,
+        stream,
         ..
     } = equipment;
 
     let runtime = runtime()?;
-    let progress = !args.output.quiet && std::io::stderr().is_terminal();
+    // The progress line would redraw over the streamed text on a terminal.
+    let progress = !args.output.quiet && !stream && std::io::stderr().is_terminal();
     let mut sinks = Sinks::open(
         args.output.events.as_deref(),
         progress,
         args.output.verbose,
         secrets.redactor(),
-    )?;
+    )?
+    .streaming(stream);
     let outcome = if sinks.listening() {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run =
@@ -212,7 +223,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .map_err(|e| Failure::run(e.to_string()))?
         .map_err(|signal| signal.failure())?;
     written?;
-    let result = report(&program, &outcome, args.output.json);
+    let result = report(&program, &outcome, args.output.json, stream);
     match &args.output.record {
         Some(path) => provider.write_after(path, result),
         None => result,
@@ -321,15 +332,18 @@ impl serde_json::ser::Formatter for ShallowPretty {
 }
 
 /// Prints a run's output and picks the exit code.
+/// With `streamed` (`--stream`), the calls' text is on stdout already: plain output
+/// adds nothing, `json` the context.
 pub(crate) fn report(
     program: &Program,
     outcome: &RunOutcome,
     json: bool,
+    streamed: bool,
 ) -> Result<ExitCode, Failure> {
     let mut stdout = std::io::stdout().lock();
     let printed = if json {
         write_json(&mut stdout, &outcome.context_json()).and_then(|_| writeln!(stdout))
-    } else if outcome.error.is_none() {
+    } else if outcome.error.is_none() && !streamed {
         // `result_text` is the agent's output: piped, it stays byte for byte; on a
         // terminal, what the model wrote must not drive the terminal.
         let text = outcome.result_text();
@@ -450,7 +464,7 @@ fn select_provider(
             if http_flags {
                 eprintln!("warning: --api-key and --base-url are not used with --mock");
             }
-            let scripted = Arc::new(Scripted::new(script));
+            let scripted = Arc::new(Scripted::new(script).streaming(args.stream));
             Ok(Selected {
                 provider: Box::new(scripted.clone()),
                 no_key: false,
@@ -473,9 +487,18 @@ fn select_provider(
                 value
             };
             let text = read_json(path)?;
+            let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                Failure::usage(format!(
+                    "{}: providers config is not valid JSON: {e}",
+                    path.display()
+                ))
+            })?;
+            if args.stream {
+                stream_every_route(&mut config);
+            }
             let router = match http {
-                Some(http) => Router::from_config_json_with_client(&text, &env, http),
-                None => Router::from_config_json(&text, &env),
+                Some(http) => Router::from_config_with_client(&config, &env, http),
+                None => Router::from_config(&config, &env),
             }
             .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
             for (name, value) in read.into_inner() {
@@ -511,12 +534,26 @@ fn select_provider(
             if let Some(key) = key {
                 config = config.api_key(key);
             }
+            config = config.stream(args.stream);
             let provider = OpenAiProvider::new(config).map_err(Failure::usage)?;
             Ok(Selected {
                 provider: Box::new(provider),
                 no_key,
                 scripted: None,
             })
+        }
+    }
+}
+
+/// `--stream` with `--providers`: every route streams (`"stream": true`), whatever the
+/// file says. A file that is not the expected shape is left to the router to refuse.
+fn stream_every_route(config: &mut serde_json::Value) {
+    let routes = config
+        .get_mut("routes")
+        .and_then(serde_json::Value::as_array_mut);
+    for route in routes.into_iter().flatten() {
+        if let Some(route) = route.as_object_mut() {
+            route.insert("stream".into(), serde_json::Value::Bool(true));
         }
     }
 }
