@@ -11,8 +11,8 @@ use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use aplc_runtime::Redactor;
-use aplc_vm::{Event, EventKind};
 use aplc_vm::text::escape_control;
+use aplc_vm::{Event, EventKind};
 
 use crate::Failure;
 use crate::progress::Progress;

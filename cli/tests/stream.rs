@@ -109,12 +109,21 @@ fn stream_answer(
         out,
         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     )?;
-    chunk(out, base(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}}])))?;
+    chunk(
+        out,
+        base(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}}])),
+    )?;
     for (i, piece) in pieces.iter().enumerate() {
-        chunk(out, base(json!([{"index": 0, "delta": {"content": piece}}])))?;
+        chunk(
+            out,
+            base(json!([{"index": 0, "delta": {"content": piece}}])),
+        )?;
         wait(i);
     }
-    chunk(out, base(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])))?;
+    chunk(
+        out,
+        base(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}])),
+    )?;
     let mut last = base(json!([]));
     last["usage"] = usage();
     chunk(out, last)?;
@@ -184,11 +193,19 @@ fn stream_prints_each_calls_text_as_it_arrives() {
     let agent = agent_file(&dir);
     let (open, gate): (Sender<()>, Receiver<()>) = channel();
     let model = Model::start(Some(gate));
-    let mut child = aplc(&["run", &agent, "--base-url", &model.url, "--api-key", "k", "--stream"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("aplc starts");
+    let mut child = aplc(&[
+        "run",
+        &agent,
+        "--base-url",
+        &model.url,
+        "--api-key",
+        "k",
+        "--stream",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("aplc starts");
     let mut stdout = child.stdout.take().expect("stdout");
     // The first piece is on stdout while the server still holds back the rest.
     let mut seen = Vec::new();
@@ -204,7 +221,10 @@ fn stream_prints_each_calls_text_as_it_arrives() {
     stdout.read_to_end(&mut seen).expect("the rest of stdout");
     let status = child.wait().expect("aplc ends");
     let mut stderr = String::new();
-    let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut stderr));
+    let _ = child
+        .stderr
+        .take()
+        .map(|mut e| e.read_to_string(&mut stderr));
     assert!(status.success(), "{stderr}");
     assert_eq!(
         *model.gate_opened.lock().unwrap(),
@@ -212,7 +232,10 @@ fn stream_prints_each_calls_text_as_it_arrives() {
         "the first piece reached stdout before the rest was sent"
     );
     // Each call's text, then a newline; the final `result_text` is not repeated.
-    assert_eq!(String::from_utf8_lossy(&seen), "Hello, world\nSecond answer\n");
+    assert_eq!(
+        String::from_utf8_lossy(&seen),
+        "Hello, world\nSecond answer\n"
+    );
     assert_eq!(model.calls.load(Ordering::SeqCst), 2);
 }
 
@@ -221,18 +244,42 @@ fn stream_with_json_prints_the_same_final_context() {
     let dir = tempfile::tempdir().unwrap();
     let agent = agent_file(&dir);
     let model = Model::start(None);
-    let plain = run(&["run", &agent, "--base-url", &model.url, "--api-key", "k", "--json"]);
-    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let plain = run(&[
+        "run",
+        &agent,
+        "--base-url",
+        &model.url,
+        "--api-key",
+        "k",
+        "--json",
+    ]);
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
     let expected: Json = serde_json::from_slice(&plain.stdout).expect("the context");
     let events = dir.path().join("events.jsonl");
     let events_arg = events.display().to_string();
     // A fresh server: its first call answers with the first text again.
     let model = Model::start(None);
     let streamed = run(&[
-        "run", &agent, "--base-url", &model.url, "--api-key", "k", "--json", "--stream",
-        "--events", &events_arg,
+        "run",
+        &agent,
+        "--base-url",
+        &model.url,
+        "--api-key",
+        "k",
+        "--json",
+        "--stream",
+        "--events",
+        &events_arg,
     ]);
-    assert!(streamed.status.success(), "{}", String::from_utf8_lossy(&streamed.stderr));
+    assert!(
+        streamed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&streamed.stderr)
+    );
     let out = String::from_utf8_lossy(&streamed.stdout);
     let json = out
         .strip_prefix("Hello, world\nSecond answer\n")
@@ -243,7 +290,11 @@ fn stream_with_json_prints_the_same_final_context() {
     let lines = std::fs::read_to_string(&events).expect("events");
     assert_eq!(lines.matches("\"type\":\"provider_delta\"").count(), 4);
     let trace = run(&["trace", &events_arg]);
-    assert!(trace.status.success(), "{}", String::from_utf8_lossy(&trace.stderr));
+    assert!(
+        trace.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trace.stderr)
+    );
     assert!(String::from_utf8_lossy(&trace.stdout).contains("provider calls  2 (0 failed)"));
 }
 
@@ -253,7 +304,13 @@ fn stream_with_mock_sends_each_answer_whole() {
     let agent = agent_file(&dir);
     let mock = dir.path().join("mock.json");
     std::fs::write(&mock, r#"["one", "two"]"#).unwrap();
-    let o = run(&["run", &agent, "--mock", &mock.display().to_string(), "--stream"]);
+    let o = run(&[
+        "run",
+        &agent,
+        "--mock",
+        &mock.display().to_string(),
+        "--stream",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "one\ntwo\n");
 }

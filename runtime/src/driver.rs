@@ -356,8 +356,8 @@ async fn drive(
     let clock = RunClock::start(&machine, Duration::ZERO);
     let mut relay = listener.as_ref().map(|_| DeltaRelay::new(&clock));
     let deliver = |machine: &mut Machine,
-                       listener: &mut Option<Listener<'_>>,
-                       relay: &mut Option<DeltaRelay>| {
+                   listener: &mut Option<Listener<'_>>,
+                   relay: &mut Option<DeltaRelay>| {
         if let (Some(listener), Some(relay)) = (listener.as_mut(), relay.as_mut()) {
             machine.drain_events().for_each(|event| {
                 relay.saw(&event);

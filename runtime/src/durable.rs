@@ -317,7 +317,9 @@ pub async fn start(
         listener,
         relay: None,
     };
-    let outcome = run.drive(machine, journal, Duration::ZERO, None, None).await?;
+    let outcome = run
+        .drive(machine, journal, Duration::ZERO, None, None)
+        .await?;
     Ok(Finished {
         program,
         outcome,
@@ -392,7 +394,13 @@ impl Reopened<'_> {
             relay: None,
         };
         let outcome = live
-            .drive(self.machine, self.journal, self.at, self.pending, self.last_event)
+            .drive(
+                self.machine,
+                self.journal,
+                self.at,
+                self.pending,
+                self.last_event,
+            )
             .await?;
         Ok(Finished {
             program: self.program,

@@ -459,7 +459,9 @@ fn streaming(server: &Server) -> AnthropicProvider {
 }
 
 /// Calls `provider` with a delta sink: the result and the deltas it sent.
-async fn call_streamed(provider: &AnthropicProvider) -> (Result<Completion, ProviderError>, Vec<String>) {
+async fn call_streamed(
+    provider: &AnthropicProvider,
+) -> (Result<Completion, ProviderError>, Vec<String>) {
     let (sink, mut receiver) = DeltaSink::channel(1024);
     let context = CallContext::new(deadline()).with_deltas(sink);
     let result = Provider::complete(provider, &hello(), &context).await;
@@ -478,7 +480,10 @@ async fn a_streamed_run_ends_with_the_same_context_and_relays_its_deltas() {
     let body = sse_body(&streamed_events());
     let server = Server::start(vec![Reply::stream(&body, 7)]).await;
     let (streamed, events) = support::run_agent(&streaming(&server), Duration::from_secs(10)).await;
-    assert_eq!(support::final_context(&streamed), support::final_context(&whole));
+    assert_eq!(
+        support::final_context(&streamed),
+        support::final_context(&whole)
+    );
     assert_eq!(
         support::streamed_texts(&events),
         ["Let me add those: one moment."]
@@ -491,8 +496,8 @@ async fn a_streamed_call_assembles_the_whole_message() {
     let server = Server::start(vec![Reply::stream(&sse_body(&streamed_events()), 3)]).await;
     let (result, deltas) = call_streamed(&streaming(&server)).await;
     let completion = result.expect("the stream assembles");
-    let expected = aplc_vm::wire::anthropic::decode_response(whole_message().to_string().as_bytes())
-        .unwrap();
+    let expected =
+        aplc_vm::wire::anthropic::decode_response(whole_message().to_string().as_bytes()).unwrap();
     assert_eq!(completion, expected);
     assert_eq!(completion.finish_reason, Some(FinishReason::ToolCalls));
     assert_eq!(deltas.len(), 6);
@@ -528,7 +533,12 @@ async fn mid_stream_faults_are_final() {
     let (result, deltas) = call_streamed(&streaming(&server)).await;
     let e = result.expect_err("the stream broke off");
     assert_eq!(e.kind, ProviderErrorKind::Transport, "{}", e.message);
-    assert!(e.message.contains("not retried: its text had begun to stream"), "{}", e.message);
+    assert!(
+        e.message
+            .contains("not retried: its text had begun to stream"),
+        "{}",
+        e.message
+    );
     assert!(!e.message.contains(KEY));
     assert_eq!(deltas, ["Let m", "e add"]);
     assert_eq!(server.requests().len(), 1);
@@ -536,31 +546,65 @@ async fn mid_stream_faults_are_final() {
     let mut cut = events[..5].to_vec();
     cut.push(json!({"type": "error", "error": {"type": "api_error", "message": "boom"}}));
     let server = Server::start(vec![Reply::stream(&sse_body(&cut), 64)]).await;
-    let e = call_streamed(&streaming(&server)).await.0.expect_err("an error event");
+    let e = call_streamed(&streaming(&server))
+        .await
+        .0
+        .expect_err("an error event");
     assert_eq!(e.kind, ProviderErrorKind::Server);
     assert!(
-        e.message.starts_with("HTTP 200 OK: the stream reported an error: api_error: boom"),
+        e.message
+            .starts_with("HTTP 200 OK: the stream reported an error: api_error: boom"),
         "{}",
         e.message
     );
     assert_eq!(server.requests().len(), 1);
     // A malformed event, and a stream without `message_stop`.
-    let body = format!("{}event: content_block_delta\ndata: {{oops\n\n", sse_body(&events[..4]));
+    let body = format!(
+        "{}event: content_block_delta\ndata: {{oops\n\n",
+        sse_body(&events[..4])
+    );
     let server = Server::start(vec![Reply::stream(&body, 64)]).await;
-    let e = call_streamed(&streaming(&server)).await.0.expect_err("malformed");
+    let e = call_streamed(&streaming(&server))
+        .await
+        .0
+        .expect_err("malformed");
     assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
-    assert!(e.message.contains("an event of the stream is not JSON"), "{}", e.message);
-    let server = Server::start(vec![Reply::stream(&sse_body(&events[..events.len() - 1]), 64)]).await;
-    let e = call_streamed(&streaming(&server)).await.0.expect_err("no message_stop");
+    assert!(
+        e.message.contains("an event of the stream is not JSON"),
+        "{}",
+        e.message
+    );
+    let server = Server::start(vec![Reply::stream(
+        &sse_body(&events[..events.len() - 1]),
+        64,
+    )])
+    .await;
+    let e = call_streamed(&streaming(&server))
+        .await
+        .0
+        .expect_err("no message_stop");
     assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
-    assert!(e.message.contains("the stream ended before `message_stop`"), "{}", e.message);
+    assert!(
+        e.message.contains("the stream ended before `message_stop`"),
+        "{}",
+        e.message
+    );
     // A stall, bounded by the run's timeout; the machine never sees the partial text.
-    let server =
-        Server::start(vec![Reply::stream_then(&sse_body(&events[..5]), 64, StreamEnd::Hang)]).await;
+    let server = Server::start(vec![Reply::stream_then(
+        &sse_body(&events[..5]),
+        64,
+        StreamEnd::Hang,
+    )])
+    .await;
     let (outcome, run_events) =
         support::run_agent(&streaming(&server), Duration::from_millis(400)).await;
     let error = outcome.error.as_ref().expect("the run timed out");
-    assert_eq!(error.kind, aplc_vm::RunErrorKind::Timeout, "{}", error.message);
+    assert_eq!(
+        error.kind,
+        aplc_vm::RunErrorKind::Timeout,
+        "{}",
+        error.message
+    );
     assert_eq!(support::streamed_texts(&run_events), ["Let me add"]);
     assert_eq!(outcome.result_text(), "");
 }

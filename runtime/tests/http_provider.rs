@@ -839,7 +839,10 @@ fn streamed_answer() -> String {
         json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "model": "gpt-stream",
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     };
-    let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), Json::Null)];
+    let mut chunks = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Json::Null,
+    )];
     let text: Vec<char> = "Let me add those: one moment.".chars().collect();
     for piece in text.chunks(5) {
         let piece: String = piece.iter().collect();
@@ -870,10 +873,7 @@ fn streamed_answer() -> String {
 
 /// The first `n` events of [`streamed_answer`] (each ends in a blank line).
 fn streamed_prefix(n: usize) -> String {
-    streamed_answer()
-        .split_inclusive("\n\n")
-        .take(n)
-        .collect()
+    streamed_answer().split_inclusive("\n\n").take(n).collect()
 }
 
 /// Calls `provider` with a delta sink: the result and the deltas it sent.
@@ -903,7 +903,10 @@ async fn a_streamed_run_ends_with_the_same_context_and_relays_its_deltas() {
     // Pieces of 7 bytes: events, lines and JSON split across HTTP chunks.
     let server = Server::start(vec![Reply::stream(&streamed_answer(), 7)]).await;
     let (streamed, events) = support::run_agent(&streaming(&server), Duration::from_secs(10)).await;
-    assert_eq!(support::final_context(&streamed), support::final_context(&whole));
+    assert_eq!(
+        support::final_context(&streamed),
+        support::final_context(&whole)
+    );
     assert_eq!(
         support::streamed_texts(&events),
         ["Let me add those: one moment."]
@@ -964,8 +967,18 @@ async fn a_stream_dropped_after_a_delta_fails_without_a_retry() {
     let (result, deltas) = call_streamed(&provider, &request(json!({}))).await;
     let e = result.expect_err("the stream broke off");
     assert_eq!(e.kind, ProviderErrorKind::Transport, "{}", e.message);
-    assert!(e.message.starts_with("HTTP 200 OK: the stream broke off after"), "{}", e.message);
-    assert!(e.message.contains("not retried: its text had begun to stream"), "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("HTTP 200 OK: the stream broke off after"),
+        "{}",
+        e.message
+    );
+    assert!(
+        e.message
+            .contains("not retried: its text had begun to stream"),
+        "{}",
+        e.message
+    );
     assert!(!e.message.contains(KEY));
     assert_eq!(deltas, ["Let m", "e add"]);
     assert_eq!(server.requests().len(), 1);
@@ -979,7 +992,8 @@ async fn a_malformed_chunk_is_an_invalid_response() {
     let e = result.expect_err("a malformed chunk");
     assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
     assert!(
-        e.message.starts_with("HTTP 200 OK: invalid provider response: chunk 2 is not JSON"),
+        e.message
+            .starts_with("HTTP 200 OK: invalid provider response: chunk 2 is not JSON"),
         "{}",
         e.message
     );
@@ -990,7 +1004,11 @@ async fn a_malformed_chunk_is_an_invalid_response() {
     let (result, _) = call_streamed(&streaming(&server), &request(json!({}))).await;
     let e = result.expect_err("no [DONE]");
     assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
-    assert!(e.message.contains("the stream ended before `data: [DONE]`"), "{}", e.message);
+    assert!(
+        e.message.contains("the stream ended before `data: [DONE]`"),
+        "{}",
+        e.message
+    );
 }
 
 #[tokio::test]
@@ -1000,14 +1018,18 @@ async fn a_stalled_stream_times_out_without_a_retry() {
         Reply::stream(&streamed_answer(), 64),
     ])
     .await;
-    let provider =
-        OpenAiProvider::new(config(&server).stream(true).request_timeout(Duration::from_millis(300)))
-            .unwrap();
+    let provider = OpenAiProvider::new(
+        config(&server)
+            .stream(true)
+            .request_timeout(Duration::from_millis(300)),
+    )
+    .unwrap();
     let (result, deltas) = call_streamed(&provider, &request(json!({}))).await;
     let e = result.expect_err("the stream stalled");
     assert_eq!(e.kind, ProviderErrorKind::Timeout);
     assert!(
-        e.message.starts_with("the stream did not end within the request timeout of 300 ms"),
+        e.message
+            .starts_with("the stream did not end within the request timeout of 300 ms"),
         "{}",
         e.message
     );
@@ -1017,22 +1039,42 @@ async fn a_stalled_stream_times_out_without_a_retry() {
 
 #[tokio::test]
 async fn a_stall_is_bounded_by_the_run_timeout_and_no_partial_text_reaches_the_context() {
-    let server = Server::start(vec![Reply::stream_then(&streamed_prefix(3), 64, StreamEnd::Hang)]).await;
+    let server = Server::start(vec![Reply::stream_then(
+        &streamed_prefix(3),
+        64,
+        StreamEnd::Hang,
+    )])
+    .await;
     let (outcome, events) =
         support::run_agent(&streaming(&server), Duration::from_millis(400)).await;
     let error = outcome.error.as_ref().expect("the run timed out");
-    assert_eq!(error.kind, aplc_vm::RunErrorKind::Timeout, "{}", error.message);
+    assert_eq!(
+        error.kind,
+        aplc_vm::RunErrorKind::Timeout,
+        "{}",
+        error.message
+    );
     assert_eq!(support::streamed_texts(&events), ["Let me add"]);
     assert_eq!(outcome.result_text(), "");
 }
 
 #[tokio::test]
 async fn a_failed_stream_leaves_an_error_and_no_text() {
-    let server = Server::start(vec![Reply::stream_then(&streamed_prefix(3), 64, StreamEnd::Drop)]).await;
+    let server = Server::start(vec![Reply::stream_then(
+        &streamed_prefix(3),
+        64,
+        StreamEnd::Drop,
+    )])
+    .await;
     let (outcome, events) = support::run_agent(&streaming(&server), Duration::from_secs(10)).await;
     assert!(outcome.error.is_none());
     assert_eq!(outcome.result_text(), "");
-    assert_eq!(outcome.last_step_errors.len(), 1, "{:?}", outcome.last_step_errors);
+    assert_eq!(
+        outcome.last_step_errors.len(),
+        1,
+        "{:?}",
+        outcome.last_step_errors
+    );
     assert!(outcome.last_step_errors[0].contains("the stream broke off"));
     assert_eq!(support::streamed_texts(&events), ["Let me add"]);
     let result = events

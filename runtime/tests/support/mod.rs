@@ -35,7 +35,10 @@ pub enum Reply {
     Close,
     /// Answers 200 with a chunked `text/event-stream` body: each piece is one HTTP
     /// chunk, written and flushed in turn; then ends as `end` says.
-    Stream { pieces: Vec<Vec<u8>>, end: StreamEnd },
+    Stream {
+        pieces: Vec<Vec<u8>>,
+        end: StreamEnd,
+    },
 }
 
 /// How a [`Reply::Stream`] ends.
@@ -87,7 +90,11 @@ impl Reply {
     /// [`Reply::stream`], ending as `end` says.
     pub fn stream_then(body: &str, size: usize, end: StreamEnd) -> Reply {
         Reply::Stream {
-            pieces: body.as_bytes().chunks(size.max(1)).map(<[u8]>::to_vec).collect(),
+            pieces: body
+                .as_bytes()
+                .chunks(size.max(1))
+                .map(<[u8]>::to_vec)
+                .collect(),
             end,
         }
     }
@@ -202,7 +209,9 @@ async fn serve(
             let out = stream.get_mut();
             let _ = out.write_all(head.as_bytes()).await;
             for piece in pieces.iter().filter(|p| !p.is_empty()) {
-                let _ = out.write_all(format!("{:x}\r\n", piece.len()).as_bytes()).await;
+                let _ = out
+                    .write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+                    .await;
                 let _ = out.write_all(piece).await;
                 let _ = out.write_all(b"\r\n").await;
                 let _ = out.flush().await;

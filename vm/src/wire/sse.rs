@@ -102,8 +102,8 @@ impl SseDecoder {
     }
 
     fn line_ended(&mut self, line: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
-        let mut line = std::str::from_utf8(line)
-            .map_err(|_| "the event stream is not UTF-8".to_owned())?;
+        let mut line =
+            std::str::from_utf8(line).map_err(|_| "the event stream is not UTF-8".to_owned())?;
         if std::mem::take(&mut self.first_line) {
             line = line.strip_prefix('\u{feff}').unwrap_or(line);
         }
@@ -207,9 +207,17 @@ mod tests {
     #[test]
     fn limits_and_bad_bytes_are_errors() {
         let long = format!("data: {}\n\n", "x".repeat(100));
-        assert!(decode_cut(long.as_bytes(), &[10, 50]).unwrap_err().contains("longer than 64"));
+        assert!(
+            decode_cut(long.as_bytes(), &[10, 50])
+                .unwrap_err()
+                .contains("longer than 64")
+        );
         let many = "data: 0123456789\n".repeat(8);
-        assert!(decode_cut(many.as_bytes(), &[]).unwrap_err().contains("an event"));
+        assert!(
+            decode_cut(many.as_bytes(), &[])
+                .unwrap_err()
+                .contains("an event")
+        );
         // An endless line without a line end is refused at the limit, whatever the chunks.
         let mut decoder = SseDecoder::new(64);
         let mut out = Vec::new();

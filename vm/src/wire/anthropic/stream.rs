@@ -261,9 +261,7 @@ impl StreamAssembler for EventAssembler {
             self.dispatch(&mut Vec::new())?;
         }
         if !self.done {
-            return Err(invalid(
-                "the stream ended before `message_stop`".to_owned(),
-            ));
+            return Err(invalid("the stream ended before `message_stop`".to_owned()));
         }
         self.completion().map_err(invalid)
     }
@@ -276,7 +274,10 @@ fn invalid(message: String) -> ProviderError {
 /// An event's `index`.
 fn index(data: &Map<String, Json>) -> Result<u64, String> {
     data.get("index").and_then(Json::as_u64).ok_or_else(|| {
-        let event = data.get("type").and_then(Json::as_str).unwrap_or("an event");
+        let event = data
+            .get("type")
+            .and_then(Json::as_str)
+            .unwrap_or("an event");
         format!("a `{event}` event has no `index`")
     })
 }
@@ -308,7 +309,10 @@ fn clip(text: &str, max: usize) -> String {
 pub fn sse_body(events: &[Json]) -> String {
     let mut body = String::new();
     for event in events {
-        let name = event.get("type").and_then(Json::as_str).unwrap_or("message");
+        let name = event
+            .get("type")
+            .and_then(Json::as_str)
+            .unwrap_or("message");
         body.push_str(&format!("event: {name}\ndata: {event}\n\n"));
     }
     body
@@ -427,10 +431,17 @@ mod tests {
         assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
         assert_eq!(e.message, "the stream ended before `message_stop`");
         // A malformed event.
-        let body = format!("{}event: content_block_delta\ndata: {{\"type\n\n", sse_body(&events[..3]));
+        let body = format!(
+            "{}event: content_block_delta\ndata: {{\"type\n\n",
+            sse_body(&events[..3])
+        );
         let e = assemble(&body, 1000).1.unwrap_err();
         assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
-        assert!(e.message.starts_with("an event of the stream is not JSON"), "{}", e.message);
+        assert!(
+            e.message.starts_with("an event of the stream is not JSON"),
+            "{}",
+            e.message
+        );
         // An error event.
         let body = sse_body(&[
             events[0].clone(),
@@ -438,10 +449,19 @@ mod tests {
         ]);
         let e = assemble(&body, 1000).1.unwrap_err();
         assert_eq!(e.kind, ProviderErrorKind::Server);
-        assert_eq!(e.message, "the stream reported an error: overloaded_error: Overloaded");
+        assert_eq!(
+            e.message,
+            "the stream reported an error: overloaded_error: Overloaded"
+        );
         // A delta for a block that never started.
         let body = sse_body(&[events[0].clone(), events[4].clone()]);
-        assert!(assemble(&body, 1000).1.unwrap_err().message.contains("never started"));
+        assert!(
+            assemble(&body, 1000)
+                .1
+                .unwrap_err()
+                .message
+                .contains("never started")
+        );
     }
 
     #[test]

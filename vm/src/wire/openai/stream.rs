@@ -361,11 +361,26 @@ mod tests {
             c
         };
         let body = sse(&[
-            chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}}]), Json::Null),
-            chunk(json!([{"index": 0, "delta": {"content": "Hel"}}]), Json::Null),
-            chunk(json!([{"index": 0, "delta": {"content": "lo é"}}]), Json::Null),
-            chunk(json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]), Json::Null),
-            chunk(json!([]), json!({"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7})),
+            chunk(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": ""}}]),
+                Json::Null,
+            ),
+            chunk(
+                json!([{"index": 0, "delta": {"content": "Hel"}}]),
+                Json::Null,
+            ),
+            chunk(
+                json!([{"index": 0, "delta": {"content": "lo é"}}]),
+                Json::Null,
+            ),
+            chunk(
+                json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+                Json::Null,
+            ),
+            chunk(
+                json!([]),
+                json!({"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}),
+            ),
         ]);
         let whole = json!({
             "id": "c1", "object": "chat.completion", "model": "gpt-x",
@@ -425,7 +440,12 @@ mod tests {
         let (_, e) = assemble(&format!("data: {text}\n\ndata: {{\"choices\": [\n\n"), 1000);
         let e = e.unwrap_err();
         assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
-        assert!(e.message.starts_with("invalid provider response: chunk 1 is not JSON"), "{}", e.message);
+        assert!(
+            e.message
+                .starts_with("invalid provider response: chunk 1 is not JSON"),
+            "{}",
+            e.message
+        );
         // An error object.
         let (_, e) = assemble("data: {\"error\": {\"message\": \"overloaded\"}}\n\n", 1000);
         let e = e.unwrap_err();
@@ -433,7 +453,9 @@ mod tests {
         assert_eq!(e.message, "the stream reported an error: overloaded");
         // A tool call without a name fails as in a whole response.
         let (_, e) = assemble(
-            &sse(&[json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]})]),
+            &sse(&[
+                json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]}),
+            ]),
             1000,
         );
         assert_eq!(
@@ -441,13 +463,23 @@ mod tests {
             "invalid provider response: tool call 0 has no `function.name`"
         );
         // Wrong types.
-        let (_, e) = assemble(&sse(&[json!({"choices": [{"delta": {"content": 3}}]})]), 1000);
-        assert!(e.unwrap_err().message.contains("`delta.content` of chunk 0"));
+        let (_, e) = assemble(
+            &sse(&[json!({"choices": [{"delta": {"content": 3}}]})]),
+            1000,
+        );
+        assert!(
+            e.unwrap_err()
+                .message
+                .contains("`delta.content` of chunk 0")
+        );
     }
 
     #[test]
     fn data_after_done_is_ignored() {
-        let body = format!("{}data: not json\n\n", sse(&[json!({"choices": [{"delta": {"content": "a"}}]})]));
+        let body = format!(
+            "{}data: not json\n\n",
+            sse(&[json!({"choices": [{"delta": {"content": "a"}}]})])
+        );
         let (_, completion) = assemble(&body, 4);
         assert_eq!(completion.unwrap().content, vec![Part::Text("a".into())]);
     }
