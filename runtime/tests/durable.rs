@@ -13,7 +13,8 @@ use aplc_runtime::durable::{self, DurableOptions, INTERRUPTED_TOOL};
 use aplc_runtime::store::{self, RunStore, StoreError, StoreUrl};
 use aplc_vm::tools::ToolSpec;
 use aplc_vm::{
-    Completion, Content, Part, Program, ProviderError, ProviderRequest, Role, RunOptions, ToolCall,
+    Completion, Content, Event, EventKind, Part, Program, ProviderError, ProviderRequest, Role,
+    RunOptions, ToolCall,
 };
 use serde_json::{Value as Json, json};
 
@@ -51,7 +52,8 @@ fn options() -> RunOptions {
 
 /// Answers each request with a call of `count` for the turn its user message names.
 /// Counts the calls it answers; with `hang_at = Some(n)`, the n-th call (from 0) never
-/// answers, so the test can drop the run there.
+/// answers, so the test can drop the run there. Given a delta sink, it streams its text
+/// first (a call that hangs streams, then hangs).
 struct Model {
     calls: AtomicU64,
     hang_at: Option<u64>,
@@ -61,13 +63,10 @@ impl Provider for Model {
     fn complete<'a>(
         &'a self,
         request: &'a ProviderRequest,
-        _call: &'a CallContext,
+        call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(async move {
             let n = self.calls.fetch_add(1, Ordering::SeqCst);
-            if self.hang_at == Some(n) {
-                std::future::pending::<()>().await;
-            }
             let turn = request
                 .messages
                 .iter()
@@ -83,6 +82,12 @@ impl Provider for Model {
                 .filter_map(|t| t.split_whitespace().next()?.parse::<u64>().ok())
                 .next_back()
                 .unwrap_or(0);
+            if let Some(sink) = &call.deltas {
+                sink.send(format!("turn {turn}")).await;
+            }
+            if self.hang_at == Some(n) {
+                std::future::pending::<()>().await;
+            }
             let mut completion = Completion::text(format!("turn {turn}"));
             completion.tool_calls = vec![ToolCall::new(
                 format!("call-{turn}"),
@@ -381,4 +386,91 @@ async fn one_writer_finished_runs_and_mismatches() {
         ),
         "{again:?}"
     );
+}
+
+/// Streamed text reaches a durable run's listener as `provider_delta` events, also for
+/// the call in flight at a crash, and is never journaled: the stored events are the
+/// machine's alone, numbered without gaps.
+#[tokio::test(flavor = "current_thread")]
+async fn deltas_reach_the_listener_and_are_never_journaled() {
+    let store = sqlite("deltas").await;
+    let id = "deltas".to_owned();
+    let executions = Arc::new(AtomicU64::new(0));
+    let tools = toolbox(executions, None, false);
+    let cfg = config(1);
+    let hanging = Model {
+        calls: AtomicU64::new(0),
+        hang_at: Some(2),
+    };
+    let mut before = Vec::new();
+    let mut listener = |e: &Event| before.push(e.clone());
+    let run = durable::start(
+        store.as_ref(),
+        durable::NewDurableRun {
+            id: id.clone(),
+            program: program(),
+            options: options(),
+        },
+        &hanging,
+        &tools,
+        Some(&mut listener),
+        &cfg,
+    );
+    let dropped = tokio::time::timeout(Duration::from_millis(300), run).await;
+    assert!(dropped.is_err(), "the run should hang at call 2");
+    let deltas = |events: &[Event]| -> Vec<(u64, String)> {
+        events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::ProviderDelta { text, index, .. } => {
+                    assert_eq!(*index, 0);
+                    Some((e.seq, text.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let calls = |events: &[Event]| -> Vec<u64> {
+        events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ProviderCall { .. }))
+            .map(|e| e.seq)
+            .collect()
+    };
+    let streamed = deltas(&before);
+    let texts: Vec<&str> = streamed.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(texts, ["turn 1", "turn 2", "turn 3"]);
+    let seqs: Vec<u64> = streamed.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, calls(&before));
+
+    let model = Model {
+        calls: AtomicU64::new(0),
+        hang_at: None,
+    };
+    let mut after = Vec::new();
+    let mut listener = |e: &Event| after.push(e.clone());
+    let finished = durable::resume(
+        store.as_ref(),
+        &id,
+        None,
+        &model,
+        &tools,
+        Some(&mut listener),
+        &cfg,
+    )
+    .await
+    .expect("resume");
+    assert!(finished.outcome.error.is_none());
+    // The call in flight is asked again; its delta carries its `provider_call`'s seq,
+    // which this listener never saw (it was journaled before the crash).
+    let resumed = deltas(&after);
+    assert_eq!(resumed[0], (*calls(&before).last().unwrap(), "turn 3".to_owned()));
+    assert_eq!(resumed.len() as u64, TURNS - 2);
+
+    let stored = store.events(&id, 0, 10_000).await.expect("events");
+    for (n, line) in stored.iter().enumerate() {
+        let event: Json = serde_json::from_str(line).unwrap();
+        assert_ne!(event["type"], "provider_delta", "{line}");
+        assert_eq!(event["seq"], json!(n), "{line}");
+    }
 }
