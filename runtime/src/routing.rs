@@ -769,6 +769,10 @@ mod tests {
                 "expected `anthropic_version` to be a string, found a number",
             ),
             (
+                r#"{"model": "*", "kind": "anthropic", "stream": "yes"}"#,
+                "expected `stream` to be true or false, found a string",
+            ),
+            (
                 r#"{"model": "*", "kind": "anthropic", "max_retries": 11}"#,
                 "expected `max_retries` to be an integer from 0 to 10, found 11",
             ),

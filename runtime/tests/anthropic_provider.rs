@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use aplc_runtime::anthropic::{AnthropicConfig, AnthropicProvider};
 use aplc_runtime::driver::{CallContext, DeltaSink, Provider};
-use aplc_vm::wire::anthropic::sse_body;
 use aplc_vm::{
     Completion, Content, FinishReason, Message, Part, ProviderError, ProviderErrorKind,
     ProviderRequest, Role, ToolCall, ToolDefinition,
@@ -451,7 +450,7 @@ fn whole_message() -> Json {
 /// The same message as the API streams it: text in pieces of 5 characters, the input
 /// JSON in pieces of 5.
 fn streamed_events() -> Vec<Json> {
-    aplc_vm::wire::anthropic::events_of(&whole_message(), 5)
+    events_of(&whole_message(), 5)
 }
 
 fn streaming(server: &Server) -> AnthropicProvider {
@@ -607,4 +606,72 @@ async fn mid_stream_faults_are_final() {
     );
     assert_eq!(support::streamed_texts(&run_events), ["Let me add"]);
     assert_eq!(outcome.result_text(), "");
+}
+
+/// A stream of `events`: one `event:`/`data:` pair each.
+fn sse_body(events: &[Json]) -> String {
+    let mut body = String::new();
+    for event in events {
+        let name = event
+            .get("type")
+            .and_then(Json::as_str)
+            .unwrap_or("message");
+        body.push_str(&format!("event: {name}\ndata: {event}\n\n"));
+    }
+    body
+}
+
+/// The events of a stream whose message is `message` (a whole Messages API response),
+/// split as the API splits it: text in pieces of `piece` characters, tool input JSON
+/// likewise.
+fn events_of(message: &Json, piece: usize) -> Vec<Json> {
+    let piece = piece.max(1);
+    let mut start = message.clone();
+    start["content"] = json!([]);
+    start["stop_reason"] = Json::Null;
+    let usage = message.get("usage").cloned().unwrap_or(Json::Null);
+    start["usage"] = json!({
+        "input_tokens": usage.get("input_tokens").cloned().unwrap_or(Json::Null),
+        "output_tokens": 1,
+    });
+    let mut events = vec![json!({"type": "message_start", "message": start})];
+    let empty = Vec::new();
+    let blocks = message
+        .get("content")
+        .and_then(Json::as_array)
+        .unwrap_or(&empty);
+    let pieces = |text: &str| -> Vec<String> {
+        let chars: Vec<char> = text.chars().collect();
+        chars.chunks(piece).map(|c| c.iter().collect()).collect()
+    };
+    for (index, block) in blocks.iter().enumerate() {
+        match block.get("type").and_then(Json::as_str) {
+            Some("text") => {
+                events.push(json!({"type": "content_block_start", "index": index,
+                    "content_block": {"type": "text", "text": ""}}));
+                events.push(json!({"type": "ping"}));
+                for text in pieces(block["text"].as_str().unwrap_or_default()) {
+                    events.push(json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "text_delta", "text": text}}));
+                }
+            }
+            Some("tool_use") => {
+                events.push(json!({"type": "content_block_start", "index": index,
+                    "content_block": {"type": "tool_use", "id": block["id"],
+                                      "name": block["name"], "input": {}}}));
+                for json in pieces(&block["input"].to_string()) {
+                    events.push(json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": json}}));
+                }
+            }
+            _ => events.push(json!({"type": "content_block_start", "index": index,
+                "content_block": block})),
+        }
+        events.push(json!({"type": "content_block_stop", "index": index}));
+    }
+    events.push(json!({"type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": Json::Null},
+        "usage": {"output_tokens": usage.get("output_tokens").cloned().unwrap_or(Json::Null)}}));
+    events.push(json!({"type": "message_stop"}));
+    events
 }

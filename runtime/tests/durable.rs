@@ -464,7 +464,10 @@ async fn deltas_reach_the_listener_and_are_never_journaled() {
     // The call in flight is asked again; its delta carries its `provider_call`'s seq,
     // which this listener never saw (it was journaled before the crash).
     let resumed = deltas(&after);
-    assert_eq!(resumed[0], (*calls(&before).last().unwrap(), "turn 3".to_owned()));
+    assert_eq!(
+        resumed[0],
+        (*calls(&before).last().unwrap(), "turn 3".to_owned())
+    );
     assert_eq!(resumed.len() as u64, TURNS - 2);
 
     let stored = store.events(&id, 0, 10_000).await.expect("events");

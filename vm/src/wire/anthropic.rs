@@ -379,8 +379,6 @@ fn usage(usage: &Map<String, Json>) -> Usage {
 
 mod stream;
 pub use stream::EventAssembler;
-#[doc(hidden)]
-pub use stream::{events_of, sse_body};
 
 #[cfg(test)]
 mod tests {

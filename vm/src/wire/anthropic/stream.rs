@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Map, Value as Json};
 
 use super::{content_block, error_message, finish_reason, usage};
 use crate::exchange::{Completion, ProviderError, ProviderErrorKind};
@@ -303,81 +303,81 @@ fn clip(text: &str, max: usize) -> String {
     }
 }
 
-/// `{"type": "message_start", …}` and the rest of a stream, for tests here and in the
-/// runtime's: one `event:`/`data:` pair per event.
-#[doc(hidden)]
-pub fn sse_body(events: &[Json]) -> String {
-    let mut body = String::new();
-    for event in events {
-        let name = event
-            .get("type")
-            .and_then(Json::as_str)
-            .unwrap_or("message");
-        body.push_str(&format!("event: {name}\ndata: {event}\n\n"));
-    }
-    body
-}
-
-/// The events of a stream whose message is `message` (a whole Messages API response),
-/// split as the API splits it: text in pieces of `piece` characters, tool input JSON
-/// likewise. For tests.
-#[doc(hidden)]
-pub fn events_of(message: &Json, piece: usize) -> Vec<Json> {
-    let piece = piece.max(1);
-    let mut start = message.clone();
-    start["content"] = json!([]);
-    start["stop_reason"] = Json::Null;
-    let usage = message.get("usage").cloned().unwrap_or(Json::Null);
-    start["usage"] = json!({
-        "input_tokens": usage.get("input_tokens").cloned().unwrap_or(Json::Null),
-        "output_tokens": 1,
-    });
-    let mut events = vec![json!({"type": "message_start", "message": start})];
-    let empty = Vec::new();
-    let blocks = message
-        .get("content")
-        .and_then(Json::as_array)
-        .unwrap_or(&empty);
-    let pieces = |text: &str| -> Vec<String> {
-        let chars: Vec<char> = text.chars().collect();
-        chars.chunks(piece).map(|c| c.iter().collect()).collect()
-    };
-    for (index, block) in blocks.iter().enumerate() {
-        match block.get("type").and_then(Json::as_str) {
-            Some("text") => {
-                events.push(json!({"type": "content_block_start", "index": index,
-                    "content_block": {"type": "text", "text": ""}}));
-                events.push(json!({"type": "ping"}));
-                for text in pieces(block["text"].as_str().unwrap_or_default()) {
-                    events.push(json!({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "text_delta", "text": text}}));
-                }
-            }
-            Some("tool_use") => {
-                events.push(json!({"type": "content_block_start", "index": index,
-                    "content_block": {"type": "tool_use", "id": block["id"],
-                                      "name": block["name"], "input": {}}}));
-                for json in pieces(&block["input"].to_string()) {
-                    events.push(json!({"type": "content_block_delta", "index": index,
-                        "delta": {"type": "input_json_delta", "partial_json": json}}));
-                }
-            }
-            _ => events.push(json!({"type": "content_block_start", "index": index,
-                "content_block": block})),
-        }
-        events.push(json!({"type": "content_block_stop", "index": index}));
-    }
-    events.push(json!({"type": "message_delta",
-        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": Json::Null},
-        "usage": {"output_tokens": usage.get("output_tokens").cloned().unwrap_or(Json::Null)}}));
-    events.push(json!({"type": "message_stop"}));
-    events
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::wire::anthropic::decode_response;
+
+    /// A stream of `events`: one `event:`/`data:` pair each (the runtime's tests have
+    /// the same helper, for their fake server).
+    fn sse_body(events: &[Json]) -> String {
+        let mut body = String::new();
+        for event in events {
+            let name = event
+                .get("type")
+                .and_then(Json::as_str)
+                .unwrap_or("message");
+            body.push_str(&format!("event: {name}\ndata: {event}\n\n"));
+        }
+        body
+    }
+
+    /// The events of a stream whose message is `message` (a whole Messages API response),
+    /// split as the API splits it: text in pieces of `piece` characters, tool input JSON
+    /// likewise.
+    fn events_of(message: &Json, piece: usize) -> Vec<Json> {
+        let piece = piece.max(1);
+        let mut start = message.clone();
+        start["content"] = json!([]);
+        start["stop_reason"] = Json::Null;
+        let usage = message.get("usage").cloned().unwrap_or(Json::Null);
+        start["usage"] = json!({
+            "input_tokens": usage.get("input_tokens").cloned().unwrap_or(Json::Null),
+            "output_tokens": 1,
+        });
+        let mut events = vec![json!({"type": "message_start", "message": start})];
+        let empty = Vec::new();
+        let blocks = message
+            .get("content")
+            .and_then(Json::as_array)
+            .unwrap_or(&empty);
+        let pieces = |text: &str| -> Vec<String> {
+            let chars: Vec<char> = text.chars().collect();
+            chars.chunks(piece).map(|c| c.iter().collect()).collect()
+        };
+        for (index, block) in blocks.iter().enumerate() {
+            match block.get("type").and_then(Json::as_str) {
+                Some("text") => {
+                    events.push(json!({"type": "content_block_start", "index": index,
+                        "content_block": {"type": "text", "text": ""}}));
+                    events.push(json!({"type": "ping"}));
+                    for text in pieces(block["text"].as_str().unwrap_or_default()) {
+                        events.push(json!({"type": "content_block_delta", "index": index,
+                            "delta": {"type": "text_delta", "text": text}}));
+                    }
+                }
+                Some("tool_use") => {
+                    events.push(json!({"type": "content_block_start", "index": index,
+                        "content_block": {"type": "tool_use", "id": block["id"],
+                                          "name": block["name"], "input": {}}}));
+                    for json in pieces(&block["input"].to_string()) {
+                        events.push(json!({"type": "content_block_delta", "index": index,
+                            "delta": {"type": "input_json_delta", "partial_json": json}}));
+                    }
+                }
+                _ => events.push(json!({"type": "content_block_start", "index": index,
+                    "content_block": block})),
+            }
+            events.push(json!({"type": "content_block_stop", "index": index}));
+        }
+        events.push(json!({"type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": Json::Null},
+            "usage": {"output_tokens": usage.get("output_tokens").cloned().unwrap_or(Json::Null)}}));
+        events.push(json!({"type": "message_stop"}));
+        events
+    }
 
     fn assemble(body: &str, step: usize) -> (Vec<String>, Result<Completion, ProviderError>) {
         let mut assembler = EventAssembler::new();
@@ -405,6 +405,19 @@ mod tests {
             "stop_reason": "tool_use", "stop_sequence": null,
             "usage": {"input_tokens": 12, "output_tokens": 30},
         })
+    }
+
+    #[test]
+    fn the_streaming_request_asks_for_a_stream() {
+        use crate::exchange::{Message, ProviderRequest, Role};
+        use crate::wire::anthropic::{encode_request, encode_streaming_request};
+        let request = ProviderRequest::new("m", vec![Message::text(Role::User, "hi")]);
+        let body: Json =
+            serde_json::from_slice(&encode_streaming_request(&request).unwrap()).unwrap();
+        let mut whole: Json = serde_json::from_slice(&encode_request(&request).unwrap()).unwrap();
+        assert!(whole.get("stream").is_none());
+        whole["stream"] = json!(true);
+        assert_eq!(body, whole);
     }
 
     #[test]

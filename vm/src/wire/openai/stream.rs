@@ -475,6 +475,23 @@ mod tests {
     }
 
     #[test]
+    fn the_streaming_request_asks_for_a_stream_with_usage() {
+        use crate::exchange::{Message, ProviderRequest, Role};
+        use crate::wire::openai::{encode_request, encode_streaming_request};
+        let request = ProviderRequest::new("m", vec![Message::text(Role::User, "hi")]);
+        let body: Json =
+            serde_json::from_slice(&encode_streaming_request(&request).unwrap()).unwrap();
+        assert_eq!(body["stream"], json!(true));
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        let whole: Json = serde_json::from_slice(&encode_request(&request).unwrap()).unwrap();
+        assert!(whole.get("stream").is_none() && whole.get("stream_options").is_none());
+        let mut whole = whole;
+        whole["stream"] = json!(true);
+        whole["stream_options"] = json!({"include_usage": true});
+        assert_eq!(body, whole, "the same body otherwise");
+    }
+
+    #[test]
     fn data_after_done_is_ignored() {
         let body = format!(
             "{}data: not json\n\n",
