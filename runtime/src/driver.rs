@@ -332,7 +332,9 @@ pub async fn run_with_tools(
 }
 
 /// [`run_with_tools`], handing every event of the run to `listener` as it happens
-/// (`options.events` is turned on). The last event is `run_finished`.
+/// (`options.events` is turned on). The last event is `run_finished`. A provider that
+/// streams gets a [`DeltaSink`] in its [`CallContext`], and its text reaches the
+/// listener as `provider_delta` events (`spec/events.md`, "Streaming deltas").
 pub async fn run_with_listener(
     program: Arc<Program>,
     mut options: RunOptions,
