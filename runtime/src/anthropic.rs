@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use aplc_vm::wire::anthropic as wire;
 use aplc_vm::{Completion, ProviderError, ProviderRequest};
+use reqwest::StatusCode;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value as Json;
 
@@ -240,22 +241,30 @@ impl AnthropicProvider {
             let body = wire::encode_streaming_request(request)
                 .map_err(|e| ProviderError::new(e.kind, self.transport.redact(e.message)))?;
             let deltas = call.deltas.as_ref();
+            let whole = |status, body: &[u8]| self.whole(status, body);
             return self
                 .transport
-                .stream(body, deadline, wire::EventAssembler::new, deltas)
+                .stream(body, deadline, wire::EventAssembler::new, &whole, deltas)
                 .await;
         }
         let body = wire::encode_request(request)
             .map_err(|e| ProviderError::new(e.kind, self.transport.redact(e.message)))?;
         let delivered = self.transport.send(body, deadline).await?;
-        wire::decode_response(&delivered.body).map_err(|e| {
+        self.whole(delivered.status, &delivered.body)
+            .map_err(|e| self.transport.invalid_response(&delivered, e.message))
+    }
+
+    /// Decodes a whole 2xx body; an error names the status and quotes the body's start
+    /// (redacted).
+    fn whole(&self, status: StatusCode, body: &[u8]) -> Result<Completion, ProviderError> {
+        wire::decode_response(body).map_err(|e| {
             let message = format!(
                 "{}: {}; it begins: {}",
-                status_text(delivered.status),
+                status_text(status),
                 e.message,
-                excerpt(&delivered.body, self.transport.redactor())
+                excerpt(body, self.transport.redactor())
             );
-            self.transport.invalid_response(&delivered, message)
+            ProviderError::new(e.kind, message)
         })
     }
 }

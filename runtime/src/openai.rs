@@ -34,7 +34,7 @@ use crate::transport::{
 use aplc_vm::text::json_kind as kind;
 use aplc_vm::wire;
 use aplc_vm::wire::openai::ChunkAssembler;
-use aplc_vm::{Completion, ProviderError, ProviderRequest};
+use aplc_vm::{Completion, ProviderError, ProviderErrorKind, ProviderRequest};
 
 /// Where requests go when no base URL is configured (§6.1 `base_url`).
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com";
@@ -231,6 +231,14 @@ impl OpenAiProvider {
             .map_err(|e| ProviderError::new(e.kind, self.redact(e.message)))
     }
 
+    /// A whole 2xx body where a stream was asked for; errors as [`Self::send`]'s (the
+    /// transport adds the trailer and redacts).
+    fn whole(&self, status: StatusCode, body: &[u8]) -> Result<Completion, ProviderError> {
+        let json = completion(status, body, self.transport.redactor())
+            .map_err(|message| ProviderError::new(ProviderErrorKind::InvalidResponse, message))?;
+        wire::openai::decode_value(&json)
+    }
+
     /// Replaces every run of a secret in `message` with `<redacted>`: a server may echo
     /// a header back in an error body, whole, cut or in another case.
     fn redact(&self, message: String) -> String {
@@ -249,9 +257,10 @@ impl Provider for OpenAiProvider {
                 let body = wire::openai::encode_streaming_request(request)
                     .map_err(|e| ProviderError::new(e.kind, self.redact(e.message)))?;
                 let deltas = call.deltas.as_ref();
+                let whole = |status, body: &[u8]| self.whole(status, body);
                 return self
                     .transport
-                    .stream(body, call.deadline, ChunkAssembler::new, deltas)
+                    .stream(body, call.deadline, ChunkAssembler::new, &whole, deltas)
                     .await;
             }
             let body = wire::openai::encode_request(request)

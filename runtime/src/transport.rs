@@ -42,6 +42,14 @@ pub(crate) const MANAGED_HEADERS: [HeaderName; 5] = [
 /// redactor given; `None` when the body has no message in the provider's shape.
 pub(crate) type ApiMessage = fn(&Json, &Redactor) -> Option<String>;
 
+/// A provider's decoder of a whole 2xx body (its status and bytes), for a streamed
+/// request that got one; its error's message should name the status.
+pub(crate) type WholeBody<'a> =
+    &'a (dyn Fn(StatusCode, &[u8]) -> Result<Completion, ProviderError> + Sync);
+
+/// The `Accept` header of a streamed request.
+const STREAM_ACCEPT: Option<HeaderValue> = Some(HeaderValue::from_static("text/event-stream"));
+
 /// How long each attempt may take and how often and how patiently to retry.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Retries {
@@ -145,17 +153,22 @@ impl Transport {
     /// Retried as [`Transport::send`] is until the first text delta arrives; after it,
     /// any failure is final (a listener has seen the text). The whole stream counts
     /// against [`MAX_BODY_BYTES`] and the request timeout, as a whole body does.
+    ///
+    /// A server that answers with a whole JSON body instead (`Content-Type:
+    /// application/json`: it does not stream) is read with `whole`, the provider's
+    /// decoder of a whole 2xx body, and its text goes out as one delta.
     pub(crate) async fn stream<A: StreamAssembler>(
         &self,
         body: Vec<u8>,
         deadline: Instant,
         assembler: impl Fn() -> A,
+        whole: WholeBody<'_>,
         deltas: Option<&DeltaSink>,
     ) -> Result<Completion, ProviderError> {
         let started = AtomicBool::new(false);
         let (completion, _) = self
             .retrying(deadline, Some(&started), || {
-                self.stream_attempt(body.clone(), assembler(), deltas, &started)
+                self.stream_attempt(body.clone(), assembler(), whole, deltas, &started)
             })
             .await?;
         Ok(completion)
@@ -255,7 +268,7 @@ impl Transport {
 
     /// One HTTP exchange: the status and body of a 2xx answer, or why there is none.
     async fn attempt(&self, body: Vec<u8>) -> Result<(StatusCode, Vec<u8>), Failure> {
-        let mut response = self.post(body).await?;
+        let mut response = self.post(body, None).await?;
         let status = response.status();
         if !status.is_success() {
             return Err(self.refused(response).await);
@@ -270,13 +283,31 @@ impl Transport {
         &self,
         body: Vec<u8>,
         mut assembler: A,
+        whole: WholeBody<'_>,
         deltas: Option<&DeltaSink>,
         started: &AtomicBool,
     ) -> Result<Completion, Failure> {
-        let mut response = self.post(body).await?;
+        let mut response = self.post(body, STREAM_ACCEPT).await?;
         let status = response.status();
         if !status.is_success() {
             return Err(self.refused(response).await);
+        }
+        let is_json = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.trim_start().starts_with("application/json"));
+        if is_json {
+            let body = read_body(&mut response).await?;
+            let completion = whole(status, &body).map_err(|e| Failure::fatal(e.kind, e.message))?;
+            let text = text_of(&completion);
+            if !text.is_empty() {
+                started.store(true, Ordering::Relaxed);
+                if let Some(sink) = deltas {
+                    sink.send(text).await;
+                }
+            }
+            return Ok(completion);
         }
         let status = status_text(status);
         let assembly = |e: ProviderError| Failure {
@@ -329,11 +360,20 @@ impl Transport {
     }
 
     /// Sends the request; a failure to get any response is a transport failure.
-    async fn post(&self, body: Vec<u8>) -> Result<reqwest::Response, Failure> {
+    /// `accept` replaces the JSON `Accept` header.
+    async fn post(
+        &self,
+        body: Vec<u8>,
+        accept: Option<HeaderValue>,
+    ) -> Result<reqwest::Response, Failure> {
+        let mut headers = self.headers.clone();
+        if let Some(accept) = accept {
+            headers.insert(header::ACCEPT, accept);
+        }
         self.client
             .inner()
             .post(self.endpoint.clone())
-            .headers(self.headers.clone())
+            .headers(headers)
             .body(body)
             .send()
             .await
@@ -646,6 +686,18 @@ async fn read_body(response: &mut reqwest::Response) -> Result<Vec<u8>, Failure>
         ),
         BodyError::Failed(e) => Failure::transport(e),
     })
+}
+
+/// The text parts of `completion`, joined.
+fn text_of(completion: &Completion) -> String {
+    completion
+        .content
+        .iter()
+        .filter_map(|part| match part {
+            aplc_vm::Part::Text(text) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The start of a body, on one line, redacted, for an error message.

@@ -675,3 +675,27 @@ fn events_of(message: &Json, piece: usize) -> Vec<Json> {
     events.push(json!({"type": "message_stop"}));
     events
 }
+
+#[tokio::test]
+async fn a_server_that_does_not_stream_is_read_whole() {
+    let server = Server::start(vec![
+        Reply::json(200, whole_message()),
+        Reply::json(
+            200,
+            json!({"type": "error", "error": {"type": "x", "message": "nope"}}),
+        ),
+    ])
+    .await;
+    let provider = streaming(&server);
+    let (result, deltas) = call_streamed(&provider).await;
+    assert_eq!(result.expect("a whole answer").tool_calls.len(), 1);
+    assert_eq!(deltas, ["Let me add those: one moment."]);
+    let e = call_streamed(&provider).await.0.expect_err("an error body");
+    assert_eq!(e.kind, ProviderErrorKind::InvalidResponse);
+    assert!(
+        e.message
+            .starts_with("HTTP 200 OK: the response is an error: x: nope"),
+        "{}",
+        e.message
+    );
+}

@@ -1086,3 +1086,19 @@ async fn a_failed_stream_leaves_an_error_and_no_text() {
         .expect("the call's result has its error");
     assert_eq!(result.kind, "transport");
 }
+
+#[tokio::test]
+async fn a_server_that_does_not_stream_is_read_whole() {
+    let server = Server::start(vec![Reply::json(200, whole_answer())]).await;
+    let (result, deltas) = call_streamed(&streaming(&server), &request(json!({}))).await;
+    let mut completion = result.expect("a whole answer");
+    let mut expected = aplc_vm::wire::openai::decode_value(&whole_answer()).unwrap();
+    completion.raw = None;
+    expected.raw = None;
+    assert_eq!(completion, expected);
+    assert_eq!(deltas, ["Let me add those: one moment."]);
+    assert_eq!(
+        server.requests()[0].header("accept"),
+        Some("text/event-stream")
+    );
+}
