@@ -529,3 +529,90 @@ impl RunClock {
 
 /// Stands in for a deadline too far away to represent (a timeout of `Duration::MAX`).
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// Sends `deltas` numbered deltas, far more than the queue holds, then answers with
+    /// their concatenation; notes whether it got a sink.
+    struct Chatty {
+        deltas: usize,
+        had_sink: AtomicBool,
+    }
+
+    impl Provider for Chatty {
+        fn complete<'a>(
+            &'a self,
+            _request: &'a ProviderRequest,
+            call: &'a CallContext,
+        ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+            Box::pin(async move {
+                self.had_sink.store(call.deltas.is_some(), Ordering::SeqCst);
+                let mut text = String::new();
+                for n in 0..self.deltas {
+                    let piece = format!("{n} ");
+                    text.push_str(&piece);
+                    if let Some(sink) = &call.deltas {
+                        sink.send(piece).await;
+                    }
+                }
+                Ok(Completion::text(text))
+            })
+        }
+    }
+
+    fn program() -> Arc<Program> {
+        let compiled =
+            aplc_compiler::compile("# prompt: a\n## user\nhi\n", "a.apl", &Default::default());
+        Arc::new(
+            Program::from_bundle(compiled.bundle.expect("compiles"), Default::default())
+                .expect("loads"),
+        )
+    }
+
+    #[tokio::test]
+    async fn deltas_reach_the_listener_in_order_through_the_bounded_queue() {
+        let provider = Chatty {
+            deltas: DELTA_QUEUE * 10,
+            had_sink: AtomicBool::new(false),
+        };
+        let mut deltas = Vec::new();
+        let mut listener = |event: &Event| {
+            if let EventKind::ProviderDelta { index, text, .. } = &event.kind {
+                deltas.push((*index, text.clone()));
+            }
+        };
+        let outcome = run_with_listener(
+            program(),
+            RunOptions::default(),
+            &provider,
+            &Toolbox::new(),
+            &mut listener,
+        )
+        .await;
+        assert!(provider.had_sink.load(Ordering::SeqCst));
+        assert_eq!(deltas.len(), DELTA_QUEUE * 10);
+        assert!(
+            deltas
+                .iter()
+                .enumerate()
+                .all(|(n, (index, text))| { *index == n as u64 && *text == format!("{n} ") })
+        );
+        let streamed: String = deltas.into_iter().map(|(_, text)| text).collect();
+        assert_eq!(outcome.result_text(), streamed);
+    }
+
+    #[tokio::test]
+    async fn without_a_listener_a_provider_gets_no_sink() {
+        let provider = Chatty {
+            deltas: 3,
+            had_sink: AtomicBool::new(true),
+        };
+        let outcome = run(program(), RunOptions::default(), &provider).await;
+        assert!(outcome.error.is_none());
+        assert!(!provider.had_sink.load(Ordering::SeqCst));
+    }
+}
