@@ -314,3 +314,34 @@ fn stream_with_mock_sends_each_answer_whole() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "one\ntwo\n");
 }
+
+#[test]
+fn stream_works_for_journaled_runs_and_journals_no_deltas() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent_file(&dir);
+    let mock = dir.path().join("mock.json");
+    std::fs::write(&mock, r#"["one", "two"]"#).unwrap();
+    let store = format!("sqlite:{}", dir.path().join("runs.db").display());
+    let o = run(&[
+        "run",
+        &agent,
+        "--mock",
+        &mock.display().to_string(),
+        "--stream",
+        "--store",
+        &store,
+        "--run-id",
+        "s1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "one\ntwo\n");
+    let events = run(&["runs", "events", "s1", "--store", &store]);
+    assert!(
+        events.status.success(),
+        "{}",
+        String::from_utf8_lossy(&events.stderr)
+    );
+    let events = String::from_utf8_lossy(&events.stdout);
+    assert!(events.contains("\"type\":\"provider_call\""), "{events}");
+    assert!(!events.contains("provider_delta"), "{events}");
+}
