@@ -4,13 +4,15 @@
 //!
 //! Every event is redacted with the run's secrets before it is written to the file or
 //! stderr, like the errors `aplc run` prints: a provider or tool may echo a key into a
-//! message. The streamed text is the agent's output, printed as `result_text` is.
+//! message. In the file, a call's `provider_delta` texts are redacted as one text (a
+//! [`StreamRedactor`]), so a secret split across deltas is caught too. The streamed text
+//! on stdout is the agent's output, printed as `result_text` is.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use aplc_runtime::Redactor;
+use aplc_runtime::{Redactor, StreamRedactor};
 use aplc_vm::text::escape_control;
 use aplc_vm::{Event, EventKind};
 
@@ -65,6 +67,79 @@ struct EventFile {
     out: BufWriter<File>,
     /// The first write error; nothing is written after it.
     failed: Option<std::io::Error>,
+    /// The current provider call's deltas, redacted as one text.
+    deltas: Option<Deltas>,
+    redactor: Redactor,
+}
+
+/// A provider call's deltas as the file has them: released as the [`StreamRedactor`]
+/// lets them go, numbered by the file (a delta whose text is all held back is not
+/// written), and the held rest written as one more delta before the call's next event.
+struct Deltas {
+    stream: StreamRedactor,
+    /// The last delta received: its `seq`, `t_ms` and step carry the held rest.
+    last: Event,
+    /// The next index the file writes.
+    index: u64,
+}
+
+impl EventFile {
+    fn write(&mut self, event: &Event) {
+        if let EventKind::ProviderDelta { text, .. } = &event.kind {
+            let deltas = self.deltas.get_or_insert_with(|| Deltas {
+                stream: StreamRedactor::new(self.redactor.clone()),
+                last: event.clone(),
+                index: 0,
+            });
+            deltas.last = event.clone();
+            let released = deltas.stream.push(text);
+            self.write_delta(released);
+            return;
+        }
+        self.flush_deltas();
+        self.write_json(&self.redactor.redact_json(event.to_json()));
+    }
+
+    /// Writes what the current call's redactor still holds, and forgets the call.
+    fn flush_deltas(&mut self) {
+        if let Some(deltas) = self.deltas.as_mut() {
+            let rest = deltas.stream.finish();
+            self.write_delta(rest);
+        }
+        self.deltas = None;
+    }
+
+    /// Writes one delta of the current call with `text` (already redacted), unless empty.
+    fn write_delta(&mut self, text: String) {
+        let Some(deltas) = self.deltas.as_mut() else {
+            return;
+        };
+        if text.is_empty() {
+            return;
+        }
+        let mut event = deltas.last.clone();
+        if let EventKind::ProviderDelta {
+            text: slot, index, ..
+        } = &mut event.kind
+        {
+            *slot = text;
+            *index = deltas.index;
+        }
+        deltas.index += 1;
+        self.write_json(&event.to_json());
+    }
+
+    fn write_json(&mut self, json: &serde_json::Value) {
+        if self.failed.is_some() {
+            return;
+        }
+        let written = serde_json::to_writer(&mut self.out, json)
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.out.write_all(b"\n"));
+        if let Err(e) = written {
+            self.failed = Some(e);
+        }
+    }
 }
 
 impl Sinks {
@@ -84,6 +159,8 @@ impl Sinks {
                     Failure::usage(format!("cannot open {} for events: {e}", path.display()))
                 })?),
                 failed: None,
+                deltas: None,
+                redactor: redactor.clone(),
             }),
             None => None,
         };
@@ -129,16 +206,8 @@ impl Sinks {
             let line = escape_control(&self.redactor.redact(&line)).into_owned();
             let _ = writeln!(std::io::stderr().lock(), "{line}");
         }
-        if let Some(file) = &mut self.file
-            && file.failed.is_none()
-        {
-            let json = self.redactor.redact_json(event.to_json());
-            let written = serde_json::to_writer(&mut file.out, &json)
-                .map_err(std::io::Error::from)
-                .and_then(|()| file.out.write_all(b"\n"));
-            if let Err(e) = written {
-                file.failed = Some(e);
-            }
+        if let Some(file) = &mut self.file {
+            file.write(event);
         }
     }
 
@@ -151,6 +220,8 @@ impl Sinks {
         let Some(mut file) = self.file else {
             return Ok(());
         };
+        // An interrupted stream's held text is written too.
+        file.flush_deltas();
         let flushed = file.out.flush();
         match file.failed.map_or(flushed, Err) {
             Ok(()) => Ok(()),

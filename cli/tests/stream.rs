@@ -31,6 +31,15 @@ struct Model {
 
 impl Model {
     fn start(gate: Option<Receiver<()>>) -> Model {
+        let pieces = PIECES
+            .iter()
+            .map(|call| call.iter().map(|p| p.to_string()).collect())
+            .collect();
+        Model::serving(gate, pieces)
+    }
+
+    /// A model answering call `i` with `pieces[i]` (the last one for later calls).
+    fn serving(gate: Option<Receiver<()>>, pieces: Vec<Vec<String>>) -> Model {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
         let url = format!("http://{}", listener.local_addr().expect("address"));
         let calls = Arc::new(AtomicUsize::new(0));
@@ -45,7 +54,10 @@ impl Model {
                     let call = counter.fetch_add(1, Ordering::SeqCst);
                     let request: Json = serde_json::from_str(&body).unwrap_or(Json::Null);
                     let out = reader.get_mut();
-                    let pieces = PIECES[call.min(1)];
+                    let pieces: Vec<&str> = pieces[call.min(pieces.len() - 1)]
+                        .iter()
+                        .map(String::as_str)
+                        .collect();
                     let ok = if request["stream"] == json!(true) {
                         let wait = |piece: usize| {
                             if call != 0 || piece != 0 {
@@ -344,4 +356,50 @@ fn stream_works_for_journaled_runs_and_journals_no_deltas() {
     let events = String::from_utf8_lossy(&events.stdout);
     assert!(events.contains("\"type\":\"provider_call\""), "{events}");
     assert!(!events.contains("provider_delta"), "{events}");
+}
+
+#[test]
+fn a_key_split_across_deltas_is_redacted_in_the_events_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent_file(&dir);
+    let key = "sk-test-0123456789abcdefghijklmnop";
+    // The model echoes the key, cut into pieces shorter than a redaction run.
+    let pieces: Vec<String> = format!("your key is {key}, keep it safe")
+        .chars()
+        .collect::<Vec<char>>()
+        .chunks(5)
+        .map(|c| c.iter().collect())
+        .collect();
+    let model = Model::serving(None, vec![pieces]);
+    let events = dir.path().join("events.jsonl");
+    let events_arg = events.display().to_string();
+    let o = run(&[
+        "run",
+        &agent,
+        "--base-url",
+        &model.url,
+        "--api-key",
+        key,
+        "--stream",
+        "--events",
+        &events_arg,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines = std::fs::read_to_string(&events).expect("events");
+    for window in key.as_bytes().windows(16) {
+        let window = std::str::from_utf8(window).unwrap();
+        assert!(!lines.contains(window), "a run of the key leaked: {lines}");
+    }
+    // The deltas of each call, joined, are the redacted text.
+    let text: String = lines
+        .lines()
+        .map(|line| serde_json::from_str::<Json>(line).unwrap())
+        .filter(|event| event["type"] == "provider_delta")
+        .map(|event| event["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        text,
+        "your key is <redacted>, keep it safe".repeat(2),
+        "{lines}"
+    );
 }

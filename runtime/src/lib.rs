@@ -27,4 +27,4 @@ pub mod store;
 mod transport;
 mod watchdog;
 
-pub use redact::Redactor;
+pub use redact::{Redactor, StreamRedactor};

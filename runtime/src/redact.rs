@@ -85,28 +85,28 @@ impl Redactor {
     /// `text` with every run of [`REDACTED_RUN`] characters of a secret (and every whole
     /// short secret) replaced by `<redacted>`; overlapping or touching runs become one.
     pub fn redact(&self, text: &str) -> String {
-        let Some(matcher) = &self.matcher else {
-            return text.to_owned();
-        };
+        let spans = self.spans(text);
+        replace(text, &spans)
+    }
+
+    /// The byte ranges of `text` to replace, merged where they overlap or touch, in order.
+    fn spans(&self, text: &str) -> Vec<(usize, usize)> {
         let mut spans: Vec<(usize, usize)> = Vec::new();
+        let Some(matcher) = &self.matcher else {
+            return spans;
+        };
         for found in matcher.find_overlapping_iter(text) {
             match spans.last_mut() {
                 Some((_, end)) if found.start() <= *end => *end = (*end).max(found.end()),
                 _ => spans.push((found.start(), found.end())),
             }
         }
-        if spans.is_empty() {
-            return text.to_owned();
-        }
-        let mut out = String::with_capacity(text.len());
-        let mut at = 0;
-        for (start, end) in spans {
-            out.push_str(&text[at..start]);
-            out.push_str(REDACTED);
-            at = end;
-        }
-        out.push_str(&text[at..]);
-        out
+        spans
+    }
+
+    /// True if this redactor knows no secret (it changes nothing).
+    pub fn is_empty(&self) -> bool {
+        self.matcher.is_none()
     }
 
     /// `json` with every string (and object key) redacted as by [`Redactor::redact`]:
@@ -151,6 +151,100 @@ impl Redactor {
             None if longer => format!("{redacted}…"),
             None => redacted,
         }
+    }
+}
+
+/// `text` with each of `spans` (merged, in order) replaced by `<redacted>`.
+fn replace(text: &str, spans: &[(usize, usize)]) -> String {
+    if spans.is_empty() {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for &(start, end) in spans {
+        out.push_str(&text[at..start]);
+        out.push_str(REDACTED);
+        at = end;
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// Redacts a text that arrives in pieces, such as a streamed answer's deltas: a secret
+/// split across pieces is replaced as it would be in the whole text.
+///
+/// It holds back the last `REDACTED_RUN - 1` characters of what it was given (every
+/// pattern is at most [`REDACTED_RUN`] characters, so no match can start before them and
+/// end in a later piece), and releases them with the next piece or at
+/// [`finish`](StreamRedactor::finish). Without secrets it holds nothing back.
+#[derive(Debug, Clone, Default)]
+pub struct StreamRedactor {
+    redactor: Redactor,
+    /// Text received but not released yet, unredacted.
+    held: String,
+    /// What was released last ended in `<redacted>`: a match at the start of the held
+    /// text continues it (the whole text would have one `<redacted>` there).
+    redacted_tail: bool,
+}
+
+impl StreamRedactor {
+    /// A stream redactor with `redactor`'s secrets.
+    pub fn new(redactor: Redactor) -> StreamRedactor {
+        StreamRedactor {
+            redactor,
+            held: String::new(),
+            redacted_tail: false,
+        }
+    }
+
+    /// Takes the next piece; returns what can be released now, redacted (maybe empty).
+    pub fn push(&mut self, piece: &str) -> String {
+        if self.redactor.is_empty() {
+            return piece.to_owned();
+        }
+        self.held.push_str(piece);
+        let text = std::mem::take(&mut self.held);
+        // The cut leaves REDACTED_RUN - 1 characters held, and moves back to the start of
+        // a match that crosses it: the match may go on in the next piece (the whole text
+        // would replace all of it), so it is held whole.
+        let keep = REDACTED_RUN - 1;
+        let mut cut = text
+            .char_indices()
+            .rev()
+            .nth(keep - 1)
+            .map_or(0, |(at, _)| at);
+        let spans = self.redactor.spans(&text);
+        if let Some(&(start, _)) = spans.iter().find(|&&(start, end)| start < cut && cut < end) {
+            cut = start;
+        }
+        let released: Vec<(usize, usize)> =
+            spans.into_iter().filter(|&(_, end)| end <= cut).collect();
+        let out = self.release(&text[..cut], &released);
+        self.held = text[cut..].to_owned();
+        out
+    }
+
+    /// Releases what is held, redacted: the text is complete.
+    pub fn finish(&mut self) -> String {
+        let held = std::mem::take(&mut self.held);
+        let spans = self.redactor.spans(&held);
+        let out = self.release(&held, &spans);
+        self.redacted_tail = false;
+        out
+    }
+
+    /// `text` with `spans` replaced, without a second `<redacted>` where a match goes on
+    /// from the one the last release ended in.
+    fn release(&mut self, text: &str, spans: &[(usize, usize)]) -> String {
+        if text.is_empty() {
+            return String::new();
+        }
+        let mut out = replace(text, spans);
+        if self.redacted_tail && spans.first().is_some_and(|&(start, _)| start == 0) {
+            out.replace_range(..REDACTED.len(), "");
+        }
+        self.redacted_tail = spans.last().is_some_and(|&(_, end)| end == text.len());
+        out
     }
 }
 
@@ -206,6 +300,35 @@ mod tests {
         );
         let plain = serde_json::json!({"a": key});
         assert_eq!(Redactor::default().redact_json(plain.clone()), plain);
+    }
+
+    #[test]
+    fn a_secret_split_across_pieces_is_redacted() {
+        let key = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789";
+        let text = format!(
+            "say {key} twice: {} and a short ab-secret-x.",
+            key.to_uppercase()
+        );
+        let whole = Redactor::new([key, "ab-secret-x"]).redact(&text);
+        // Every way of cutting the text into pieces of `size` gives the whole text's
+        // redaction, and no piece reveals a run of the key.
+        for size in 1..=text.len() {
+            let mut stream = StreamRedactor::new(Redactor::new([key, "ab-secret-x"]));
+            let mut out = String::new();
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(size) {
+                let piece: String = piece.iter().collect();
+                let released = stream.push(&piece);
+                assert!(!leaks(key, &released), "size {size}: {released}");
+                out.push_str(&released);
+            }
+            out.push_str(&stream.finish());
+            assert_eq!(out, whole, "size {size}");
+        }
+        // Without secrets nothing is held back.
+        let mut plain = StreamRedactor::default();
+        assert_eq!(plain.push("abc"), "abc");
+        assert_eq!(plain.finish(), "");
     }
 
     #[test]
