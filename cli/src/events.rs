@@ -1,5 +1,5 @@
 //! Where `aplc run` sends a run's events: `--events FILE` (JSON Lines), the progress
-//! line and `--verbose` (one line per step, call and error on stderr).
+//! line, `--verbose` (one line per step, call and error on stderr) and `--otel` (spans).
 //!
 //! Every event is redacted with the run's secrets before it is written, like the errors
 //! `aplc run` prints: a provider or tool may echo a key into a message.
@@ -9,6 +9,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use aplc_runtime::Redactor;
+use aplc_runtime::telemetry::RunTrace;
 use aplc_vm::Event;
 use aplc_vm::text::escape_control;
 
@@ -21,6 +22,8 @@ pub(crate) struct Sinks {
     file: Option<EventFile>,
     progress: Option<Progress>,
     verbose: Option<Timeline>,
+    /// `--otel`: the run's spans.
+    trace: Option<RunTrace>,
     redactor: Redactor,
 }
 
@@ -56,17 +59,30 @@ impl Sinks {
             file,
             progress: (progress && !verbose).then(Progress::start),
             verbose: verbose.then(|| Timeline::new(false)),
+            trace: None,
             redactor,
         })
     }
 
+    /// Adds the run's spans as a consumer (`--otel`).
+    pub(crate) fn with_trace(mut self, trace: Option<RunTrace>) -> Sinks {
+        self.trace = trace;
+        self
+    }
+
     /// True if anyone listens: otherwise the run records no events at all.
     pub(crate) fn listening(&self) -> bool {
-        self.file.is_some() || self.progress.is_some() || self.verbose.is_some()
+        self.file.is_some()
+            || self.progress.is_some()
+            || self.verbose.is_some()
+            || self.trace.is_some()
     }
 
     /// Hands one event to every consumer.
     pub(crate) fn on_event(&mut self, event: &Event) {
+        if let Some(trace) = &self.trace {
+            trace.on_event(event);
+        }
         if let Some(progress) = &mut self.progress {
             progress.on_event(event);
         }
@@ -94,6 +110,11 @@ impl Sinks {
     /// Clears the progress line and flushes the events file, whether the run succeeded,
     /// failed or was interrupted. A write error is reported once, here.
     pub(crate) fn finish(self) -> Result<(), Failure> {
+        // A run that ended without `run_finished` was interrupted: its open spans end
+        // here, marked so (after `run_finished` nothing is open and this does nothing).
+        if let Some(trace) = &self.trace {
+            trace.abandon("interrupted");
+        }
         if let Some(progress) = self.progress {
             progress.finish();
         }

@@ -263,6 +263,10 @@ impl Provider for AnthropicProvider {
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(AnthropicProvider::complete(self, request, call.deadline))
     }
+
+    fn provider_name(&self, _model: &str) -> Option<&'static str> {
+        Some("anthropic")
+    }
 }
 
 #[cfg(test)]
