@@ -21,12 +21,18 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracer, SdkTracerProvider,
+};
 
 pub use config::{
     DEFAULT_ENDPOINT, DEFAULT_SERVICE_NAME, Resolved, TelemetryConfig, TelemetryFlags,
 };
 pub use spans::{Parent, RunDetails, RunTrace, Traced};
+
+/// Spans that may wait for export; more are dropped (the SDK counts them). About 1 KiB
+/// each.
+const MAX_QUEUED_SPANS: usize = 16_384;
 
 /// `gen_ai.client.operation.duration`'s bucket boundaries, in seconds, as the
 /// conventions recommend.
@@ -94,8 +100,17 @@ impl Telemetry {
         let resource = Resource::builder()
             .with_service_name(config.service_name.clone())
             .build();
+        // The SDK's default queue (2,048 spans) drops spans of a long run (a 1,000-step
+        // loop makes 2,000) before its 5 s export tick; OTEL_BSP_MAX_QUEUE_SIZE still wins.
+        let mut batch = BatchConfigBuilder::default();
+        if env("OTEL_BSP_MAX_QUEUE_SIZE").is_none() {
+            batch = batch.with_max_queue_size(MAX_QUEUED_SPANS);
+        }
+        let processor = BatchSpanProcessor::builder(spans)
+            .with_batch_config(batch.build())
+            .build();
         let tracer_provider = SdkTracerProvider::builder()
-            .with_batch_exporter(spans)
+            .with_span_processor(processor)
             .with_resource(resource.clone())
             .build();
         let meter_provider = SdkMeterProvider::builder()
