@@ -11,8 +11,9 @@ use std::fmt;
 pub struct TelemetryConfig {
     /// The full URL spans are POSTed to (`…/v1/traces`).
     pub traces_endpoint: String,
-    /// The full URL metrics are POSTed to (`…/v1/metrics`).
-    pub metrics_endpoint: String,
+    /// The full URL metrics are POSTed to (`…/v1/metrics`); `None` with
+    /// `OTEL_METRICS_EXPORTER=none` (for a backend that takes only traces).
+    pub metrics_endpoint: Option<String>,
     /// Headers sent with every export (`OTEL_EXPORTER_OTLP_HEADERS`). The values are
     /// secrets (collector tokens): `Debug` never shows them, and no message names them.
     pub headers: Vec<(String, String)>,
@@ -110,9 +111,20 @@ impl TelemetryConfig {
             Some(url) => checked_url("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url)?,
             None => format!("{base}/v1/traces"),
         };
-        let metrics_endpoint = match &metrics {
-            Some(url) => checked_url("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", url)?,
-            None => format!("{base}/v1/metrics"),
+        let metrics_endpoint = match (
+            var("OTEL_METRICS_EXPORTER").as_deref().map(str::trim),
+            &metrics,
+        ) {
+            (Some("none"), _) => None,
+            (Some("otlp") | None, Some(url)) => {
+                Some(checked_url("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", url)?)
+            }
+            (Some("otlp") | None, None) => Some(format!("{base}/v1/metrics")),
+            (Some(other), _) => {
+                return Err(format!(
+                    "OTEL_METRICS_EXPORTER is `{other}`: aplc exports metrics with `otlp` or not at all (`none`)"
+                ));
+            }
         };
         let headers = match var("OTEL_EXPORTER_OTLP_HEADERS") {
             Some(list) => parse_headers("OTEL_EXPORTER_OTLP_HEADERS", &list)?,
@@ -263,7 +275,10 @@ mod tests {
     fn the_flag_alone_exports_to_the_default_endpoint() {
         let config = resolve(&[], true).config.unwrap();
         assert_eq!(config.traces_endpoint, "http://localhost:4318/v1/traces");
-        assert_eq!(config.metrics_endpoint, "http://localhost:4318/v1/metrics");
+        assert_eq!(
+            config.metrics_endpoint.as_deref(),
+            Some("http://localhost:4318/v1/metrics")
+        );
         assert_eq!(config.service_name, "aplc");
         assert!(!config.capture_content);
     }
@@ -282,9 +297,26 @@ mod tests {
         .config
         .unwrap();
         assert_eq!(config.traces_endpoint, "http://t:1/custom");
-        assert_eq!(config.metrics_endpoint, "http://collector:4318/v1/metrics");
+        assert_eq!(
+            config.metrics_endpoint.as_deref(),
+            Some("http://collector:4318/v1/metrics")
+        );
         assert_eq!(config.service_name, "svc");
         assert!(config.capture_content);
+    }
+
+    #[test]
+    fn metrics_can_be_turned_off() {
+        let config = resolve(&[("OTEL_METRICS_EXPORTER", "none")], true)
+            .config
+            .unwrap();
+        assert!(config.metrics_endpoint.is_none());
+        let env = |name: &str| (name == "OTEL_METRICS_EXPORTER").then(|| "prometheus".to_owned());
+        let flags = TelemetryFlags {
+            otel: true,
+            capture_content: false,
+        };
+        assert!(TelemetryConfig::resolve(&env, flags).is_err());
     }
 
     #[test]

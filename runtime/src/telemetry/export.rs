@@ -73,6 +73,7 @@ impl opentelemetry_http::HttpClient for OtlpClient {
         let Some(handle) = self.runtime.handle() else {
             return Err("the telemetry export runtime is shut down".into());
         };
+        let target = shown_url(&request.uri().to_string());
         let task = handle.spawn(send(self.client.clone(), request));
         let result = match task.await {
             Ok(result) => result,
@@ -81,11 +82,11 @@ impl opentelemetry_http::HttpClient for OtlpClient {
         match result {
             Ok(response) if response.status().is_success() => Ok(response),
             Ok(response) => {
-                self.remember(&format!("the collector answered {}", response.status()));
+                self.remember(&format!("{target} answered {}", response.status()));
                 Ok(response)
             }
             Err(message) => {
-                self.remember(&message);
+                self.remember(&format!("{target}: {message}"));
                 Err(message.into())
             }
         }
@@ -121,6 +122,18 @@ async fn send(client: reqwest::Client, request: Request<Bytes>) -> Result<Respon
         .status(status)
         .body(Bytes::from(answer))
         .map_err(|e| format!("the collector's answer is unusable: {e}"))
+}
+
+/// `url` without its user name and password, for messages.
+fn shown_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) => {
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        Err(_) => "the collector".to_owned(),
+    }
 }
 
 /// The export runtime. Dropped without waiting (`shutdown_background`): it may be

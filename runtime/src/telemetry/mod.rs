@@ -88,15 +88,20 @@ impl Telemetry {
             .with_timeout(export::REQUEST_TIMEOUT)
             .build()
             .map_err(|e| format!("cannot set up the span exporter: {e}"))?;
-        let metrics = opentelemetry_otlp::MetricExporter::builder()
-            .with_http()
-            .with_http_client(client)
-            .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(config.metrics_endpoint.clone())
-            .with_headers(headers)
-            .with_timeout(export::REQUEST_TIMEOUT)
-            .build()
-            .map_err(|e| format!("cannot set up the metric exporter: {e}"))?;
+        let metrics = match &config.metrics_endpoint {
+            Some(endpoint) => Some(
+                opentelemetry_otlp::MetricExporter::builder()
+                    .with_http()
+                    .with_http_client(client)
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_endpoint(endpoint.clone())
+                    .with_headers(headers)
+                    .with_timeout(export::REQUEST_TIMEOUT)
+                    .build()
+                    .map_err(|e| format!("cannot set up the metric exporter: {e}"))?,
+            ),
+            None => None,
+        };
         let resource = Resource::builder()
             .with_service_name(config.service_name.clone())
             .build();
@@ -113,10 +118,12 @@ impl Telemetry {
             .with_span_processor(processor)
             .with_resource(resource.clone())
             .build();
-        let meter_provider = SdkMeterProvider::builder()
-            .with_periodic_exporter(metrics)
-            .with_resource(resource)
-            .build();
+        // Without an exporter the meter has no reader, and recording costs next to nothing.
+        let mut meter_provider = SdkMeterProvider::builder().with_resource(resource);
+        if let Some(metrics) = metrics {
+            meter_provider = meter_provider.with_periodic_exporter(metrics);
+        }
+        let meter_provider = meter_provider.build();
         Ok(Telemetry::assemble(
             tracer_provider,
             meter_provider,
@@ -199,9 +206,7 @@ impl Telemetry {
         let first = failure.lock().unwrap_or_else(|e| e.into_inner()).take();
         let metrics_failed = !matches!(metrics, Ok(Ok(())));
         match (first, spans) {
-            (Some(failure), _) => Err(format!(
-                "could not export telemetry to {traces_endpoint}: {failure}"
-            )),
+            (Some(failure), _) => Err(format!("could not export telemetry: {failure}")),
             (None, Err(e)) => Err(format!(
                 "telemetry for {traces_endpoint} was not all sent: {e}"
             )),
