@@ -190,20 +190,17 @@ impl Telemetry {
     /// `timeout` (spans and metrics are flushed side by side). The error is the one
     /// warning to give: the first export failure, or a flush that did not finish. It
     /// never names a header value.
-    pub fn shutdown(self, timeout: Duration) -> Result<(), String> {
-        let Telemetry {
-            tracer_provider,
-            meter_provider,
-            failure,
-            traces_endpoint,
-            ..
-        } = self;
+    ///
+    /// It takes `&self` so that a server can hold the pipeline in an `Arc`; spans ended
+    /// after it are not exported.
+    pub fn shutdown(&self, timeout: Duration) -> Result<(), String> {
+        let traces_endpoint = &self.traces_endpoint;
         let (spans, metrics) = std::thread::scope(|scope| {
-            let metrics = scope.spawn(|| meter_provider.shutdown_with_timeout(timeout));
-            let spans = tracer_provider.shutdown_with_timeout(timeout);
+            let metrics = scope.spawn(|| self.meter_provider.shutdown_with_timeout(timeout));
+            let spans = self.tracer_provider.shutdown_with_timeout(timeout);
             (spans, metrics.join())
         });
-        let first = failure.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let first = self.failure.lock().unwrap_or_else(|e| e.into_inner()).take();
         let metrics_failed = !matches!(metrics, Ok(Ok(())));
         match (first, spans) {
             (Some(failure), _) => Err(format!("could not export telemetry: {failure}")),
@@ -238,5 +235,19 @@ impl Instruments {
             with_type.push(KeyValue::new("gen_ai.token.type", kind));
             self.tokens.record(tokens, &with_type);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server shares one pipeline between its requests' tasks.
+    #[test]
+    fn the_pipeline_and_a_run_trace_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<Telemetry>();
+        shared::<RunTrace>();
+        shared::<Traced<'static>>();
     }
 }
