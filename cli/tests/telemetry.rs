@@ -235,3 +235,125 @@ fn sdk_disabled_and_bad_settings() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("TRACEPARENT ignored: malformed"));
     assert_eq!(receiver.spans().len(), 9);
 }
+
+/// `aplc run` in `dir` with the spans going to `receiver`.
+fn command_in(dir: &Path, receiver: &Receiver, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_aplc"));
+    command
+        .current_dir(dir)
+        .arg("run")
+        .args(args)
+        .env("NO_COLOR", "1");
+    for name in OTEL_VARIABLES {
+        command.env_remove(name);
+    }
+    command.env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
+    command
+}
+
+/// A one-step agent whose answer calls a tool that sleeps 10 s, in a fresh directory.
+fn slow_agent(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("agent.apl"), "# prompt: wait\nWait for it.\n").unwrap();
+    let mock = r#"[{"content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "slow", "arguments": "{}"}}]}]"#;
+    std::fs::write(dir.join("mock.json"), mock).unwrap();
+    let tool = fixture().join("../tools/tool.py");
+    let tools = serde_json::json!({
+        "slow": {"command": ["python3", tool, "slow"], "timeout_ms": 60000,
+                 "descriptor": {"name": "slow", "description": "Sleeps.",
+                                "parameters": {"type": "object", "properties": {}}}}
+    });
+    std::fs::write(dir.join("tools.json"), tools.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn ctrl_c_still_flushes_the_spans_marked_interrupted() {
+    let receiver = Receiver::start(200);
+    let dir = slow_agent("telemetry-ctrl-c");
+    let child = command_in(
+        &dir,
+        &receiver,
+        &[
+            "agent.apl",
+            "--mock",
+            "mock.json",
+            "--tools",
+            "tools.json",
+            "--quiet",
+        ],
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Whenever the signal lands (before or during the tool call), the run is cut short.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let signalled = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let spans = receiver.spans();
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let run = spans
+        .iter()
+        .find(|s| s.name == "invoke_workflow agent.apl")
+        .unwrap_or_else(|| panic!("no run span: {names:?}"));
+    assert_eq!(
+        string(run, "error.type").as_deref(),
+        Some("interrupted"),
+        "{names:?}"
+    );
+    assert!(spans.iter().any(|s| s.name == "step wait"), "{names:?}");
+}
+
+#[test]
+fn a_durable_run_carries_its_run_id() {
+    let receiver = Receiver::start(200);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("telemetry-durable");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = format!("sqlite:{}", dir.join("runs.db").display());
+    let out = command_in(
+        &fixture(),
+        &receiver,
+        &[
+            "agent.apl",
+            "--mock",
+            "mock.json",
+            "--tools",
+            "tools.json",
+            "--quiet",
+            "--store",
+            &store,
+            "--run-id",
+            "traced-run",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spans = receiver.spans();
+    let run = spans
+        .iter()
+        .find(|s| s.name == "invoke_workflow agent.apl")
+        .unwrap();
+    assert_eq!(string(run, "aplc.run.id").as_deref(), Some("traced-run"));
+    assert_eq!(spans.len(), 9);
+}

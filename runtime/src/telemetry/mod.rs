@@ -200,7 +200,11 @@ impl Telemetry {
             let spans = self.tracer_provider.shutdown_with_timeout(timeout);
             (spans, metrics.join())
         });
-        let first = self.failure.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let first = self
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         let metrics_failed = !matches!(metrics, Ok(Ok(())));
         match (first, spans) {
             (Some(failure), _) => Err(format!("could not export telemetry: {failure}")),
