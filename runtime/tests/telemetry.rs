@@ -134,6 +134,7 @@ fn telemetry(endpoint: &str, capture_content: bool) -> Telemetry {
 
 /// Runs the agent with telemetry and flushes; returns the run's outcome.
 async fn traced_run(telemetry: &Telemetry, parent: Option<Parent>) -> aplc_vm::RunOutcome {
+    let joined = parent.as_ref().map(Parent::trace_id);
     let trace = telemetry.run(RunDetails {
         parent,
         run_id: None,
@@ -143,7 +144,12 @@ async fn traced_run(telemetry: &Telemetry, parent: Option<Parent>) -> aplc_vm::R
     let model = model();
     let provider = trace.provider(&model);
     let mut listener = |event: &aplc_vm::Event| trace.on_event(event);
-    driver::run_with_listener(program(), options(), &provider, &toolbox(), &mut listener).await
+    let outcome =
+        driver::run_with_listener(program(), options(), &provider, &toolbox(), &mut listener).await;
+    // The run's trace id outlives its span: a server hands it back to its caller.
+    let trace_id = trace.trace_id().expect("the run span started");
+    assert!(joined.is_none_or(|joined| joined == trace_id));
+    outcome
 }
 
 fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {

@@ -149,6 +149,7 @@ impl RunTrace {
                 chat: None,
                 tool: None,
                 call: None,
+                trace_id: None,
             })),
         }
     }
@@ -175,12 +176,10 @@ impl RunTrace {
         }
     }
 
-    /// The run span's trace id, once the run has started.
+    /// The run's trace id, once its span has started (and after it ended): what a
+    /// server can hand back to its caller.
     pub fn trace_id(&self) -> Option<TraceId> {
-        self.lock()
-            .run
-            .as_ref()
-            .map(|s| s.span_context().trace_id())
+        self.lock().trace_id
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RunSpans> {
@@ -240,6 +239,8 @@ struct RunSpans {
     tool: Option<Span>,
     /// What the [`Traced`] provider noted about the current call.
     call: Option<CallNotes>,
+    /// The run span's trace id, kept after the span ends.
+    trace_id: Option<TraceId>,
 }
 
 impl RunSpans {
@@ -424,6 +425,7 @@ impl RunSpans {
             .with_start_time(at)
             .with_attributes(attributes)
             .start_with_context(&self.tracer, &self.parent);
+        self.trace_id = Some(span.span_context().trace_id());
         self.run = Some(span);
     }
 
