@@ -419,3 +419,117 @@ async fn a_collector_that_refuses_is_reported() {
     let error = telemetry.shutdown(Duration::from_secs(10)).unwrap_err();
     assert!(error.contains("400"), "{error}");
 }
+
+/// [`model`], except that its second call never answers: the run "crashes" there.
+struct Hanging {
+    inner: Model,
+    calls: std::sync::atomic::AtomicU64,
+    hung: Arc<tokio::sync::Notify>,
+}
+
+impl Provider for Hanging {
+    fn complete<'a>(
+        &'a self,
+        request: &'a ProviderRequest,
+        call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        Box::pin(async move {
+            if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                self.hung.notify_one();
+                std::future::pending::<()>().await;
+            }
+            self.inner.complete(request, call).await
+        })
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_resumed_durable_run_has_a_run_span_of_its_own() {
+    use aplc_runtime::durable::{self, DurableOptions, NewDurableRun};
+    use aplc_runtime::store::{self, StoreUrl};
+
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("telemetry-resume");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = store::open(&StoreUrl::Sqlite(dir.join("runs.db")))
+        .await
+        .unwrap();
+    let config = DurableOptions::default();
+
+    // The first attempt journals the first step, then hangs in the second call: dropped.
+    let hung = Arc::new(tokio::sync::Notify::new());
+    let hanging = Hanging {
+        inner: model(),
+        calls: Default::default(),
+        hung: hung.clone(),
+    };
+    let run = NewDurableRun {
+        id: "traced".into(),
+        program: program(),
+        options: options(),
+    };
+    let tools = toolbox();
+    tokio::select! {
+        finished = durable::start(store.as_ref(), run, &hanging, &tools, None, &config) => {
+            panic!("the run should hang: {:?}", finished.map(|_| ()));
+        }
+        () = hung.notified() => {}
+    }
+
+    let receiver = Receiver::start(200);
+    let telemetry = telemetry(&receiver.endpoint(), false);
+    let reopened = durable::reopen(store.as_ref(), "traced", None, &tools, &config)
+        .await
+        .unwrap();
+    let model = model();
+    model.0.skip(reopened.replayed_provider_calls());
+    let trace = telemetry.run(RunDetails {
+        parent: None,
+        run_id: Some("traced".into()),
+        agent: Some("looper.apl".into()),
+        redactor: Redactor::new([SECRET]),
+    });
+    let provider = trace.provider(&model);
+    let mut listener = |event: &aplc_vm::Event| trace.on_event(event);
+    reopened
+        .run(&provider, &tools, Some(&mut listener))
+        .await
+        .unwrap();
+    telemetry.shutdown(Duration::from_secs(10)).unwrap();
+
+    let spans = receiver.spans();
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let [run] = named(&spans, "invoke_workflow looper.apl")[..] else {
+        panic!("one run span: {names:?}");
+    };
+    assert!(matches!(
+        otlp::attribute(run, "aplc.run.resumed"),
+        Some(opentelemetry_proto::tonic::common::v1::any_value::Value::BoolValue(true))
+    ));
+    assert_eq!(string(run, "aplc.run.id").as_deref(), Some("traced"));
+    assert_eq!(
+        string(run, "aplc.run.outcome").as_deref(),
+        Some("completed_with_errors")
+    );
+    // The call that was in flight is sent again, live: it fails, as scripted.
+    let failed = spans
+        .iter()
+        .find(|s| string(s, "error.type").as_deref() == Some("server"))
+        .unwrap_or_else(|| panic!("the resent call failed: {names:?}"));
+    assert!(spans.iter().all(|s| s.trace_id == run.trace_id));
+    // It belongs to the step the run was in, whose span starts with the resumed run.
+    let step = spans
+        .iter()
+        .find(|s| s.span_id == failed.parent_span_id)
+        .unwrap();
+    assert_eq!(step.name, "step work");
+    assert_eq!(step.parent_span_id, run.span_id);
+    assert!(matches!(
+        otlp::attribute(step, "aplc.step.resumed"),
+        Some(opentelemetry_proto::tonic::common::v1::any_value::Value::BoolValue(true))
+    ));
+    assert_eq!(failed.name, "chat gpt-4o");
+    assert!(step.start_time_unix_nano >= run.start_time_unix_nano);
+    assert!(failed.start_time_unix_nano >= step.start_time_unix_nano);
+    assert!(failed.end_time_unix_nano <= step.end_time_unix_nano);
+}

@@ -150,6 +150,7 @@ impl RunTrace {
                 tool: None,
                 call: None,
                 trace_id: None,
+                run_start: None,
             })),
         }
     }
@@ -241,6 +242,8 @@ struct RunSpans {
     call: Option<CallNotes>,
     /// The run span's trace id, kept after the span ends.
     trace_id: Option<TraceId>,
+    /// When the run span started.
+    run_start: Option<SystemTime>,
 }
 
 impl RunSpans {
@@ -281,8 +284,11 @@ impl RunSpans {
                 self.step = Some(span);
             }
             EventKind::PhaseFinished {
-                phase, duration_ms, ..
+                step,
+                phase,
+                duration_ms,
             } => {
+                self.ensure_step(step, at);
                 if let Some(step) = self.step.as_mut() {
                     let name = match phase {
                         aplc_vm::Phase::Pre => "aplc.phase.pre",
@@ -296,57 +302,57 @@ impl RunSpans {
                     );
                 }
             }
-            EventKind::ProviderCall { model, .. } => {
-                self.ensure_run(at);
+            EventKind::ProviderCall { step, model } => {
+                self.ensure_step(step, at);
                 self.call = None;
-                let attributes = vec![
-                    KeyValue::new("gen_ai.operation.name", "chat"),
-                    KeyValue::new("gen_ai.request.model", model.clone()),
-                ];
-                let parent = self.step.as_ref().or(self.run.as_ref());
-                let span = self.child(
-                    parent,
-                    format!("chat {model}"),
-                    SpanKind::Client,
-                    attributes,
-                    at,
-                );
-                self.chat = Some(span);
+                self.open_chat(model, at);
             }
             EventKind::ProviderResult {
+                step,
                 usage,
                 finish_reason,
                 latency_ms,
                 error,
-                ..
-            } => self.provider_result(
-                *usage,
-                finish_reason.as_deref(),
-                *latency_ms,
-                error.as_ref(),
-                at,
-            ),
-            EventKind::ToolCall { tool, call_id, .. } => {
-                self.ensure_run(at);
-                let attributes = vec![
-                    KeyValue::new("gen_ai.operation.name", "execute_tool"),
-                    KeyValue::new("gen_ai.tool.name", tool.clone()),
-                    KeyValue::new("gen_ai.tool.call.id", call_id.clone()),
-                    KeyValue::new("gen_ai.tool.type", "function"),
-                ];
-                let parent = self.step.as_ref().or(self.run.as_ref());
-                let span = self.child(
-                    parent,
-                    format!("execute_tool {tool}"),
-                    SpanKind::Internal,
-                    attributes,
+            } => {
+                self.ensure_step(step, at);
+                // A resumed run's call that was in flight is sent again without a
+                // `provider_call` event: its span starts when the provider sent it.
+                if self.chat.is_none()
+                    && let Some(model) = self.call.as_ref().and_then(|c| c.request_model.clone())
+                {
+                    let start = self.resumed_start(at);
+                    self.open_chat(&model, start);
+                }
+                self.provider_result(
+                    *usage,
+                    finish_reason.as_deref(),
+                    *latency_ms,
+                    error.as_ref(),
                     at,
                 );
-                self.tool = Some(span);
+            }
+            EventKind::ToolCall {
+                step,
+                tool,
+                call_id,
+            } => {
+                self.ensure_step(step, at);
+                self.open_tool(tool, call_id, at);
             }
             EventKind::ToolResult {
-                with_error, reused, ..
+                step,
+                tool,
+                call_id,
+                with_error,
+                duration_ms,
+                reused,
             } => {
+                self.ensure_step(step, at);
+                if self.tool.is_none() {
+                    let start = earlier(at, *duration_ms);
+                    let start = self.run_start.map_or(start, |run| start.max(run));
+                    self.open_tool(tool, call_id, start);
+                }
                 if let Some(mut span) = self.tool.take() {
                     span.set_attribute(KeyValue::new("aplc.tool.reused", *reused));
                     if *with_error {
@@ -356,7 +362,10 @@ impl RunSpans {
                     span.end_with_timestamp(at);
                 }
             }
-            EventKind::Error { message, .. } => {
+            EventKind::Error { step, message } => {
+                if let Some(step) = step {
+                    self.ensure_step(step, at);
+                }
                 let content = self
                     .capture_content
                     .then(|| self.details.redactor.redact(message));
@@ -426,12 +435,14 @@ impl RunSpans {
             .with_attributes(attributes)
             .start_with_context(&self.tracer, &self.parent);
         self.trace_id = Some(span.span_context().trace_id());
+        self.run_start = Some(at);
         self.run = Some(span);
     }
 
     /// A resumed durable run has no `run_started`: its span starts at its first event.
     fn ensure_run(&mut self, at: SystemTime) {
         if self.run.is_none() {
+            let at = self.resumed_start(at);
             let agent = self
                 .details
                 .agent
@@ -451,6 +462,69 @@ impl RunSpans {
             );
             self.start_run(agent, attributes, at);
         }
+    }
+
+    /// A resumed run goes on inside the step it was in, without its `step_started`: the
+    /// step's span starts at the first event that names it.
+    fn ensure_step(&mut self, step: &str, at: SystemTime) {
+        self.ensure_run(at);
+        if self.step.is_none() {
+            let at = self.resumed_start(at);
+            let attributes = vec![
+                KeyValue::new("aplc.step.name", step.to_owned()),
+                KeyValue::new("aplc.step.resumed", true),
+            ];
+            let span = self.child(
+                self.run.as_ref(),
+                format!("step {step}"),
+                SpanKind::Internal,
+                attributes,
+                at,
+            );
+            self.step = Some(span);
+        }
+    }
+
+    /// Where a span opened late on a resumed run starts: at `at`, or when the current
+    /// call was sent if that is earlier; never before the run span.
+    fn resumed_start(&self, at: SystemTime) -> SystemTime {
+        let sent = self.call.as_ref().and_then(|c| c.sent_at);
+        let start = sent.map_or(at, |sent| sent.min(at));
+        self.run_start.map_or(start, |run| start.max(run))
+    }
+
+    fn open_chat(&mut self, model: &str, at: SystemTime) {
+        let attributes = vec![
+            KeyValue::new("gen_ai.operation.name", "chat"),
+            KeyValue::new("gen_ai.request.model", model.to_owned()),
+        ];
+        let parent = self.step.as_ref().or(self.run.as_ref());
+        let span = self.child(
+            parent,
+            format!("chat {model}"),
+            SpanKind::Client,
+            attributes,
+            at,
+        );
+        self.chat = Some(span);
+    }
+
+    fn open_tool(&mut self, tool: &str, call_id: &str, at: SystemTime) {
+        let attributes = vec![
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+            KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
+            KeyValue::new("gen_ai.tool.type", "function"),
+        ];
+        let parent = self.step.as_ref().or(self.run.as_ref());
+        let span = self.child(
+            parent,
+            format!("execute_tool {tool}"),
+            SpanKind::Internal,
+            attributes,
+            at,
+        );
+        self.tool = Some(span);
     }
 
     fn child(
@@ -565,6 +639,8 @@ impl RunSpans {
 /// What a [`Traced`] provider saw of one call.
 #[derive(Default)]
 struct CallNotes {
+    /// When the call was sent: a resent call's span starts there.
+    sent_at: Option<SystemTime>,
     provider: Option<&'static str>,
     request_model: Option<String>,
     response_model: Option<String>,
@@ -653,6 +729,7 @@ impl CallNotes {
             attributes.push(KeyValue::new("gen_ai.input.messages", messages));
         }
         CallNotes {
+            sent_at: Some(SystemTime::now()),
             provider,
             request_model: Some(request.model.clone()),
             response_model: None,
@@ -718,6 +795,12 @@ fn part_json(part: &Part) -> Json {
         Part::File(url) => json!({"type": "uri", "uri": url}),
         _ => json!({"type": "unknown"}),
     }
+}
+
+/// `ms` milliseconds before `at`.
+fn earlier(at: SystemTime, ms: f64) -> SystemTime {
+    let back = Duration::from_secs_f64((ms / 1000.0).max(0.0));
+    at.checked_sub(back).unwrap_or(at)
 }
 
 /// A count as an OTel integer (they are signed).
