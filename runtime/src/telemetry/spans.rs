@@ -252,54 +252,22 @@ impl RunSpans {
         match &event.kind {
             EventKind::RunStarted {
                 agent, bundle_hash, ..
-            } => {
-                let mut attributes = vec![
-                    KeyValue::new("gen_ai.operation.name", "invoke_workflow"),
-                    KeyValue::new("gen_ai.agent.name", agent.clone()),
-                    KeyValue::new("gen_ai.workflow.name", agent.clone()),
-                    KeyValue::new("aplc.bundle.hash", bundle_hash.clone()),
-                ];
-                attributes.extend(
-                    self.details
-                        .run_id
-                        .clone()
-                        .map(|id| KeyValue::new("aplc.run.id", id)),
-                );
-                self.start_run(agent.clone(), attributes, at);
-            }
-            EventKind::StepStarted { step, runs } => {
-                self.ensure_run(at);
-                self.end_step(at);
-                let attributes = vec![
-                    KeyValue::new("aplc.step.name", step.clone()),
-                    KeyValue::new("aplc.step.runs", count(*runs)),
-                ];
-                let span = self.child(
-                    self.run.as_ref(),
-                    format!("step {step}"),
-                    SpanKind::Internal,
-                    attributes,
-                    at,
-                );
-                self.step = Some(span);
-            }
+            } => self.run_started(agent, bundle_hash, at),
+            EventKind::StepStarted { step, runs } => self.step_started(step, *runs, at),
             EventKind::PhaseFinished {
                 step,
                 phase,
                 duration_ms,
             } => {
                 self.ensure_step(step, at);
+                let name = match phase {
+                    aplc_vm::Phase::Pre => "aplc.phase.pre",
+                    aplc_vm::Phase::Prompt => "aplc.phase.prompt",
+                    aplc_vm::Phase::Post => "aplc.phase.post",
+                };
                 if let Some(step) = self.step.as_mut() {
-                    let name = match phase {
-                        aplc_vm::Phase::Pre => "aplc.phase.pre",
-                        aplc_vm::Phase::Prompt => "aplc.phase.prompt",
-                        aplc_vm::Phase::Post => "aplc.phase.post",
-                    };
-                    step.add_event_with_timestamp(
-                        name,
-                        at,
-                        vec![KeyValue::new("aplc.duration_ms", *duration_ms)],
-                    );
+                    let duration = vec![KeyValue::new("aplc.duration_ms", *duration_ms)];
+                    step.add_event_with_timestamp(name, at, duration);
                 }
             }
             EventKind::ProviderCall { step, model } => {
@@ -323,13 +291,8 @@ impl RunSpans {
                     let start = self.resumed_start(at);
                     self.open_chat(&model, start);
                 }
-                self.provider_result(
-                    *usage,
-                    finish_reason.as_deref(),
-                    *latency_ms,
-                    error.as_ref(),
-                    at,
-                );
+                let reason = finish_reason.as_deref();
+                self.provider_result(*usage, reason, *latency_ms, error.as_ref(), at);
             }
             EventKind::ToolCall {
                 step,
@@ -353,67 +316,105 @@ impl RunSpans {
                     let start = self.run_start.map_or(start, |run| start.max(run));
                     self.open_tool(tool, call_id, start);
                 }
-                if let Some(mut span) = self.tool.take() {
-                    span.set_attribute(KeyValue::new("aplc.tool.reused", *reused));
-                    if *with_error {
-                        span.set_attribute(KeyValue::new("error.type", "tool_error"));
-                        span.set_status(Status::error("the tool call failed"));
-                    }
-                    span.end_with_timestamp(at);
-                }
+                self.tool_result(*with_error, *reused, at);
             }
             EventKind::Error { step, message } => {
                 if let Some(step) = step {
                     self.ensure_step(step, at);
                 }
-                let content = self
-                    .capture_content
-                    .then(|| self.details.redactor.redact(message));
-                if let Some(span) = self.step.as_mut().or(self.run.as_mut()) {
-                    let attributes = content
-                        .map(|m| vec![KeyValue::new("aplc.error.message", m)])
-                        .unwrap_or_default();
-                    span.add_event_with_timestamp("aplc.error", at, attributes);
-                }
+                self.error(message, at);
             }
             EventKind::StepFinished { .. } => self.end_step(at),
             EventKind::RunFinished {
                 outcome,
                 error,
                 totals,
-            } => {
-                self.ensure_run(at);
-                let outcome = serde_json::to_value(outcome)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                if let Some(run) = self.run.as_mut() {
-                    run.set_attribute(KeyValue::new("aplc.run.outcome", outcome));
-                    run.set_attribute(KeyValue::new("aplc.run.steps", count(totals.steps)));
-                    run.set_attribute(KeyValue::new(
-                        "aplc.run.provider_calls",
-                        count(totals.provider_calls),
-                    ));
-                    run.set_attribute(KeyValue::new(
-                        "gen_ai.usage.input_tokens",
-                        count(totals.input_tokens),
-                    ));
-                    run.set_attribute(KeyValue::new(
-                        "gen_ai.usage.output_tokens",
-                        count(totals.output_tokens),
-                    ));
-                    if let Some(error) = error {
-                        run.set_attribute(KeyValue::new("error.type", error.kind.clone()));
-                        run.set_status(Status::error(self.details.redactor.redact(&error.message)));
-                    }
-                }
-                let reason = error.as_ref().map(|e| e.kind.clone());
-                self.close_all(at, reason.as_deref(), false);
-            }
+            } => self.run_finished(*outcome, error.as_ref(), totals, at),
             // `jump` follows `step_finished`: the next `step_started` shows where the run
             // went. Kinds added after this code (`provider_delta`, …) are skipped.
             _ => {}
         }
+    }
+
+    fn run_started(&mut self, agent: &str, bundle_hash: &str, at: SystemTime) {
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.operation.name", "invoke_workflow"),
+            KeyValue::new("gen_ai.agent.name", agent.to_owned()),
+            KeyValue::new("gen_ai.workflow.name", agent.to_owned()),
+            KeyValue::new("aplc.bundle.hash", bundle_hash.to_owned()),
+        ];
+        let run_id = self.details.run_id.clone();
+        attributes.extend(run_id.map(|id| KeyValue::new("aplc.run.id", id)));
+        self.start_run(agent.to_owned(), attributes, at);
+    }
+
+    fn step_started(&mut self, step: &str, runs: u64, at: SystemTime) {
+        self.ensure_run(at);
+        self.end_step(at);
+        let attributes = vec![
+            KeyValue::new("aplc.step.name", step.to_owned()),
+            KeyValue::new("aplc.step.runs", count(runs)),
+        ];
+        let name = format!("step {step}");
+        let span = self.child(self.run.as_ref(), name, SpanKind::Internal, attributes, at);
+        self.step = Some(span);
+    }
+
+    fn tool_result(&mut self, with_error: bool, reused: bool, at: SystemTime) {
+        if let Some(mut span) = self.tool.take() {
+            span.set_attribute(KeyValue::new("aplc.tool.reused", reused));
+            if with_error {
+                span.set_attribute(KeyValue::new("error.type", "tool_error"));
+                span.set_status(Status::error("the tool call failed"));
+            }
+            span.end_with_timestamp(at);
+        }
+    }
+
+    /// An entry appended to `errors`: a span event on the step (or the run); its text
+    /// only with content capture on, as it can quote a tool's output.
+    fn error(&mut self, message: &str, at: SystemTime) {
+        let content = self
+            .capture_content
+            .then(|| self.details.redactor.redact(message));
+        if let Some(span) = self.step.as_mut().or(self.run.as_mut()) {
+            let attributes = content
+                .map(|m| vec![KeyValue::new("aplc.error.message", m)])
+                .unwrap_or_default();
+            span.add_event_with_timestamp("aplc.error", at, attributes);
+        }
+    }
+
+    fn run_finished(
+        &mut self,
+        outcome: aplc_vm::RunStatus,
+        error: Option<&aplc_vm::EventError>,
+        totals: &aplc_vm::Totals,
+        at: SystemTime,
+    ) {
+        self.ensure_run(at);
+        let outcome = serde_json::to_value(outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        if let Some(run) = self.run.as_mut() {
+            let counts = [
+                ("aplc.run.steps", totals.steps),
+                ("aplc.run.provider_calls", totals.provider_calls),
+                ("gen_ai.usage.input_tokens", totals.input_tokens),
+                ("gen_ai.usage.output_tokens", totals.output_tokens),
+            ];
+            run.set_attribute(KeyValue::new("aplc.run.outcome", outcome));
+            for (key, n) in counts {
+                run.set_attribute(KeyValue::new(key, count(n)));
+            }
+            if let Some(error) = error {
+                run.set_attribute(KeyValue::new("error.type", error.kind.clone()));
+                run.set_status(Status::error(self.details.redactor.redact(&error.message)));
+            }
+        }
+        let reason = error.map(|e| e.kind.clone());
+        self.close_all(at, reason.as_deref(), false);
     }
 
     /// The wall-clock time of `t_ms`, anchored at the first event seen.
