@@ -339,6 +339,7 @@ async fn content_is_recorded_on_request_and_redacted() {
     assert_eq!(input[0]["role"], "user");
     let text = input[0]["parts"][0]["content"].as_str().unwrap();
     assert!(text.starts_with("Turn "), "{text}");
+    assert!(text.contains("The key is <redacted>"), "{text}");
     let output = chats
         .iter()
         .find_map(|s| string(s, "gen_ai.output.messages"))
@@ -347,6 +348,7 @@ async fn content_is_recorded_on_request_and_redacted() {
         output.contains("tool_call") && output.contains("adding"),
         "{output}"
     );
+    assert!(output.contains("the key was <redacted>"), "{output}");
     for request in receiver.requests() {
         assert!(!String::from_utf8_lossy(&request.body).contains(SECRET));
     }
