@@ -18,6 +18,7 @@ use aplc_runtime::durable::DurableOptions;
 use aplc_runtime::store::{
     Batch, Lease, LoadedRun, NewRun, RunStore, RunSummary, StoreError, StoreUrl,
 };
+use aplc_runtime::telemetry::RunDetails;
 use aplc_vm::text::escape_control;
 use aplc_vm::{
     Completion, Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider,
@@ -72,6 +73,10 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "N", default_value_t = aplc_runtime::durable::DEFAULT_CHECKPOINT_EVERY,
           value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_every: u64,
+    /// Export every run's spans and metrics over OTLP/HTTP to an in-process sink on
+    /// 127.0.0.1 (it reads each request and answers 200), to measure what `--otel` costs.
+    #[arg(long, conflicts_with_all = ["events", "store"])]
+    otel: bool,
     #[command(flatten)]
     compile: CompileArgs,
 }
@@ -108,6 +113,8 @@ fn sequential(
         )),
         None => None,
     };
+    let sink = args.otel.then(otlp_sink::Sink::start).transpose()?;
+    let telemetry = sink.as_ref().map(otlp_sink::Sink::telemetry).transpose()?;
     let mut times = Vec::with_capacity(args.runs as usize);
     let mut steps = 0;
     let mut failures = 0u64;
@@ -117,9 +124,19 @@ fn sequential(
         script.rewind();
         let options = options.clone();
         let start = Instant::now();
-        let outcome = match &mut events {
-            None => run_scripted(program.clone(), options, &mut script, || start.elapsed()),
-            Some(out) => run_scripted_with_listener(
+        let outcome = match (&mut events, &telemetry) {
+            (None, None) => run_scripted(program.clone(), options, &mut script, || start.elapsed()),
+            (None, Some(telemetry)) => {
+                let trace = telemetry.run(RunDetails::default());
+                run_scripted_with_listener(
+                    program.clone(),
+                    options,
+                    &mut script,
+                    || start.elapsed(),
+                    &mut |event| trace.on_event(event),
+                )
+            }
+            (Some(out), _) => run_scripted_with_listener(
                 program.clone(),
                 options,
                 &mut script,
@@ -141,6 +158,7 @@ fn sequential(
         }
     }
     let wall = total.elapsed();
+    let exported = otlp_sink::finish(telemetry, sink.as_ref())?;
     if let (Some(mut out), Some(path)) = (events, &args.events) {
         out.flush()
             .map_err(|e| Failure::run(format!("cannot write {}: {e}", path.display())))?;
@@ -164,6 +182,7 @@ fn sequential(
         "min_step_us": per_step(min),
         "runs_per_sec": runs_per_sec,
         "wall_ms": wall.as_secs_f64() * 1e3,
+        "otel": exported,
     });
     if args.json {
         println!("{report}");
@@ -186,6 +205,7 @@ fn sequential(
             per_step(min)
         );
         println!("  throughput      {runs_per_sec:.0} runs/s");
+        print_exported(&exported);
         if failures > 0 {
             println!("  note: {failures} measured runs ended with a run error");
         }
@@ -218,6 +238,12 @@ fn concurrent(
     options: RunOptions,
 ) -> Result<ExitCode, Failure> {
     let runtime = multi_thread_runtime()?;
+    let sink = args.otel.then(otlp_sink::Sink::start).transpose()?;
+    let telemetry = sink
+        .as_ref()
+        .map(otlp_sink::Sink::telemetry)
+        .transpose()?
+        .map(Arc::new);
     let latency = Duration::from_millis(args.latency_ms);
     let calls = Arc::new(AtomicU64::new(0));
     let steps = Arc::new(AtomicU64::new(0));
@@ -232,6 +258,7 @@ fn concurrent(
             let (program, script, options) = (program.clone(), script.clone(), options.clone());
             let (next, calls, steps, failures) =
                 (next.clone(), calls.clone(), steps.clone(), failures.clone());
+            let telemetry = telemetry.clone();
             workers.spawn(async move {
                 while next.fetch_add(1, Ordering::Relaxed) < total_runs {
                     let mut script = script.clone();
@@ -241,7 +268,24 @@ fn concurrent(
                         inner: &provider,
                         calls: &calls,
                     };
-                    let outcome = driver::run(program.clone(), options.clone(), &counting).await;
+                    let outcome = match &telemetry {
+                        None => driver::run(program.clone(), options.clone(), &counting).await,
+                        Some(telemetry) => {
+                            let trace = telemetry.run(RunDetails::default());
+                            let traced = trace.provider(&counting);
+                            let mut listener = |event: &aplc_vm::Event| trace.on_event(event);
+                            let (program, options) = (program.clone(), options.clone());
+                            let tools = driver::Toolbox::new();
+                            driver::run_with_listener(
+                                program,
+                                options,
+                                &traced,
+                                &tools,
+                                &mut listener,
+                            )
+                            .await
+                        }
+                    };
                     steps.fetch_add(outcome.steps, Ordering::Relaxed);
                     failures.fetch_add(u64::from(outcome.error.is_some()), Ordering::Relaxed);
                 }
@@ -250,6 +294,8 @@ fn concurrent(
         while workers.join_next().await.is_some() {}
     });
     let wall = start.elapsed();
+    let telemetry = telemetry.and_then(Arc::into_inner);
+    let exported = otlp_sink::finish(telemetry, sink.as_ref())?;
     let peak = memory::peak()
         .zip(memory_before)
         .map(|(peak, before)| peak.saturating_sub(before));
@@ -275,6 +321,7 @@ fn concurrent(
         "fraction_of_bound": bound.map(|b| throughput / b),
         "peak_memory_bytes": peak,
         "peak_memory_per_run_bytes": peak.map(|p| p / concurrency.min(total_runs)),
+        "otel": exported,
     });
     if args.json {
         println!("{report}");
@@ -301,6 +348,7 @@ fn concurrent(
             ),
             None => println!("  peak memory     unavailable on this platform"),
         }
+        print_exported(&exported);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -560,6 +608,19 @@ fn multi_thread_runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))
 }
 
+/// The `--otel` line: what the sink received and how long the final flush took.
+fn print_exported(exported: &serde_json::Value) {
+    if exported.is_null() {
+        return;
+    }
+    println!(
+        "  otel            {} export requests, {:.1} KiB, final flush {:.1} ms",
+        exported["requests"],
+        exported["bytes"].as_f64().unwrap_or(0.0) / 1024.0,
+        exported["flush_ms"].as_f64().unwrap_or(0.0)
+    );
+}
+
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -588,5 +649,122 @@ mod memory {
             .parse()
             .ok()?;
         Some(kib * 1024)
+    }
+}
+
+/// `--otel`: an OTLP/HTTP sink on 127.0.0.1 that reads every export request and answers
+/// 200, so the bench measures encoding and sending without a collector.
+mod otlp_sink {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use aplc_runtime::telemetry::{Telemetry, TelemetryConfig, TelemetryFlags};
+
+    use crate::Failure;
+
+    pub(super) struct Sink {
+        port: u16,
+        requests: Arc<AtomicU64>,
+        bytes: Arc<AtomicU64>,
+    }
+
+    impl Sink {
+        pub(super) fn start() -> Result<Sink, Failure> {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .map_err(|e| Failure::run(format!("cannot start the OTLP sink: {e}")))?;
+            let port = listener
+                .local_addr()
+                .map_err(|e| Failure::run(format!("cannot start the OTLP sink: {e}")))?
+                .port();
+            let requests = Arc::new(AtomicU64::new(0));
+            let bytes = Arc::new(AtomicU64::new(0));
+            let (r, b) = (requests.clone(), bytes.clone());
+            std::thread::spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let (r, b) = (r.clone(), b.clone());
+                    std::thread::spawn(move || serve(stream, &r, &b));
+                }
+            });
+            Ok(Sink {
+                port,
+                requests,
+                bytes,
+            })
+        }
+
+        /// A pipeline exporting to the sink.
+        pub(super) fn telemetry(&self) -> Result<Telemetry, Failure> {
+            let endpoint = format!("http://127.0.0.1:{}", self.port);
+            let env =
+                |name: &str| (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| endpoint.clone());
+            let config = TelemetryConfig::resolve(&env, TelemetryFlags::default())
+                .map_err(Failure::run)?
+                .config
+                .ok_or_else(|| Failure::run("the OTLP sink's configuration is off"))?;
+            Telemetry::start(&config, &|_| None).map_err(Failure::run)
+        }
+    }
+
+    /// Flushes `telemetry` and reports what `sink` received (`null` without `--otel`).
+    pub(super) fn finish(
+        telemetry: Option<Telemetry>,
+        sink: Option<&Sink>,
+    ) -> Result<serde_json::Value, Failure> {
+        let (Some(telemetry), Some(sink)) = (telemetry, sink) else {
+            return Ok(serde_json::Value::Null);
+        };
+        let start = Instant::now();
+        telemetry
+            .shutdown(Duration::from_secs(60))
+            .map_err(Failure::run)?;
+        Ok(serde_json::json!({
+            "requests": sink.requests.load(Ordering::Relaxed),
+            "bytes": sink.bytes.load(Ordering::Relaxed),
+            "flush_ms": start.elapsed().as_secs_f64() * 1e3,
+        }))
+    }
+
+    /// Reads requests with `Content-Length` bodies (what the exporter sends) and answers
+    /// each with an empty 200.
+    fn serve(stream: TcpStream, requests: &AtomicU64, bytes: &AtomicU64) {
+        let Ok(mut writer) = stream.try_clone() else {
+            return;
+        };
+        let mut reader = BufReader::new(stream);
+        loop {
+            let mut length = 0u64;
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match reader.read_line(&mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                let header = line.trim_end();
+                if header.is_empty() {
+                    break;
+                }
+                if let Some((name, value)) = header.split_once(':')
+                    && name.eq_ignore_ascii_case("content-length")
+                {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+            let copied = std::io::copy(&mut (&mut reader).take(length), &mut std::io::sink());
+            if copied.ok() != Some(length) {
+                return;
+            }
+            requests.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(length, Ordering::Relaxed);
+            if writer
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                .is_err()
+            {
+                return;
+            }
+        }
     }
 }

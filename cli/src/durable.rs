@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use aplc_runtime::driver::Provider;
 use aplc_runtime::durable::{self, DurableError, DurableOptions, Finished};
 use aplc_runtime::store::{self, RunState, RunStore, RunSummary, StoreError, StoreUrl};
 use aplc_vm::text::escape_control;
@@ -131,6 +132,7 @@ pub(crate) fn run(
     program: Arc<Program>,
     options: RunOptions,
     equipment: Equipment,
+    exporting: Option<&crate::telemetry::Exporting>,
 ) -> Result<ExitCode, Failure> {
     let id = match &args.store.run_id {
         Some(id) => check_id(id)?,
@@ -141,7 +143,18 @@ pub(crate) fn run(
     let store = runtime.block_on(open(&url))?;
     eprintln!("run id: {id}");
     let hint = format!("aplc resume {id} --store …");
-    let mut sinks = sinks(&args.output, &equipment)?;
+    let trace = exporting.and_then(|e| {
+        let agent = &program.bundle().source_name;
+        e.run(equipment.secrets.redactor(), Some(id.clone()), agent)
+    });
+    let mut sinks = sinks(&args.output, &equipment)?.with_trace(trace.clone());
+    let traced = trace
+        .as_ref()
+        .map(|trace| trace.provider(&equipment.provider));
+    let calls: &dyn Provider = match &traced {
+        Some(traced) => traced,
+        None => &equipment.provider,
+    };
     let finished = {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run = durable::start(
@@ -151,7 +164,7 @@ pub(crate) fn run(
                 program,
                 options,
             },
-            &equipment.provider,
+            calls,
             &equipment.toolbox,
             Some(&mut listener),
             &config,
@@ -175,6 +188,8 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
         None => None,
     };
     crate::run::warn_no_key(equipment.no_key);
+    // Dropped last, on every way out: the drop flushes what is still batched.
+    let exporting = args.output.telemetry.start()?;
     let config = config(&equipment, args.checkpoint_every);
     let runtime = runtime()?;
     let store = runtime.block_on(open(&url))?;
@@ -192,10 +207,21 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
         scripted.skip(reopened.replayed_provider_calls());
     }
     let hint = format!("aplc resume {id} --store …");
-    let mut sinks = sinks(&args.output, &equipment)?;
+    let trace = exporting.as_ref().and_then(|e| {
+        let agent = &reopened.program().bundle().source_name;
+        e.run(equipment.secrets.redactor(), Some(id.clone()), agent)
+    });
+    let mut sinks = sinks(&args.output, &equipment)?.with_trace(trace.clone());
+    let traced = trace
+        .as_ref()
+        .map(|trace| trace.provider(&equipment.provider));
+    let calls: &dyn Provider = match &traced {
+        Some(traced) => traced,
+        None => &equipment.provider,
+    };
     let finished = {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
-        let run = reopened.run(&equipment.provider, &equipment.toolbox, Some(&mut listener));
+        let run = reopened.run(calls, &equipment.toolbox, Some(&mut listener));
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
     finish(sinks, finished, &args.output, &equipment, &hint)

@@ -1,6 +1,6 @@
 //! Where `aplc run` sends a run's events: `--events FILE` (JSON Lines), the progress
-//! line, `--verbose` (one line per step, call and error on stderr) and `--stream` (the
-//! `provider_delta` text on stdout).
+//! line, `--verbose` (one line per step, call and error on stderr), `--stream` (the
+//! `provider_delta` text on stdout) and `--otel` (spans).
 //!
 //! Every event is redacted with the run's secrets before it is written to the file or
 //! stderr, like the errors `aplc run` prints: a provider or tool may echo a key into a
@@ -12,6 +12,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
+use aplc_runtime::telemetry::RunTrace;
 use aplc_runtime::{Redactor, StreamRedactor};
 use aplc_vm::text::escape_control;
 use aplc_vm::{Event, EventKind};
@@ -27,6 +28,8 @@ pub(crate) struct Sinks {
     verbose: Option<Timeline>,
     /// `--stream`.
     stream: Option<StreamOut>,
+    /// `--otel`: the run's spans.
+    trace: Option<RunTrace>,
     redactor: Redactor,
 }
 
@@ -169,6 +172,7 @@ impl Sinks {
             progress: (progress && !verbose).then(Progress::start),
             verbose: verbose.then(|| Timeline::new(false)),
             stream: None,
+            trace: None,
             redactor,
         })
     }
@@ -182,18 +186,28 @@ impl Sinks {
         self
     }
 
+    /// Adds the run's spans as a consumer (`--otel`).
+    pub(crate) fn with_trace(mut self, trace: Option<RunTrace>) -> Sinks {
+        self.trace = trace;
+        self
+    }
+
     /// True if anyone listens: otherwise the run records no events at all.
     pub(crate) fn listening(&self) -> bool {
         self.file.is_some()
             || self.progress.is_some()
             || self.verbose.is_some()
             || self.stream.is_some()
+            || self.trace.is_some()
     }
 
     /// Hands one event to every consumer.
     pub(crate) fn on_event(&mut self, event: &Event) {
         if let Some(stream) = &mut self.stream {
             stream.on_event(event);
+        }
+        if let Some(trace) = &self.trace {
+            trace.on_event(event);
         }
         if let Some(progress) = &mut self.progress {
             progress.on_event(event);
@@ -214,6 +228,11 @@ impl Sinks {
     /// Clears the progress line and flushes the events file, whether the run succeeded,
     /// failed or was interrupted. A write error is reported once, here.
     pub(crate) fn finish(self) -> Result<(), Failure> {
+        // A run that ended without `run_finished` was interrupted: its open spans end
+        // here, marked so (after `run_finished` nothing is open and this does nothing).
+        if let Some(trace) = &self.trace {
+            trace.abandon("interrupted");
+        }
         if let Some(progress) = self.progress {
             progress.finish();
         }

@@ -6,7 +6,7 @@
 //!
 //! One module per command: `compile.rs` (check, build), `run.rs` (with `record.rs` for
 //! `--record`), `agent_test/` (test), `init.rs`, `graph.rs`, `inspect.rs`, `bench.rs`,
-//! `trace.rs` (with `timeline.rs`, shared with `run --verbose`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
+//! `trace.rs` (with `timeline.rs`, shared with `run --verbose`), `telemetry.rs` (`--otel`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
 //! when every case passed, 1 when one failed, 2 for an invalid test file.
 
 mod agent_test;
@@ -22,6 +22,7 @@ mod progress;
 mod record;
 mod run;
 mod signals;
+mod telemetry;
 mod timeline;
 mod trace;
 

@@ -96,6 +96,10 @@ impl Provider for Recorder {
             result
         })
     }
+
+    fn provider_name(&self, model: &str) -> Option<&'static str> {
+        self.inner.provider_name(model)
+    }
 }
 
 /// The response as received when it is a Chat Completions response (the OpenAI-compatible

@@ -98,6 +98,8 @@ pub(crate) struct OutputArgs {
     /// the time since the run started (instead of the progress line).
     #[arg(long, short = 'v')]
     pub(crate) verbose: bool,
+    #[command(flatten)]
+    pub(crate) telemetry: crate::telemetry::TelemetryArgs,
 }
 
 /// A run's provider (wrapped for `--record`), tools and secrets, from its flags.
@@ -187,8 +189,17 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     // Only now is it certain that the run will call the HTTP provider: an unreadable or
     // invalid agent fails above without a warning about a key it never needed.
     warn_no_key(equipment.no_key);
+    // Dropped last, on every way out: the drop flushes what is still batched.
+    let exporting = args.output.telemetry.start()?;
     if let Some(store) = args.store.url()? {
-        return crate::durable::run(store, &args, program, options, equipment);
+        return crate::durable::run(
+            store,
+            &args,
+            program,
+            options,
+            equipment,
+            exporting.as_ref(),
+        );
     }
     let Equipment {
         provider,
@@ -201,20 +212,29 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     let runtime = runtime()?;
     // The progress line would redraw over the streamed text on a terminal.
     let progress = !args.output.quiet && !stream && std::io::stderr().is_terminal();
+    let trace = exporting
+        .as_ref()
+        .and_then(|e| e.run(secrets.redactor(), None, &program.bundle().source_name));
     let mut sinks = Sinks::open(
         args.output.events.as_deref(),
         progress,
         args.output.verbose,
         secrets.redactor(),
     )?
-    .streaming(stream);
+    .streaming(stream)
+    .with_trace(trace.clone());
+    let traced = trace.as_ref().map(|trace| trace.provider(&provider));
+    let calls: &dyn Provider = match &traced {
+        Some(traced) => traced,
+        None => &provider,
+    };
     let outcome = if sinks.listening() {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run =
-            driver::run_with_listener(program.clone(), options, &provider, &toolbox, &mut listener);
+            driver::run_with_listener(program.clone(), options, calls, &toolbox, &mut listener);
         runtime.block_on(crate::signals::unless_interrupted(run))
     } else {
-        let run = driver::run_with_tools(program.clone(), options, &provider, &toolbox);
+        let run = driver::run_with_tools(program.clone(), options, calls, &toolbox);
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
     // Flushed and cleared before anything else is printed, on every path out.

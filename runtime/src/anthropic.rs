@@ -307,6 +307,10 @@ impl Provider for AnthropicProvider {
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         Box::pin(self.call(request, call))
     }
+
+    fn provider_name(&self, _model: &str) -> Option<&'static str> {
+        Some("anthropic")
+    }
 }
 
 #[cfg(test)]

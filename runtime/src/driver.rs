@@ -78,6 +78,12 @@ pub trait Provider: Send + Sync {
         request: &'a ProviderRequest,
         call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>>;
+
+    /// Who serves `model`, as the GenAI semantic conventions spell it (`openai`,
+    /// `anthropic`): telemetry's `gen_ai.provider.name`. `None` when unknown.
+    fn provider_name(&self, _model: &str) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Receives a run's events, in order, on the driver's task (see `spec/events.md`).
@@ -98,6 +104,10 @@ impl<P: Provider + ?Sized> Provider for Arc<P> {
         call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
         (**self).complete(request, call)
+    }
+
+    fn provider_name(&self, model: &str) -> Option<&'static str> {
+        (**self).provider_name(model)
     }
 }
 

@@ -11,6 +11,8 @@
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
 //! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool.
+//! * [`telemetry`]: OpenTelemetry spans and metrics of runs, from their events, exported
+//!   over OTLP/HTTP.
 //! * [`store`]: durable run stores, SQLite (embedded default) and PostgreSQL, behind one
 //!   [`store::RunStore`] interface.
 #![deny(missing_docs)]
@@ -24,6 +26,7 @@ pub mod openai;
 mod redact;
 pub mod routing;
 pub mod store;
+pub mod telemetry;
 mod transport;
 mod watchdog;
 

@@ -268,6 +268,10 @@ impl Provider for OpenAiProvider {
             self.send(body, call.deadline).await
         })
     }
+
+    fn provider_name(&self, _model: &str) -> Option<&'static str> {
+        Some("openai")
+    }
 }
 
 impl fmt::Debug for OpenAiProvider {

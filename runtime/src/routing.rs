@@ -198,6 +198,11 @@ impl Provider for Router {
             }
         }
     }
+
+    /// The name the route for `model` gives, if a route matches.
+    fn provider_name(&self, model: &str) -> Option<&'static str> {
+        self.route(model)?.provider_name(model)
+    }
 }
 
 impl fmt::Debug for Router {
