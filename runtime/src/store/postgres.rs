@@ -31,9 +31,10 @@ use super::{
 use crate::driver::BoxFuture;
 
 /// Migrations, by the version they lead to.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE aplc_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE aplc_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
      CREATE TABLE bundles (hash TEXT PRIMARY KEY, bytes BYTEA NOT NULL);
      CREATE TABLE runs (
          id TEXT PRIMARY KEY,
@@ -62,10 +63,33 @@ const MIGRATIONS: &[(i64, &str)] = &[(
          history_start BIGINT NOT NULL, history BYTEA NOT NULL, state BYTEA,
          PRIMARY KEY (run_id, seq)
      );",
-)];
+    ),
+    (
+        2,
+        // The service's queue (spec/serve.md), as in SQLite's version 2.
+        "CREATE TABLE run_queue (
+         run_id TEXT PRIMARY KEY,
+         agent TEXT NOT NULL,
+         enqueued_at_ms BIGINT NOT NULL,
+         claimed BOOLEAN NOT NULL DEFAULT FALSE,
+         final_status TEXT,
+         cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+         traceparent TEXT
+     );
+     CREATE INDEX run_queue_open ON run_queue (enqueued_at_ms, run_id)
+         WHERE final_status IS NULL;
+     CREATE TABLE idempotency_keys (
+         agent TEXT NOT NULL,
+         key TEXT NOT NULL,
+         run_id TEXT NOT NULL,
+         created_at_ms BIGINT NOT NULL,
+         PRIMARY KEY (agent, key)
+     );",
+    ),
+];
 
-/// The tables of version 1: a database holding any of them without `aplc_meta` is not
-/// ours.
+/// The tables of every version: a database holding any of them without `aplc_meta` is
+/// not ours.
 const TABLES: &[&str] = &[
     "aplc_meta",
     "bundles",
@@ -73,6 +97,8 @@ const TABLES: &[&str] = &[
     "inputs",
     "events",
     "checkpoints",
+    "run_queue",
+    "idempotency_keys",
 ];
 
 /// The advisory lock (transaction-level) that serializes migrations between processes.
