@@ -689,13 +689,8 @@ both_backends!(
     a_killed_holder_releases,
     concurrent_appends,
     concurrent_opens_migrate_once,
+    queue_claims_cancel_and_idempotency,
 );
-
-// The queue, on SQLite for now (PostgreSQL's follows).
-#[tokio::test]
-async fn sqlite_queue_claims_cancel_and_idempotency() {
-    queue_claims_cancel_and_idempotency(Backend::sqlite()).await;
-}
 
 /// Not a check: with `APLC_STORE_LEASE_HOLDER` set, takes that run's lease, says so on
 /// stdout and waits to be killed. Without it, does nothing.

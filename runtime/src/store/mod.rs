@@ -349,7 +349,7 @@ impl QueueStatus {
     }
 
     /// Reads [`QueueStatus::as_str`] back.
-    fn from_column(text: &str) -> Result<QueueStatus, StoreError> {
+    pub(super) fn from_column(text: &str) -> Result<QueueStatus, StoreError> {
         QueueStatus::ALL
             .into_iter()
             .find(|s| s.as_str() == text)
@@ -357,7 +357,7 @@ impl QueueStatus {
     }
 
     /// The status of an unfinished queued run: claimed or not.
-    fn of_claimed(claimed: bool) -> QueueStatus {
+    pub(super) fn of_claimed(claimed: bool) -> QueueStatus {
         if claimed {
             QueueStatus::Running
         } else {
