@@ -18,6 +18,9 @@ use serde_json::{Value as Json, json};
 
 const TOKEN: &str = "test-token-4f1d";
 
+#[path = "../../runtime/tests/support/pg.rs"]
+mod pg;
+
 // ---------------------------------------------------------------------------------------
 // A fake model: a thread per connection on 127.0.0.1.
 
@@ -26,7 +29,7 @@ const TOKEN: &str = "test-token-4f1d";
 #[derive(Clone)]
 struct Model {
     url: String,
-    prompts: Arc<Mutex<Vec<String>>>,
+    prompts: Arc<Mutex<Vec<(Instant, String)>>>,
     delay_ms: Arc<AtomicU64>,
 }
 
@@ -45,7 +48,7 @@ impl Model {
                     let mut reader = BufReader::new(stream);
                     while let Some(body) = read_request(&mut reader) {
                         let prompt = last_user_message(&body);
-                        log.lock().unwrap().push(prompt.clone());
+                        log.lock().unwrap().push((Instant::now(), prompt.clone()));
                         std::thread::sleep(Duration::from_millis(delay.load(Ordering::SeqCst)));
                         let answer = json!({
                             "id": "cmpl-1",
@@ -78,6 +81,11 @@ impl Model {
     }
 
     fn prompts(&self) -> Vec<String> {
+        self.timed().into_iter().map(|(_, prompt)| prompt).collect()
+    }
+
+    /// Every prompt with the time its request arrived.
+    fn timed(&self) -> Vec<(Instant, String)> {
         self.prompts.lock().unwrap().clone()
     }
 
@@ -165,9 +173,13 @@ struct Server {
 
 impl Server {
     fn start(dir: &Path, extra: &[&str]) -> Server {
+        Server::start_on(dir, "sqlite:runs.db", extra)
+    }
+
+    fn start_on(dir: &Path, store: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_aplc"))
             .current_dir(dir)
-            .args(["serve", "--agents", "agents", "--store", "sqlite:runs.db"])
+            .args(["serve", "--agents", "agents", "--store", store])
             .args(["--listen", "127.0.0.1:0", "--providers", "providers.json"])
             .args(extra)
             .env("APLC_SERVE_TOKENS", TOKEN)
@@ -810,4 +822,98 @@ fn no_tokens_no_server() {
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("APLC_SERVE_TOKENS"), "{stderr}");
+}
+
+/// Scale-out on PostgreSQL (issue #14 §5): two `aplc serve` processes share one store and
+/// 200 runs against a model with 100 ms latency; one is SIGKILLed mid-way. Every run
+/// completes exactly once, none is lost, and the only requests the model sees twice are
+/// calls that were in flight at the kill (their answers were not journaled).
+#[tokio::test]
+async fn failover_between_two_processes_on_postgres() {
+    const RUNS: usize = 200;
+    const TURNS: u64 = 2;
+    let model = Model::start();
+    model.delay(100);
+    let dir = scratch("failover", &model);
+    let url = pg::shared().database("serve_failover");
+    let mut a = Server::start_on(&dir, &url, &[]);
+    let b = Server::start_on(&dir, &url, &[]);
+    let (client_a, client_b) = (Client::new(&a), Client::new(&b));
+
+    let mut ids = Vec::new();
+    for i in 0..RUNS {
+        let client = if i % 2 == 0 { &client_a } else { &client_b };
+        let (status, accepted) = client.submit(&format!("f{i}"), TURNS, false).await;
+        assert_eq!(status, 202, "{accepted}");
+        ids.push(accepted["run_id"].as_str().unwrap().to_string());
+    }
+    // Mid-way: a third of the runs done.
+    let started = Instant::now();
+    loop {
+        let (_, metrics) = client_b.get("/metrics").await;
+        let metrics = metrics.as_str().unwrap_or("").to_string();
+        let completed = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("aplc_runs{status=\"completed\"} "))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+        if completed >= RUNS / 3 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.kill();
+    let killed_at = Instant::now();
+    let log_a = a.log();
+
+    for id in &ids {
+        let run = client_b.until_final(id).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run["context"]["turn"], TURNS, "{run}");
+    }
+    let log_b = b.log();
+    // Exactly once: each run finished in one process only.
+    for id in &ids {
+        let finished = |log: &str| {
+            log.lines()
+                .filter(|l| l.contains("run finished") && l.contains(&format!("run_id={id}")))
+                .count()
+        };
+        assert_eq!(finished(&log_a) + finished(&log_b), 1, "run {id}");
+    }
+    assert!(log_a.contains("run finished"), "A did some of the work");
+    // Every call was asked for; a call asked twice was in flight at the kill: its first
+    // request came less than the model's latency (plus a commit) before it.
+    let timed = model.timed();
+    let mut first: HashMap<&str, Instant> = HashMap::new();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for (at, prompt) in &timed {
+        first.entry(prompt.as_str()).or_insert(*at);
+        *counts.entry(prompt.as_str()).or_default() += 1;
+    }
+    assert_eq!(counts.len(), RUNS * TURNS as usize);
+    let repeated: Vec<(&str, usize)> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(p, n)| (*p, *n))
+        .collect();
+    for (prompt, n) in &repeated {
+        assert_eq!(*n, 2, "{prompt}");
+        let before = killed_at.duration_since(first[prompt]);
+        assert!(
+            before < Duration::from_millis(600),
+            "{prompt}: asked {before:?} before the kill"
+        );
+    }
+    assert!(
+        repeated.len() <= 16,
+        "at most one call per run A was running: {repeated:?}"
+    );
+    eprintln!(
+        "failover: {RUNS} runs, {} requests, {} asked twice (in flight at the kill), A finished {}",
+        timed.len(),
+        repeated.len(),
+        log_a.lines().filter(|l| l.contains("run finished")).count()
+    );
 }
