@@ -5,7 +5,8 @@
 //! **Writes** go through one connection owned by a writer task, with group commit as in
 //! the SQLite store: every job queued when the task is free runs in its own savepoint of
 //! one transaction, so many runs appending at once share one commit (one fsync on the
-//! server). **Reads** use a second connection.
+//! server). **Reads** use a second connection. The service's **queue** (enqueue, claim,
+//! cancel; spec/serve.md) writes on a fourth, in short transactions of its own.
 //!
 //! **Leases** are session-level advisory locks on a third connection, shared by the
 //! store's leases so a hundred runs do not need a hundred connections. The server
