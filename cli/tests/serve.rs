@@ -917,3 +917,33 @@ async fn failover_between_two_processes_on_postgres() {
         log_a.lines().filter(|l| l.contains("run finished")).count()
     );
 }
+
+/// A run queued with tools the restarted server no longer has cannot replay: it ends as
+/// failed (error kind `Resume`) instead of being claimed forever.
+#[tokio::test]
+async fn a_run_whose_tools_are_gone_ends_failed_at_restart() {
+    let model = Model::start();
+    model.delay(300);
+    let dir = scratch("tools-gone", &model);
+    std::fs::copy(
+        root().join("fixtures/tools/tools.json"),
+        dir.join("tools.json"),
+    )
+    .unwrap();
+    let mut server = Server::start(&dir, &["--tools", "tools.json"]);
+    let client = Client::new(&server);
+    let (_, accepted) = client.submit("g", 6, false).await;
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    client
+        .until(&id, |run| run["totals"]["steps"].as_u64() >= Some(1))
+        .await;
+    server.kill();
+
+    let server = Server::start(&dir, &[]);
+    let run = Client::new(&server).until_final(&id).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["kind"], "Resume", "{run}");
+    let message = run["error"]["message"].as_str().unwrap();
+    assert!(message.contains("tools differ"), "{message}");
+    assert!(server.log().contains("cannot resume the run"));
+}
