@@ -572,7 +572,7 @@ impl Client {
 async fn idempotency_keys_return_the_existing_run() {
     let model = Model::start();
     let dir = scratch("idempotency", &model);
-    let server = Server::start(&dir, &[]);
+    let server = Server::start(&dir, &["--log-format", "json"]);
     let client = Client::new(&server);
     let body = json!({"context": {"turns": 1, "tag": "i"}, "idempotency_key": "order-17"});
     let (status, first) = client.submit_to("turns", &body).await;
@@ -592,6 +592,23 @@ async fn idempotency_keys_return_the_existing_run() {
     assert_eq!(again["run_id"], first["run_id"]);
     assert_eq!(again["status"], "completed");
     assert_eq!(model.prompts_of("i").len(), 1);
+
+    // `--log-format json`: one object per line, the run id a field.
+    let log = server.log();
+    let lines: Vec<Json> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "run finished" && l["run_id"] == *id)
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "request" && l["status"] == 202)
+    );
 }
 
 #[tokio::test]
@@ -884,7 +901,8 @@ async fn failover_between_two_processes_on_postgres() {
     }
     assert!(log_a.contains("run finished"), "A did some of the work");
     // Every call was asked for; a call asked twice was in flight at the kill: its first
-    // request came less than the model's latency (plus a commit) before it.
+    // request came shortly before it (a generous bound: a loaded machine delays answers
+    // and commits), and there is at most one per run A was running.
     let timed = model.timed();
     let mut first: HashMap<&str, Instant> = HashMap::new();
     let mut counts: HashMap<&str, usize> = HashMap::new();
@@ -902,7 +920,7 @@ async fn failover_between_two_processes_on_postgres() {
         assert_eq!(*n, 2, "{prompt}");
         let before = killed_at.duration_since(first[prompt]);
         assert!(
-            before < Duration::from_millis(600),
+            before < Duration::from_secs(2),
             "{prompt}: asked {before:?} before the kill"
         );
     }
