@@ -71,6 +71,11 @@ fn options() -> Options {
         !options.aplc.is_empty(),
         "usage: serve_load PATH/TO/aplc [options]"
     );
+    // The servers run in a scratch directory.
+    options.aplc = std::fs::canonicalize(&options.aplc)
+        .expect("the aplc binary")
+        .display()
+        .to_string();
     options
 }
 
@@ -95,7 +100,7 @@ async fn main() {
     } else {
         options.store.clone()
     };
-    let mut servers: Vec<(Child, String)> = (0..options.workers)
+    let servers: Vec<Server> = (0..options.workers)
         .map(|_| start_server(&options, dir.path(), &store))
         .collect();
     let http = reqwest::Client::builder()
@@ -103,14 +108,13 @@ async fn main() {
         .build()
         .expect("client");
     // Warm up (one run per server) so idle memory includes a run's one-time costs.
-    for (_, url) in &servers {
+    for Server(_, url) in &servers {
         submit(&http, url, options.turns, true).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let idle: Vec<u64> = servers
-        .iter()
-        .map(|(c, _)| rss_kib(c.id(), "VmRSS"))
-        .collect();
+    let idle: Vec<u64> = servers.iter().map(|s| rss_kib(s.0.id(), "VmRSS")).collect();
+    // A store used before holds other runs: count from here.
+    let baseline = completed_runs(&http, &servers[0].1).await;
 
     let started = Instant::now();
     let submits: Vec<_> = (0..options.runs)
@@ -136,7 +140,7 @@ async fn main() {
     let url = servers[0].1.clone();
     loop {
         let completed = completed_runs(&http, &url).await;
-        if completed >= options.runs + options.workers {
+        if completed >= baseline + options.runs {
             break;
         }
         assert!(
@@ -146,10 +150,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let elapsed = started.elapsed();
-    let peak: Vec<u64> = servers
-        .iter()
-        .map(|(c, _)| rss_kib(c.id(), "VmHWM"))
-        .collect();
+    let peak: Vec<u64> = servers.iter().map(|s| rss_kib(s.0.id(), "VmHWM")).collect();
     let mut run_latency = Vec::new();
     for id in &ids {
         let run: Json = http
@@ -166,10 +167,7 @@ async fn main() {
         let updated = run["updated_at_ms"].as_i64().unwrap_or(0);
         run_latency.push((updated - created) as f64);
     }
-    for (child, _) in &mut servers {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    drop(servers);
 
     let throughput = options.runs as f64 / elapsed.as_secs_f64();
     let bound = (options.workers * options.max_concurrent) as f64
@@ -250,7 +248,17 @@ async fn completed_runs(http: &reqwest::Client, url: &str) -> usize {
         .unwrap_or(0)
 }
 
-fn start_server(options: &Options, dir: &std::path::Path, store: &str) -> (Child, String) {
+/// A running `aplc serve` and its URL, killed when dropped (a panic included).
+struct Server(Child, String);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(options: &Options, dir: &std::path::Path, store: &str) -> Server {
     let mut child = Command::new(&options.aplc)
         .current_dir(dir)
         .args(["serve", "--agents", "agents", "--store", store])
@@ -271,7 +279,7 @@ fn start_server(options: &Options, dir: &std::path::Path, store: &str) -> (Child
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("aplc serve did not start: {line:?}"))
         .to_string();
-    (child, url)
+    Server(child, url)
 }
 
 /// A line of /proc/PID/status, in KiB.

@@ -1,8 +1,9 @@
 //! The workers: claim queued runs from the store and drive them with the durable driver.
 //!
-//! One dispatcher task claims a run whenever fewer than `max_concurrent_runs` run here,
-//! woken by a submit in this process or, for runs submitted elsewhere and runs left by a
-//! dead worker, every [`IDLE_POLL`]. Each claimed run is a task of its own: it replays the
+//! One dispatcher task starts a claim whenever fewer than `max_concurrent_runs` runs (or
+//! claims) are in progress here; once a claim finds nothing, it waits to be woken by a
+//! submit in this process or, for runs submitted elsewhere and runs left by a dead
+//! worker, for [`IDLE_POLL`]. Each claimed run is a task of its own: it replays the
 //! run's journal (nothing for a new run), goes on live, and hands its events to the
 //! process's [`LiveRuns`] for the SSE streams.
 //!
@@ -17,7 +18,7 @@
 //! run drops its lease, which frees the run for another worker.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,6 +87,7 @@ pub(crate) async fn dispatch(
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(max_concurrent));
+    let idle = Arc::new(AtomicBool::new(false));
     let mut running = JoinSet::new();
     loop {
         while running.try_join_next().is_some() {}
@@ -96,27 +98,18 @@ pub(crate) async fn dispatch(
             },
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        match state.store.claim().await {
-            Ok(Some(lease)) => {
-                running.spawn(execute(state.clone(), lease, permit));
-            }
-            Ok(None) => {
-                drop(permit);
-                tokio::select! {
-                    () = state.work.notified() => {}
-                    () = tokio::time::sleep(IDLE_POLL) => {}
-                    _ = stop.wait_for(|stop| *stop) => break,
-                }
-            }
-            Err(e) => {
-                drop(permit);
-                tracing::error!(error = %e, "cannot claim a run from the store");
-                tokio::select! {
-                    () = tokio::time::sleep(IDLE_POLL * 2) => {}
-                    _ = stop.wait_for(|stop| *stop) => break,
-                }
+        if idle.swap(false, Ordering::SeqCst) {
+            // The last claim found nothing (or failed): wait for a new run, or poll.
+            tokio::select! {
+                () = state.work.notified() => {}
+                () = tokio::time::sleep(IDLE_POLL) => {}
+                _ = stop.wait_for(|stop| *stop) => break,
             }
         }
+        // Each free slot claims on its own task: claims in flight together share one
+        // commit (SQLite's group commit), where claiming one at a time would make the
+        // claim's round trip the bound on how fast slots refill.
+        running.spawn(claim_and_execute(state.clone(), permit, idle.clone()));
     }
     if !running.is_empty() {
         tracing::info!(
@@ -135,6 +128,18 @@ pub(crate) async fn dispatch(
             );
             running.abort_all();
             while running.join_next().await.is_some() {}
+        }
+    }
+}
+
+/// Claims a run for the free slot `permit` and drives it; sets `idle` when there was none.
+async fn claim_and_execute(state: AppState, permit: OwnedSemaphorePermit, idle: Arc<AtomicBool>) {
+    match state.store.claim().await {
+        Ok(Some(lease)) => execute(state, lease, permit).await,
+        Ok(None) => idle.store(true, Ordering::SeqCst),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot claim a run from the store");
+            idle.store(true, Ordering::SeqCst);
         }
     }
 }
