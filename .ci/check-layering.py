@@ -5,7 +5,9 @@
   anywhere in its normal dependency tree, with every feature of every workspace crate on
   (`--all-features`), so it stays ready for `wasm32-unknown-unknown`.
 * Crates depend downwards only: the core depends on no other aplc crate; the compiler on
-  the core alone; the runtime on the core alone (it never compiles source).
+  the core alone; the runtime on the core alone (it never compiles source); the server
+  (`aplc serve`) on the core, the compiler and the runtime, and nothing below it on the
+  server.
 
 Reads the graph Cargo resolved; compiles nothing. Fails naming the path to each
 forbidden crate.
@@ -26,6 +28,7 @@ ALLOWED_INTERNAL = {
     "aplc-vm": set(),
     "aplc-compiler": {"aplc-vm"},
     "aplc-runtime": {"aplc-vm"},
+    "aplc-server": {"aplc-vm", "aplc-compiler", "aplc-runtime"},
 }
 
 

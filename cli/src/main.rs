@@ -6,7 +6,8 @@
 //!
 //! One module per command: `compile.rs` (check, build), `run.rs` (with `record.rs` for
 //! `--record`), `agent_test/` (test), `init.rs`, `graph.rs`, `inspect.rs`, `bench.rs`,
-//! `trace.rs` (with `timeline.rs`, shared with `run --verbose`), `telemetry.rs` (`--otel`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
+//! `trace.rs` (with `timeline.rs`, shared with `run --verbose`), `telemetry.rs` (`--otel`),
+//! `serve.rs` (over `aplc-server`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
 //! when every case passed, 1 when one failed, 2 for an invalid test file.
 
 mod agent_test;
@@ -21,6 +22,7 @@ mod inspect;
 mod progress;
 mod record;
 mod run;
+mod serve;
 mod signals;
 mod telemetry;
 mod timeline;
@@ -86,6 +88,9 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Measure the executor: run an agent N times in-process with scripted responses.
     Bench(bench::BenchArgs),
+    /// Serve the agents of a directory over HTTP: queued durable runs in a store, live
+    /// events, cancel, metrics (spec/serve.md). Stops on SIGTERM or Ctrl-C.
+    Serve(serve::ServeArgs),
     /// Run agent tests: every `*.test.toml` below the current directory, or the given files
     /// and directories (see spec/testing.md).
     Test(agent_test::TestArgs),
@@ -129,6 +134,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect::inspect(&args),
         Command::Trace(args) => trace::trace(&args),
         Command::Bench(args) => bench::bench(args),
+        Command::Serve(args) => serve::serve(args),
         Command::Test(args) => agent_test::test(&args),
         Command::Init(args) => init::init(&args),
         Command::Completions { shell } => {

@@ -26,7 +26,7 @@ use crate::redact::Redactor;
 use crate::store::{Batch, Lease, LoadedRun, NewRun, RunStore, StoreError, StoredCheckpoint};
 use aplc_vm::journal::Input;
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
-use aplc_vm::{Action, Event, Machine, Program, ProviderError, RunOptions, RunOutcome};
+use aplc_vm::{Action, Event, Interrupt, Machine, Program, ProviderError, RunOptions, RunOutcome};
 
 /// The message a non-idempotent tool call in flight at a crash resolves with.
 pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
@@ -284,31 +284,15 @@ pub async fn start(
     listener: Option<Listener<'_>>,
     config: &DurableOptions,
 ) -> Result<Finished, DurableError> {
+    let record = new_run_record(&run, toolbox, config)?;
     let NewDurableRun {
-        id,
         program,
         mut options,
+        ..
     } = run;
     options.tools = toolbox.registry();
     options.events = true;
-    let bundle = aplc_vm::bundle::encode(program.bundle()).map_err(|e| DurableError::Journal {
-        id: id.clone(),
-        message: format!("cannot encode the bundle: {e}"),
-    })?;
-    let started_at_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0);
-    let lease = store
-        .create(NewRun {
-            id: id.clone(),
-            agent: program.bundle().source_name.clone(),
-            bundle_hash: bundle_hash(&bundle),
-            bundle,
-            options: options_json(&options, toolbox, config),
-            started_at_ms,
-        })
-        .await?;
+    let lease = store.create(record).await?;
     let machine = Machine::new(program.clone(), options);
     let journal = Journal::new(store, lease, config, 0, 0);
     let run = Live {
@@ -324,6 +308,33 @@ pub async fn start(
         program,
         outcome,
         replayed_provider_calls: 0,
+    })
+}
+
+/// What the store keeps of a new run: its bundle, options and tools' fingerprint, for
+/// [`RunStore::create`] or for a service's queue ([`RunStore::enqueue`]), which stores
+/// the run unstarted for a worker to [`reopen_claimed`].
+pub fn new_run_record(
+    run: &NewDurableRun,
+    toolbox: &Toolbox,
+    config: &DurableOptions,
+) -> Result<NewRun, DurableError> {
+    let bundle =
+        aplc_vm::bundle::encode(run.program.bundle()).map_err(|e| DurableError::Journal {
+            id: run.id.clone(),
+            message: format!("cannot encode the bundle: {e}"),
+        })?;
+    let started_at_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    Ok(NewRun {
+        id: run.id.clone(),
+        agent: run.program.bundle().source_name.clone(),
+        bundle_hash: bundle_hash(&bundle),
+        bundle,
+        options: options_json(&run.options, toolbox, config),
+        started_at_ms,
     })
 }
 
@@ -425,6 +436,33 @@ pub async fn reopen<'s>(
     config: &DurableOptions,
 ) -> Result<Reopened<'s>, DurableError> {
     let lease = store.acquire(id).await?;
+    reopen_leased(store, lease, expected, toolbox, config, Interrupt::new()).await
+}
+
+/// [`reopen`] for a run a service's worker claimed ([`RunStore::claim`]) with its lease:
+/// a queued run never started (its journal is empty: it starts from the beginning) or
+/// one whose worker died. `interrupt` becomes the run's cancel flag: set it only once
+/// this returns, since a flag set during the replay would stop the replay itself.
+pub async fn reopen_claimed<'s>(
+    store: &'s dyn RunStore,
+    lease: Box<dyn Lease>,
+    toolbox: &Toolbox,
+    config: &DurableOptions,
+    interrupt: Interrupt,
+) -> Result<Reopened<'s>, DurableError> {
+    reopen_leased(store, lease, None, toolbox, config, interrupt).await
+}
+
+async fn reopen_leased<'s>(
+    store: &'s dyn RunStore,
+    lease: Box<dyn Lease>,
+    expected: Option<&Program>,
+    toolbox: &Toolbox,
+    config: &DurableOptions,
+    interrupt: Interrupt,
+) -> Result<Reopened<'s>, DurableError> {
+    let id = lease.run_id().to_owned();
+    let id = id.as_str();
     let loaded = store.load(id).await?;
     let corrupt = |message: String| DurableError::Journal {
         id: id.to_owned(),
@@ -457,6 +495,7 @@ pub async fn reopen<'s>(
         ));
     }
     options.tools = toolbox.registry();
+    options.interrupt = interrupt;
     let replayed = replay(id, program.clone(), options, &loaded)?;
     let mut journal = Journal::new(
         store,
@@ -476,6 +515,30 @@ pub async fn reopen<'s>(
         last_event: replayed.last_event,
         replayed_provider_calls: replayed.provider_inputs,
     })
+}
+
+/// Ends the unfinished run `id` as failed with `message`, without running it: for a
+/// service whose worker cannot resume a run (its journal does not replay on this build,
+/// or the tools it started with are gone), so that the run is not claimed again and
+/// again. Takes the run's lease; the outcome's error kind is `Resume`.
+pub async fn abandon(store: &dyn RunStore, id: &str, message: &str) -> Result<(), DurableError> {
+    let lease = store.acquire(id).await?;
+    let summary = store.summary(id).await?;
+    let outcome = json!({
+        "status": "failed",
+        "error": { "kind": "Resume", "message": message, "step": null },
+        "steps": summary.steps,
+        "last_step_errors": [],
+        "context": null,
+    });
+    let batch = Batch {
+        first_input: summary.inputs,
+        steps: summary.steps,
+        outcome: Some(outcome),
+        ..Batch::default()
+    };
+    store.append(lease.as_ref(), batch).await?;
+    Ok(())
 }
 
 /// A run's current state, rebuilt from the store without taking it over: for

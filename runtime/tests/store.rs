@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aplc_runtime::store::{
-    self, Batch, NewRun, RunState, RunStore, StoreError, StoreUrl, StoredCheckpoint,
+    self, Batch, Enqueued, NewRun, QueueStatus, QueuedRun, RunState, RunStore, StoreError,
+    StoreUrl, StoredCheckpoint,
 };
 use serde_json::json;
 
@@ -468,6 +469,194 @@ async fn concurrent_opens_migrate_once(backend: Backend) {
     assert_eq!(store.list().await.expect("list").len(), 1);
 }
 
+fn queued(id: &str, agent: &str, at: i64, key: Option<&str>) -> QueuedRun {
+    QueuedRun {
+        run: new_run(id, at),
+        agent: agent.to_string(),
+        idempotency_key: key.map(str::to_string),
+        traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+    }
+}
+
+/// The service's queue: enqueue with idempotency keys, claims in order that never hand
+/// out a held run, takeover of a released one, cancel flags, statuses and counts.
+async fn queue_claims_cancel_and_idempotency(backend: Backend) {
+    let store = backend.open().await;
+    let first = store
+        .enqueue(queued("a", "greet", 1, Some("k1")))
+        .await
+        .expect("enqueue a");
+    assert_eq!(first, Enqueued::New("a".into()));
+    // The same key for the same agent: the run it started, nothing stored.
+    let again = store
+        .enqueue(queued("a2", "greet", 2, Some("k1")))
+        .await
+        .expect("enqueue again");
+    assert_eq!(again, Enqueued::Existing("a".into()));
+    assert!(matches!(
+        store.summary("a2").await,
+        Err(StoreError::NotFound(_))
+    ));
+    // The same key for another agent is another run.
+    let other = store
+        .enqueue(queued("b", "other", 2, Some("k1")))
+        .await
+        .expect("enqueue b");
+    assert_eq!(other, Enqueued::New("b".into()));
+    store
+        .enqueue(queued("c", "greet", 3, None))
+        .await
+        .expect("enqueue c");
+    assert!(matches!(
+        store.enqueue(queued("c", "greet", 4, None)).await,
+        Err(StoreError::Exists(_))
+    ));
+
+    let entry = store.queue_entry("a").await.expect("entry");
+    assert_eq!(entry.status, QueueStatus::Queued);
+    assert_eq!(entry.agent, "greet");
+    assert!(!entry.cancel_requested);
+    assert!(entry.traceparent.is_some());
+    assert_eq!(entry.summary.inputs, 0);
+    assert_eq!(
+        store
+            .queue_counts()
+            .await
+            .expect("counts")
+            .get(QueueStatus::Queued),
+        3
+    );
+
+    // Claims go oldest first and never hand out a run a live lease holds.
+    let a = store.claim().await.expect("claim").expect("a");
+    assert_eq!(a.run_id(), "a");
+    assert_eq!(
+        store.queue_entry("a").await.unwrap().status,
+        QueueStatus::Running
+    );
+    let b = store.claim().await.expect("claim").expect("b");
+    assert_eq!(b.run_id(), "b");
+    let c = store.claim().await.expect("claim").expect("c");
+    assert_eq!(c.run_id(), "c");
+    assert!(store.claim().await.expect("claim").is_none());
+    // Another store (another process, for PostgreSQL) finds nothing to claim either.
+    let second = backend.open().await;
+    assert!(second.claim().await.expect("claim").is_none());
+    // A released lease (a worker gone) is claimed again, by anyone.
+    drop(b);
+    let b = acquire_claim(&*second, "b").await;
+    // A claimed run with an empty journal loads: it starts from the beginning.
+    let loaded = second.load("b").await.expect("load");
+    assert!(loaded.inputs.is_empty() && loaded.checkpoints.is_empty());
+
+    // A finished run leaves the queue with its status.
+    let outcome = json!({"status": "succeeded", "error": null});
+    store
+        .append(
+            &*a,
+            Batch {
+                outcome: Some(outcome),
+                ..batch(0, Vec::new(), &["{}"], 1)
+            },
+        )
+        .await
+        .expect("finish a");
+    assert_eq!(
+        store.queue_entry("a").await.unwrap().status,
+        QueueStatus::Completed
+    );
+    let cancelled =
+        json!({"status": "failed", "error": {"kind": "Cancelled", "message": "cancelled"}});
+    second
+        .append(
+            &*b,
+            Batch {
+                outcome: Some(cancelled),
+                ..batch(0, Vec::new(), &[], 0)
+            },
+        )
+        .await
+        .expect("finish b");
+    assert_eq!(
+        store.queue_entry("b").await.unwrap().status,
+        QueueStatus::Cancelled
+    );
+
+    // Cancel flags.
+    store.request_cancel("c").await.expect("cancel c");
+    assert!(second.queue_entry("c").await.unwrap().cancel_requested);
+    assert!(matches!(
+        store.request_cancel("nope").await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        store.queue_entry("nope").await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    let counts = store.queue_counts().await.expect("counts");
+    assert_eq!(counts.get(QueueStatus::Completed), 1);
+    assert_eq!(counts.get(QueueStatus::Cancelled), 1);
+    assert_eq!(counts.get(QueueStatus::Running), 1);
+    assert_eq!(counts.get(QueueStatus::Queued), 0);
+    drop(c);
+}
+
+/// Claims until `id` comes (a released lease frees the run a moment later on
+/// PostgreSQL, whose unlock is queued).
+async fn acquire_claim(store: &dyn RunStore, id: &str) -> Box<dyn store::Lease> {
+    let started = Instant::now();
+    loop {
+        if let Some(lease) = store.claim().await.expect("claim") {
+            assert_eq!(lease.run_id(), id);
+            return lease;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{id} never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A store of schema version 1 (before the queue) is migrated on open.
+#[tokio::test]
+async fn sqlite_migrates_a_version_1_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("runs.db");
+    let url = format!("sqlite:{}", path.display());
+    let store = store::open(&StoreUrl::parse(&url).expect("url"))
+        .await
+        .expect("create");
+    drop(store.create(new_run("old", 1)).await.expect("create run"));
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).expect("sqlite");
+    conn.execute_batch(
+        "DROP TABLE run_queue; DROP TABLE idempotency_keys;
+         UPDATE aplc_meta SET value = '1' WHERE key = 'schema_version';
+         PRAGMA user_version = 1;",
+    )
+    .expect("downgrade");
+    drop(conn);
+    let store = store::open(&StoreUrl::parse(&url).expect("url"))
+        .await
+        .expect("migrate");
+    assert_eq!(store.list().await.expect("list").len(), 1);
+    store
+        .enqueue(queued("new", "greet", 2, None))
+        .await
+        .expect("enqueue");
+    // A run `create` made is not in the queue.
+    assert!(matches!(
+        store.queue_entry("old").await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert_eq!(
+        store.claim().await.expect("claim").expect("new").run_id(),
+        "new"
+    );
+}
+
 /// Each generic check, once per backend.
 macro_rules! both_backends {
     ($($check:ident),* $(,)?) => {
@@ -500,6 +689,7 @@ both_backends!(
     a_killed_holder_releases,
     concurrent_appends,
     concurrent_opens_migrate_once,
+    queue_claims_cancel_and_idempotency,
 );
 
 /// Not a check: with `APLC_STORE_LEASE_HOLDER` set, takes that run's lease, says so on
@@ -583,7 +773,7 @@ async fn sqlite_refuses_a_newer_schema() {
             err,
             StoreError::NewerSchema {
                 found: 99,
-                supported: 1
+                supported: 2
             }
         ),
         "{err:?}"
@@ -722,7 +912,7 @@ async fn postgres_refuses_a_newer_schema() {
             err,
             StoreError::NewerSchema {
                 found: 7,
-                supported: 1
+                supported: 2
             }
         ),
         "{err:?}"

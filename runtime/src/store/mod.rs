@@ -217,6 +217,185 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
     /// Storage the run uses, in bytes (inputs, events, checkpoints), for benches.
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    // The queue of a service (`aplc serve`, spec/serve.md). Runs enter it unstarted and
+    // are claimed by workers; a store that has no queue refuses these.
+
+    /// Stores a run as queued, without a lease, and returns its id; or, when the same
+    /// agent was given the same idempotency key less than [`IDEMPOTENCY_WINDOW_MS`] ago,
+    /// stores nothing and returns the id of the run that key started.
+    fn enqueue<'a>(&'a self, run: QueuedRun) -> BoxFuture<'a, Result<Enqueued, StoreError>> {
+        let _ = run;
+        Box::pin(async { Err(no_queue()) })
+    }
+
+    /// Claims the oldest unfinished queued run no live worker holds, and takes its lease:
+    /// a run never claimed, or one whose worker died. `None` when there is none.
+    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Box<dyn Lease>>, StoreError>> {
+        Box::pin(async { Err(no_queue()) })
+    }
+
+    /// Asks for a queued run to be cancelled, wherever it executes: the flag is stored,
+    /// and the worker holding the run sees it ([`RunStore::queue_entry`]).
+    fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        let _ = id;
+        Box::pin(async { Err(no_queue()) })
+    }
+
+    /// A queued run: its summary, status and queue fields.
+    fn queue_entry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<QueueEntry, StoreError>> {
+        let _ = id;
+        Box::pin(async { Err(no_queue()) })
+    }
+
+    /// The number of queued runs in each status, for metrics.
+    fn queue_counts<'a>(&'a self) -> BoxFuture<'a, Result<QueueCounts, StoreError>> {
+        Box::pin(async { Err(no_queue()) })
+    }
+}
+
+/// How long an idempotency key keeps answering with the run it started: 24 hours.
+pub const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
+
+fn no_queue() -> StoreError {
+    StoreError::Database("this store has no run queue".into())
+}
+
+/// A run for the queue: what [`RunStore::create`] stores, and the service's fields.
+#[derive(Debug, Clone)]
+pub struct QueuedRun {
+    /// The run, as `create` would store it (`started_at_ms` is the enqueue time).
+    pub run: NewRun,
+    /// The name the service knows the agent by (its file name without extension).
+    pub agent: String,
+    /// The client's idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// The W3C `traceparent` of the request that started the run, kept for tracing.
+    pub traceparent: Option<String>,
+}
+
+/// What [`RunStore::enqueue`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enqueued {
+    /// A new run, queued under this id.
+    New(String),
+    /// The idempotency key had started this run already: nothing was stored.
+    Existing(String),
+}
+
+impl Enqueued {
+    /// The run id either way.
+    pub fn id(&self) -> &str {
+        match self {
+            Enqueued::New(id) | Enqueued::Existing(id) => id,
+        }
+    }
+}
+
+/// A queued run's status, as the service reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueStatus {
+    /// Waiting for a worker.
+    Queued,
+    /// Claimed by a worker (or, after a crash, waiting to be claimed again).
+    Running,
+    /// Finished without a run error.
+    Completed,
+    /// Finished with a run error other than a cancellation.
+    Failed,
+    /// Finished because it was cancelled.
+    Cancelled,
+}
+
+impl QueueStatus {
+    /// Every status, in the order the service lists them.
+    pub const ALL: [QueueStatus; 5] = [
+        QueueStatus::Queued,
+        QueueStatus::Running,
+        QueueStatus::Completed,
+        QueueStatus::Failed,
+        QueueStatus::Cancelled,
+    ];
+
+    /// The status's name in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueStatus::Queued => "queued",
+            QueueStatus::Running => "running",
+            QueueStatus::Completed => "completed",
+            QueueStatus::Failed => "failed",
+            QueueStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// True for completed, failed and cancelled.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            QueueStatus::Completed | QueueStatus::Failed | QueueStatus::Cancelled
+        )
+    }
+
+    /// The final status a stored outcome means (the driver's `outcome_json`): a run
+    /// error of kind `Cancelled` is a cancellation, any other a failure.
+    pub fn of_outcome(outcome: &serde_json::Value) -> QueueStatus {
+        match outcome.get("error") {
+            None | Some(serde_json::Value::Null) => QueueStatus::Completed,
+            Some(error) if error.get("kind").and_then(|k| k.as_str()) == Some("Cancelled") => {
+                QueueStatus::Cancelled
+            }
+            Some(_) => QueueStatus::Failed,
+        }
+    }
+
+    /// Reads [`QueueStatus::as_str`] back.
+    pub(super) fn from_column(text: &str) -> Result<QueueStatus, StoreError> {
+        QueueStatus::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown queue status `{text}`")))
+    }
+
+    /// The status of an unfinished queued run: claimed or not.
+    pub(super) fn of_claimed(claimed: bool) -> QueueStatus {
+        if claimed {
+            QueueStatus::Running
+        } else {
+            QueueStatus::Queued
+        }
+    }
+}
+
+/// A queued run as the service shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueEntry {
+    /// The run's summary row (totals, outcome).
+    pub summary: RunSummary,
+    /// The name the service knows the agent by.
+    pub agent: String,
+    /// Queued, running, or how it ended.
+    pub status: QueueStatus,
+    /// A cancellation was asked for.
+    pub cancel_requested: bool,
+    /// The `traceparent` of the request that started it.
+    pub traceparent: Option<String>,
+}
+
+/// Runs per status in the queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    /// Counts by status; a status with no run may be missing.
+    pub by_status: Vec<(QueueStatus, u64)>,
+}
+
+impl QueueCounts {
+    /// The count of one status.
+    pub fn get(&self, status: QueueStatus) -> u64 {
+        self.by_status
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map_or(0, |(_, n)| *n)
+    }
 }
 
 /// A store that cannot do what was asked. Messages never carry a password.
@@ -272,7 +451,7 @@ pub enum StoreError {
 }
 
 /// The newest schema version this build reads and writes (both backends).
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// The value of the `magic` row in `aplc_meta`: what marks a database as an aplc store.
 const MAGIC: &str = "aplc-run-store";

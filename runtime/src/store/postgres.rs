@@ -5,7 +5,8 @@
 //! **Writes** go through one connection owned by a writer task, with group commit as in
 //! the SQLite store: every job queued when the task is free runs in its own savepoint of
 //! one transaction, so many runs appending at once share one commit (one fsync on the
-//! server). **Reads** use a second connection.
+//! server). **Reads** use a second connection. The service's **queue** (enqueue, claim,
+//! cancel; spec/serve.md) writes on a fourth, in short transactions of its own.
 //!
 //! **Leases** are session-level advisory locks on a third connection, shared by the
 //! store's leases so a hundred runs do not need a hundred connections. The server
@@ -25,15 +26,17 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, NoTls, Transaction};
 
 use super::{
-    Batch, Lease, LoadedRun, MAGIC, NewRun, RunState, RunStore, RunSummary, SCHEMA_VERSION,
-    StoreError, StoredCheckpoint, count, db_int, json_column, now_ms, redact_url, redact_with,
+    Batch, Enqueued, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun, MAGIC, NewRun, QueueCounts,
+    QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary, SCHEMA_VERSION, StoreError,
+    StoredCheckpoint, count, db_int, json_column, now_ms, redact_url, redact_with,
 };
 use crate::driver::BoxFuture;
 
 /// Migrations, by the version they lead to.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE aplc_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE aplc_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
      CREATE TABLE bundles (hash TEXT PRIMARY KEY, bytes BYTEA NOT NULL);
      CREATE TABLE runs (
          id TEXT PRIMARY KEY,
@@ -62,10 +65,33 @@ const MIGRATIONS: &[(i64, &str)] = &[(
          history_start BIGINT NOT NULL, history BYTEA NOT NULL, state BYTEA,
          PRIMARY KEY (run_id, seq)
      );",
-)];
+    ),
+    (
+        2,
+        // The service's queue (spec/serve.md), as in SQLite's version 2.
+        "CREATE TABLE run_queue (
+         run_id TEXT PRIMARY KEY,
+         agent TEXT NOT NULL,
+         enqueued_at_ms BIGINT NOT NULL,
+         claimed BOOLEAN NOT NULL DEFAULT FALSE,
+         final_status TEXT,
+         cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+         traceparent TEXT
+     );
+     CREATE INDEX run_queue_open ON run_queue (enqueued_at_ms, run_id)
+         WHERE final_status IS NULL;
+     CREATE TABLE idempotency_keys (
+         agent TEXT NOT NULL,
+         key TEXT NOT NULL,
+         run_id TEXT NOT NULL,
+         created_at_ms BIGINT NOT NULL,
+         PRIMARY KEY (agent, key)
+     );",
+    ),
+];
 
-/// The tables of version 1: a database holding any of them without `aplc_meta` is not
-/// ours.
+/// The tables of every version: a database holding any of them without `aplc_meta` is
+/// not ours.
 const TABLES: &[&str] = &[
     "aplc_meta",
     "bundles",
@@ -73,6 +99,8 @@ const TABLES: &[&str] = &[
     "inputs",
     "events",
     "checkpoints",
+    "run_queue",
+    "idempotency_keys",
 ];
 
 /// The advisory lock (transaction-level) that serializes migrations between processes.
@@ -83,6 +111,9 @@ pub(super) struct PgStore {
     url: Arc<str>,
     writer: mpsc::UnboundedSender<Job>,
     reader: Mutex<Client>,
+    /// The queue's writes (enqueue, claim, cancel): short transactions of their own, so
+    /// a claim's row locks never wait behind a group commit.
+    queue: Mutex<Client>,
     locks: Arc<Locks>,
 }
 
@@ -168,6 +199,7 @@ impl PgStore {
         migrate(&url, &mut writer).await?;
         let reader = connect(&url).await?;
         let lock_client = connect(&url).await?;
+        let queue = connect(&url).await?;
         let (jobs, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_loop(Arc::clone(&url), writer, rx));
         let (ops, pending) = mpsc::unbounded_channel();
@@ -180,6 +212,7 @@ impl PgStore {
             url,
             writer: jobs,
             reader: Mutex::new(reader),
+            queue: Mutex::new(queue),
             locks,
         })
     }
@@ -397,6 +430,158 @@ impl RunStore for PgStore {
             count(row.get(0), "byte count")
         })
     }
+
+    fn enqueue<'a>(&'a self, run: QueuedRun) -> BoxFuture<'a, Result<Enqueued, StoreError>> {
+        Box::pin(async move {
+            let mut client = self.queue.lock().await;
+            let tx = client.transaction().await.map_err(|e| self.error(e))?;
+            let enqueued = enqueue_run(&self.url, &tx, &run).await?;
+            // An existing run's key stored nothing: the commit (or rollback) is the same.
+            tx.commit().await.map_err(|e| self.error(e))?;
+            Ok(enqueued)
+        })
+    }
+
+    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Box<dyn Lease>>, StoreError>> {
+        Box::pin(async move {
+            let mut client = self.queue.lock().await;
+            let tx = client.transaction().await.map_err(|e| self.error(e))?;
+            // The `claimed` flag is only what the API shows (queued or running): the
+            // advisory lock makes the claim, and a crash drops both. So the claim's
+            // commit does not wait for its fsync.
+            tx.batch_execute("SET LOCAL synchronous_commit = off")
+                .await
+                .map_err(|e| self.error(e))?;
+            // Open runs no live session holds the advisory lock of (a worker's locks
+            // vanish with its connection), oldest first; `SKIP LOCKED` passes over the
+            // rows another claim is looking at this instant. The advisory lock taken next
+            // is what makes the claim exclusive: a row is only a candidate.
+            let candidates = tx
+                .query(
+                    "WITH held AS (
+                         SELECT (l.classid::BIGINT << 32) | l.objid::BIGINT AS key
+                         FROM pg_locks l
+                         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                           AND l.database = (SELECT oid FROM pg_database
+                                             WHERE datname = current_database()))
+                     SELECT q.run_id FROM run_queue q
+                     WHERE q.final_status IS NULL
+                       AND hashtextextended('aplc-run:' || q.run_id, 0) NOT IN (SELECT key FROM held)
+                     ORDER BY q.enqueued_at_ms, q.run_id
+                     LIMIT 16
+                     FOR UPDATE OF q SKIP LOCKED",
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            for row in candidates {
+                let id: String = row.get(0);
+                let lease = match self.lock(&id).await {
+                    Ok(lease) => lease,
+                    Err(StoreError::Locked(_)) => continue,
+                    Err(e) => return Err(e),
+                };
+                // Locked first, then checked: a run that finished meanwhile is skipped.
+                let open = tx
+                    .query_opt(
+                        "UPDATE run_queue SET claimed = TRUE
+                         WHERE run_id = $1 AND final_status IS NULL RETURNING run_id",
+                        &[&id],
+                    )
+                    .await
+                    .map_err(|e| self.error(e))?;
+                if open.is_none() {
+                    continue;
+                }
+                tx.commit().await.map_err(|e| self.error(e))?;
+                return Ok(Some(Box::new(lease) as Box<dyn Lease>));
+            }
+            tx.commit().await.map_err(|e| self.error(e))?;
+            Ok(None)
+        })
+    }
+
+    fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let client = self.queue.lock().await;
+            let changed = client
+                .execute(
+                    "UPDATE run_queue SET cancel_requested = TRUE WHERE run_id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            if changed == 0 {
+                return Err(StoreError::NotFound(id.to_string()));
+            }
+            Ok(())
+        })
+    }
+
+    fn queue_entry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<QueueEntry, StoreError>> {
+        Box::pin(async move {
+            let mut client = self.reader.lock().await;
+            let tx = client
+                .build_transaction()
+                .read_only(true)
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .start()
+                .await
+                .map_err(|e| self.error(e))?;
+            let summary = read_summary(&self.url, &tx, id).await?;
+            let row = tx
+                .query_opt(
+                    "SELECT agent, claimed, cancel_requested, traceparent FROM run_queue
+                     WHERE run_id = $1",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+            tx.commit().await.map_err(|e| self.error(e))?;
+            let claimed: bool = row.get(1);
+            let status = match &summary.outcome {
+                Some(outcome) if summary.state == RunState::Finished => {
+                    QueueStatus::of_outcome(outcome)
+                }
+                _ => QueueStatus::of_claimed(claimed),
+            };
+            Ok(QueueEntry {
+                agent: row.get(0),
+                status,
+                cancel_requested: row.get(2),
+                traceparent: row.get(3),
+                summary,
+            })
+        })
+    }
+
+    fn queue_counts<'a>(&'a self) -> BoxFuture<'a, Result<QueueCounts, StoreError>> {
+        Box::pin(async move {
+            let client = self.reader.lock().await;
+            let rows = client
+                .query(
+                    "SELECT final_status, claimed, COUNT(*) FROM run_queue GROUP BY 1, 2",
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            let mut counts = QueueCounts::default();
+            for row in rows {
+                let status: Option<String> = row.get(0);
+                let status = match status {
+                    Some(status) => QueueStatus::from_column(&status)?,
+                    None => QueueStatus::of_claimed(row.get(1)),
+                };
+                let n = count(row.get(2), "run count")?;
+                match counts.by_status.iter_mut().find(|(s, _)| *s == status) {
+                    Some((_, total)) => *total += n,
+                    None => counts.by_status.push((status, n)),
+                }
+            }
+            Ok(counts)
+        })
+    }
 }
 
 /// The writer task: takes every queued job, commits them together, answers each.
@@ -506,6 +691,7 @@ async fn write_together(
     let (mut ev_run, mut ev_seq, mut ev_json) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ck_run, mut ck_inputs, mut ck_start, mut ck_history, mut ck_state) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut fin_id, mut fin_status): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
     let (mut up_id, mut up_steps, mut up_inputs, mut up_events, mut up_state, mut up_outcome) = (
         Vec::new(),
         Vec::new(),
@@ -560,7 +746,11 @@ async fn write_together(
                             ck_state.push(checkpoint.state.as_deref());
                         }
                         let (state, outcome) = match &batch.outcome {
-                            Some(outcome) => (RunState::Finished, Some(outcome.to_string())),
+                            Some(outcome) => {
+                                fin_id.push(id.as_str());
+                                fin_status.push(QueueStatus::of_outcome(outcome).as_str());
+                                (RunState::Finished, Some(outcome.to_string()))
+                            }
                             None => (RunState::Running, None),
                         };
                         up_id.push(id.as_str());
@@ -666,6 +856,15 @@ async fn write_together(
                 &up_outcome,
                 &now,
             ],
+        )
+        .await?;
+    }
+    if !fin_id.is_empty() {
+        // A queued run leaves the claimable set (no row for a run `create` made).
+        tx.execute(
+            "UPDATE run_queue q SET final_status = t.status
+             FROM UNNEST($1::TEXT[], $2::TEXT[]) AS t(id, status) WHERE q.run_id = t.id",
+            &[&fin_id, &fin_status],
         )
         .await?;
     }
@@ -861,12 +1060,110 @@ async fn append_rows(
     )
         .await
         };
-    let (inputs, events, checkpoint, run) = tokio::join!(inputs, events, checkpoint, run);
+    let finished = async {
+        let Some(outcome) = &batch.outcome else {
+            return Ok(0);
+        };
+        let status = QueueStatus::of_outcome(outcome).as_str();
+        tx.execute(
+            "UPDATE run_queue SET final_status = $2 WHERE run_id = $1",
+            &[&id, &status],
+        )
+        .await
+    };
+    let (inputs, events, checkpoint, run, finished) =
+        tokio::join!(inputs, events, checkpoint, run, finished);
     inputs?;
     events?;
     checkpoint?;
     run?;
+    finished?;
     Ok(())
+}
+
+/// Stores a queued run, or finds the run its idempotency key started (spec/serve.md).
+///
+/// Two requests with one new key at once: the second `INSERT … ON CONFLICT DO NOTHING`
+/// waits for the first's row, then finds it, so one run is stored.
+async fn enqueue_run(
+    url: &str,
+    tx: &Transaction<'_>,
+    queued: &QueuedRun,
+) -> Result<Enqueued, StoreError> {
+    let error = |e: tokio_postgres::Error| db_error(url, &e);
+    let run = &queued.run;
+    let now = now_ms();
+    if let Some(key) = &queued.idempotency_key {
+        let inserted = tx
+            .query_opt(
+                "INSERT INTO idempotency_keys (agent, key, run_id, created_at_ms)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (agent, key) DO NOTHING RETURNING run_id",
+                &[&queued.agent, key, &run.id, &now],
+            )
+            .await
+            .map_err(error)?;
+        if inserted.is_none() {
+            let row = tx
+                .query_one(
+                    "SELECT run_id, created_at_ms FROM idempotency_keys
+                     WHERE agent = $1 AND key = $2 FOR UPDATE",
+                    &[&queued.agent, key],
+                )
+                .await
+                .map_err(error)?;
+            let created: i64 = row.get(1);
+            if created > now - IDEMPOTENCY_WINDOW_MS {
+                return Ok(Enqueued::Existing(row.get(0)));
+            }
+            tx.execute(
+                "UPDATE idempotency_keys SET run_id = $3, created_at_ms = $4
+                 WHERE agent = $1 AND key = $2",
+                &[&queued.agent, key, &run.id, &now],
+            )
+            .await
+            .map_err(error)?;
+        }
+    }
+    tx.execute(
+        "INSERT INTO bundles (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
+        &[&run.bundle_hash, &run.bundle],
+    )
+    .await
+    .map_err(error)?;
+    let state = RunState::Running.as_str();
+    let options = run.options.to_string();
+    let inserted = tx
+        .execute(
+            "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
+                               updated_at_ms, options, outcome, input_count, event_count)
+             VALUES ($1, $2, $3, $4, 0, $5, $5, $6, NULL, 0, 0) ON CONFLICT (id) DO NOTHING",
+            &[
+                &run.id,
+                &run.agent,
+                &run.bundle_hash,
+                &state,
+                &run.started_at_ms,
+                &options,
+            ],
+        )
+        .await
+        .map_err(error)?;
+    if inserted == 0 {
+        return Err(StoreError::Exists(run.id.clone()));
+    }
+    tx.execute(
+        "INSERT INTO run_queue (run_id, agent, enqueued_at_ms, traceparent)
+         VALUES ($1, $2, $3, $4)",
+        &[
+            &run.id,
+            &queued.agent,
+            &run.started_at_ms,
+            &queued.traceparent,
+        ],
+    )
+    .await
+    .map_err(error)?;
+    Ok(Enqueued::New(run.id.clone()))
 }
 
 /// The columns [`summary_row`] reads, in order.

@@ -41,8 +41,9 @@ use rusqlite::{
 use tokio::sync::oneshot;
 
 use super::{
-    Batch, Lease, LoadedRun, MAGIC, NewRun, RunState, RunStore, RunSummary, SCHEMA_VERSION,
-    StoreError, StoredCheckpoint, count, db_int, json_column, now_ms,
+    Batch, Enqueued, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun, MAGIC, NewRun, QueueCounts,
+    QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary, SCHEMA_VERSION, StoreError,
+    StoredCheckpoint, count, db_int, json_column, now_ms,
 };
 use crate::driver::BoxFuture;
 
@@ -56,9 +57,10 @@ const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 const MAX_GROUP: usize = 512;
 
 /// Migrations, by the version they lead to. Version 1 is the first schema.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE aplc_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE aplc_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
      CREATE TABLE bundles (hash TEXT PRIMARY KEY, bytes BLOB NOT NULL);
      CREATE TABLE runs (
          id TEXT PRIMARY KEY,
@@ -88,7 +90,31 @@ const MIGRATIONS: &[(i64, &str)] = &[(
          PRIMARY KEY (run_id, seq)
      );
      CREATE TABLE leases (run_id TEXT PRIMARY KEY, holder TEXT NOT NULL);",
-)];
+    ),
+    (
+        2,
+        // The service's queue (spec/serve.md). `final_status` is set by the append that
+        // finishes the run (NULL while it is open), so claims scan open runs only and
+        // counts read no outcome.
+        "CREATE TABLE run_queue (
+         run_id TEXT PRIMARY KEY,
+         agent TEXT NOT NULL,
+         enqueued_at_ms INTEGER NOT NULL,
+         claimed INTEGER NOT NULL DEFAULT 0,
+         final_status TEXT,
+         cancel_requested INTEGER NOT NULL DEFAULT 0,
+         traceparent TEXT
+     );
+     CREATE INDEX run_queue_open ON run_queue (final_status, enqueued_at_ms, run_id);
+     CREATE TABLE idempotency_keys (
+         agent TEXT NOT NULL,
+         key TEXT NOT NULL,
+         run_id TEXT NOT NULL,
+         created_at_ms INTEGER NOT NULL,
+         PRIMARY KEY (agent, key)
+     );",
+    ),
+];
 
 /// The SQLite store. The writer thread ends when the store is dropped (its channel
 /// closes), after the jobs already queued.
@@ -168,6 +194,45 @@ enum Job {
     Append(String, Batch, oneshot::Sender<Result<(), StoreError>>),
     /// Deletes `holder`'s lease row of a run; nobody waits for it.
     Release(String, Arc<str>),
+    /// A write of the service's queue, answering with its own type.
+    Queue(Box<dyn QueueWrite>),
+}
+
+/// A queue write for the writer thread: run in its own savepoint of the group's
+/// transaction, answered once the group's commit is known.
+trait QueueWrite: Send {
+    /// Runs the write (`now`: the group's time, ms since the epoch).
+    fn run(&mut self, tx: &mut Transaction<'_>, now: i64);
+    /// Answers the caller; `commit` is the group's commit (an error undoes the write).
+    fn answer(self: Box<Self>, commit: Result<(), &StoreError>);
+}
+
+/// A [`QueueWrite`] from a closure returning `T`.
+struct Write<T> {
+    write: Option<WriteFn<T>>,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+type WriteFn<T> = Box<dyn FnOnce(&Connection, i64) -> Result<T, StoreError> + Send>;
+
+impl<T: Send> QueueWrite for Write<T> {
+    fn run(&mut self, tx: &mut Transaction<'_>, now: i64) {
+        if let Some(write) = self.write.take() {
+            self.result = Some(in_savepoint_with(tx, |c| write(c, now)));
+        }
+    }
+
+    fn answer(self: Box<Self>, commit: Result<(), &StoreError>) {
+        let result = match (commit, self.result) {
+            (_, Some(Err(e))) => Err(e),
+            (Err(e), _) => Err(StoreError::Database(format!("the commit failed: {e}"))),
+            (Ok(()), Some(Ok(value))) => Ok(value),
+            (Ok(()), None) => Err(StoreError::Database("the write did not run".into())),
+        };
+        // A caller that stopped waiting has nothing to be told.
+        let _ = self.reply.send(result);
+    }
 }
 
 /// Who asks for a lease: the holder's name and where holders' files live.
@@ -377,6 +442,234 @@ impl RunStore for SqliteStore {
             count(bytes, "byte count")
         }))
     }
+
+    fn enqueue<'a>(&'a self, run: QueuedRun) -> BoxFuture<'a, Result<Enqueued, StoreError>> {
+        Box::pin(self.queue_write(move |c, now| enqueue_run(c, &run, now)))
+    }
+
+    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Box<dyn Lease>>, StoreError>> {
+        Box::pin(async move {
+            let lessee = Lessee {
+                holder: self.holder.clone(),
+                locks: self.locks.clone(),
+            };
+            let held = self.held.clone();
+            let Some(id) = self
+                .queue_write(move |c, _| claim_run(c, &lessee, &held))
+                .await?
+            else {
+                return Ok(None);
+            };
+            // `claim_run` entered the run in `held`; from here the lease owns that entry.
+            Ok(Some(Box::new(SqliteLease {
+                run_id: id,
+                holder: self.holder.clone(),
+                held: self.held.clone(),
+                writer: self.writer.clone(),
+            }) as Box<dyn Lease>))
+        })
+    }
+
+    fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        let id = id.to_string();
+        Box::pin(self.queue_write(move |c, _| {
+            let changed = c
+                .prepare_cached("UPDATE run_queue SET cancel_requested = 1 WHERE run_id = ?1")
+                .and_then(|mut s| s.execute(params![id]))
+                .map_err(db_error)?;
+            if changed == 0 {
+                return Err(StoreError::NotFound(id));
+            }
+            Ok(())
+        }))
+    }
+
+    fn queue_entry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<QueueEntry, StoreError>> {
+        let id = id.to_string();
+        Box::pin(self.read(move |conn| {
+            let tx = conn.transaction().map_err(db_error)?;
+            let entry = read_queue_entry(&tx, &id);
+            tx.finish().map_err(db_error)?;
+            entry
+        }))
+    }
+
+    fn queue_counts<'a>(&'a self) -> BoxFuture<'a, Result<QueueCounts, StoreError>> {
+        Box::pin(self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT final_status, claimed, COUNT(*) FROM run_queue GROUP BY 1, 2",
+                )
+                .map_err(db_error)?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok((
+                        row.get::<_, Option<String>>(0)?,
+                        row.get::<_, i64>(1)?,
+                        row.get::<_, i64>(2)?,
+                    ))
+                })
+                .map_err(db_error)?;
+            let mut counts = QueueCounts::default();
+            for row in rows {
+                let (status, claimed, n) = row.map_err(db_error)?;
+                let status = match status {
+                    Some(status) => QueueStatus::from_column(&status)?,
+                    None => QueueStatus::of_claimed(claimed != 0),
+                };
+                let n = count(n, "run count")?;
+                match counts.by_status.iter_mut().find(|(s, _)| *s == status) {
+                    Some((_, total)) => *total += n,
+                    None => counts.by_status.push((status, n)),
+                }
+            }
+            Ok(counts)
+        }))
+    }
+}
+
+impl SqliteStore {
+    /// Queues a queue write to the writer thread and waits for its answer.
+    async fn queue_write<T: Send + 'static>(
+        &self,
+        write: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Queue(Box::new(Write {
+            write: Some(Box::new(write)),
+            result: None,
+            reply,
+        }));
+        let stopped = || StoreError::Database("the store's writer thread has stopped".into());
+        let sent = self
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|writer| writer.send(job).is_ok());
+        if !sent {
+            return Err(stopped());
+        }
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// Stores a queued run, or finds the run its idempotency key started.
+fn enqueue_run(tx: &Connection, queued: &QueuedRun, now: i64) -> Result<Enqueued, StoreError> {
+    if let Some(key) = &queued.idempotency_key {
+        let existing: Option<(String, i64)> = tx
+            .prepare_cached(
+                "SELECT run_id, created_at_ms FROM idempotency_keys WHERE agent = ?1 AND key = ?2",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![queued.agent, key], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()
+            })
+            .map_err(db_error)?;
+        if let Some((run_id, created)) = existing
+            && created > now - IDEMPOTENCY_WINDOW_MS
+        {
+            return Ok(Enqueued::Existing(run_id));
+        }
+        tx.prepare_cached(
+            "INSERT OR REPLACE INTO idempotency_keys (agent, key, run_id, created_at_ms)
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .and_then(|mut s| s.execute(params![queued.agent, key, queued.run.id, now]))
+        .map_err(db_error)?;
+    }
+    insert_run(tx, &queued.run)?;
+    tx.prepare_cached(
+        "INSERT INTO run_queue (run_id, agent, enqueued_at_ms, traceparent)
+         VALUES (?1, ?2, ?3, ?4)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            queued.run.id,
+            queued.agent,
+            queued.run.started_at_ms,
+            queued.traceparent
+        ])
+    })
+    .map_err(db_error)?;
+    Ok(Enqueued::New(queued.run.id.clone()))
+}
+
+/// Claims the oldest open queued run that no live store holds, taking its lease.
+///
+/// No double claim: the writer thread runs claims one at a time in its transaction
+/// (`BEGIN IMMEDIATE` also excludes other processes' writers), and a run another live
+/// store holds has a lease row naming it, which `take_lease` refuses. Runs this store
+/// holds are skipped by name, without a file lock test.
+fn claim_run(
+    tx: &Connection,
+    lessee: &Lessee,
+    held: &Mutex<HashSet<String>>,
+) -> Result<Option<String>, StoreError> {
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT q.run_id, l.holder FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+             WHERE q.final_status IS NULL ORDER BY q.enqueued_at_ms, q.run_id",
+        )
+        .map_err(db_error)?;
+    let mut rows = stmt.query([]).map_err(db_error)?;
+    while let Some(row) = rows.next().map_err(db_error)? {
+        let id: String = row.get(0).map_err(db_error)?;
+        let holder: Option<String> = row.get(1).map_err(db_error)?;
+        match holder {
+            Some(holder) if *holder == *lessee.holder => continue,
+            Some(holder) if holder_alive(&lessee.locks, &holder) => continue,
+            _ => {}
+        }
+        if !held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone())
+        {
+            continue;
+        }
+        let taken = take_lease(tx, &id, lessee).and_then(|()| {
+            tx.prepare_cached("UPDATE run_queue SET claimed = 1 WHERE run_id = ?1")
+                .and_then(|mut s| s.execute(params![id]))
+                .map_err(db_error)
+        });
+        if let Err(e) = taken {
+            held.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            return Err(e);
+        }
+        return Ok(Some(id));
+    }
+    Ok(None)
+}
+
+fn read_queue_entry(conn: &Connection, id: &str) -> Result<QueueEntry, StoreError> {
+    let summary = read_summary(conn, id)?;
+    let (agent, claimed, cancel, traceparent): (String, i64, i64, Option<String>) = conn
+        .prepare_cached(
+            "SELECT agent, claimed, cancel_requested, traceparent FROM run_queue
+             WHERE run_id = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![id], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })
+            .optional()
+        })
+        .map_err(db_error)?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+    let status = match &summary.outcome {
+        Some(outcome) if summary.state == RunState::Finished => QueueStatus::of_outcome(outcome),
+        _ => QueueStatus::of_claimed(claimed != 0),
+    };
+    Ok(QueueEntry {
+        summary,
+        agent,
+        status,
+        cancel_requested: cancel != 0,
+        traceparent,
+    })
 }
 
 /// The columns [`summary_row`] reads, in order.
@@ -490,6 +783,7 @@ fn write_loop(mut conn: Connection, jobs: mpsc::Receiver<Job>) {
 fn commit_group(conn: &mut Connection, group: Vec<Job>) {
     let now = now_ms();
     let mut answers = Vec::with_capacity(group.len());
+    let mut queue_writes: Vec<Box<dyn QueueWrite>> = Vec::new();
     let committed = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
         Ok(mut tx) => {
             for job in group {
@@ -517,6 +811,11 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>) {
                         let _ = in_savepoint(&mut tx, |c| release_lease(c, &id, &holder));
                         continue;
                     }
+                    Job::Queue(mut write) => {
+                        write.run(&mut tx, now);
+                        queue_writes.push(write);
+                        continue;
+                    }
                 });
             }
             tx.commit().map_err(db_error)
@@ -527,10 +826,17 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>) {
                     Some((reply, Ok(())))
                 }
                 Job::Release(..) => None,
+                Job::Queue(write) => {
+                    queue_writes.push(write);
+                    None
+                }
             }));
             Err(db_error(e))
         }
     };
+    for write in queue_writes {
+        write.answer(committed.as_ref().map(|_| ()));
+    }
     for (reply, result) in answers {
         let result = match (&committed, result) {
             (Err(e), Ok(())) => Err(StoreError::Database(format!("the commit failed: {e}"))),
@@ -546,10 +852,19 @@ fn in_savepoint(
     tx: &mut Transaction<'_>,
     job: impl FnOnce(&Connection) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
+    in_savepoint_with(tx, job)
+}
+
+/// [`in_savepoint`] for a job with a result.
+fn in_savepoint_with<T>(
+    tx: &mut Transaction<'_>,
+    job: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
     let savepoint = tx.savepoint().map_err(db_error)?;
-    job(&savepoint)?;
+    let value = job(&savepoint)?;
     // (Dropping an uncommitted savepoint rolls it back.)
-    savepoint.commit().map_err(db_error)
+    savepoint.commit().map_err(db_error)?;
+    Ok(value)
 }
 
 /// Gives `lessee` the lease of run `id`, unless a live holder has it.
@@ -739,7 +1054,14 @@ fn append_batch(tx: &Connection, id: &str, batch: &Batch, now: i64) -> Result<()
         .map_err(db_error)?;
     }
     let (state, outcome) = match &batch.outcome {
-        Some(outcome) => (RunState::Finished, Some(outcome.to_string())),
+        Some(outcome) => {
+            // A queued run leaves the claimable set (no row for a run `create` made).
+            let status = QueueStatus::of_outcome(outcome).as_str();
+            tx.prepare_cached("UPDATE run_queue SET final_status = ?2 WHERE run_id = ?1")
+                .and_then(|mut s| s.execute(params![id, status]))
+                .map_err(db_error)?;
+            (RunState::Finished, Some(outcome.to_string()))
+        }
         None => (RunState::Running, None),
     };
     tx.prepare_cached(

@@ -1,0 +1,110 @@
+//! `aplc serve`: the HTTP service of `aplc-server`, from the command line (spec/serve.md).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use aplc_runtime::store::StoreUrl;
+use aplc_server::{LogFormat, ServeConfig, ServeError, Tokens, parse_tokens};
+use clap::{Args, ValueEnum};
+
+use crate::Failure;
+
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// The directory of agents: every `.apl` (compiled at load) and `.aplb` in it, served
+    /// by file name without the extension, reloaded when a file changes.
+    #[arg(long, value_name = "DIR")]
+    agents: PathBuf,
+    /// The run store: `sqlite:PATH` (one process) or `postgres://USER@HOST/DB` (any
+    /// number of processes sharing the work).
+    #[arg(long, value_name = "URL", default_value = "sqlite:aplc-runs.db")]
+    store: String,
+    /// The address to listen on (port 0: any free port, printed at start).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Bearer tokens, one per line (blank lines and `#` comments ignored). Adds to
+    /// $APLC_SERVE_TOKENS (comma-separated).
+    #[arg(long, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// Runs this process executes at once; the rest wait in the queue.
+    #[arg(long, value_name = "N", default_value_t = aplc_server::DEFAULT_MAX_CONCURRENT_RUNS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..10_000))]
+    max_concurrent_runs: usize,
+    /// Route models to providers with this JSON file (spec/providers.md); without it,
+    /// the OpenAI API with $OPENAI_API_KEY.
+    #[arg(long, value_name = "PROVIDERS.json")]
+    providers: Option<PathBuf>,
+    /// The tools runs may call (spec/tools.md); a request cannot add any.
+    #[arg(long, value_name = "TOOLS.json")]
+    tools: Option<PathBuf>,
+    /// The log's format on stderr (`RUST_LOG` filters it; default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
+    log_format: LogFormatArg,
+    /// The largest request body accepted, in bytes (larger: 413).
+    #[arg(long, value_name = "BYTES", default_value_t = aplc_server::DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+    /// How long `?wait=true` waits for a run before answering 202, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_WAIT_LIMIT.as_millis() as u64)]
+    wait_timeout_ms: u64,
+    /// On SIGTERM, how long running runs may go on before they are stopped (they resume
+    /// from their journal at the next start), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_DRAIN_TIMEOUT.as_millis() as u64)]
+    drain_timeout_ms: u64,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
+    aplc_server::init_logging(match args.log_format {
+        LogFormatArg::Text => LogFormat::Text,
+        LogFormatArg::Json => LogFormat::Json,
+    });
+    let store = StoreUrl::parse(&args.store).map_err(|e| Failure::usage(e.to_string()))?;
+    let tokens = tokens(args.tokens.as_deref())?;
+    let mut config = ServeConfig::new(args.agents, store, args.listen, tokens);
+    config.max_concurrent_runs = args.max_concurrent_runs;
+    config.providers = args.providers;
+    config.tools = args.tools;
+    config.max_body_bytes = args.max_body_bytes;
+    config.wait_limit = Duration::from_millis(args.wait_timeout_ms);
+    config.drain_timeout = Duration::from_millis(args.drain_timeout_ms);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
+    let served = runtime.block_on(aplc_server::serve(config, |address| {
+        // One line on stdout for scripts and tests: the address actually bound.
+        println!("listening on http://{address}");
+    }));
+    match served {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(ServeError::Config(message)) => Err(Failure::usage(message)),
+        Err(e) => Err(Failure::run(e.to_string())),
+    }
+}
+
+/// The tokens of `--tokens FILE` and `APLC_SERVE_TOKENS`.
+fn tokens(file: Option<&std::path::Path>) -> Result<Tokens, Failure> {
+    let mut tokens = Tokens::default();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display())))?;
+        tokens.extend(
+            parse_tokens(&text, '\n')
+                .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?,
+        );
+    }
+    if let Ok(text) = std::env::var("APLC_SERVE_TOKENS") {
+        tokens.extend(
+            parse_tokens(&text, ',')
+                .map_err(|e| Failure::usage(format!("APLC_SERVE_TOKENS: {e}")))?,
+        );
+    }
+    Ok(tokens)
+}

@@ -1,0 +1,967 @@
+//! `aplc serve` end to end (issue #14 §5): the binary on a free port of 127.0.0.1 with a
+//! SQLite store, a fake OpenAI-compatible model on 127.0.0.1, and real HTTP requests.
+//!
+//! The agent (`fixtures/serve/turns.apl`) makes `turns` provider calls, each prompt naming
+//! the run's `tag` and the turn: the fake model counts the requests per `(tag, turn)`, so a
+//! test can tell whether a journaled call was sent twice.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value as Json, json};
+
+const TOKEN: &str = "test-token-4f1d";
+
+#[path = "../../runtime/tests/support/pg.rs"]
+mod pg;
+
+// ---------------------------------------------------------------------------------------
+// A fake model: a thread per connection on 127.0.0.1.
+
+/// Answers every chat completion after `delay_ms` with "answer TAG TURN", and records
+/// the prompt of every request.
+#[derive(Clone)]
+struct Model {
+    url: String,
+    prompts: Arc<Mutex<Vec<(Instant, String)>>>,
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl Model {
+    fn start() -> Model {
+        let prompts = Arc::new(Mutex::new(Vec::new()));
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let (log, delay) = (prompts.clone(), delay_ms.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (log, delay) = (log.clone(), delay.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream);
+                    while let Some(body) = read_request(&mut reader) {
+                        let prompt = last_user_message(&body);
+                        log.lock().unwrap().push((Instant::now(), prompt.clone()));
+                        std::thread::sleep(Duration::from_millis(delay.load(Ordering::SeqCst)));
+                        let answer = json!({
+                            "id": "cmpl-1",
+                            "object": "chat.completion",
+                            "model": "fake",
+                            "choices": [{
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": format!("answer to: {prompt}")},
+                            }],
+                            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
+                        })
+                        .to_string();
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                            answer.len()
+                        );
+                        if reader.get_mut().write_all(reply.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Model {
+            url,
+            prompts,
+            delay_ms,
+        }
+    }
+
+    fn prompts(&self) -> Vec<String> {
+        self.timed().into_iter().map(|(_, prompt)| prompt).collect()
+    }
+
+    /// Every prompt with the time its request arrived.
+    fn timed(&self) -> Vec<(Instant, String)> {
+        self.prompts.lock().unwrap().clone()
+    }
+
+    /// The prompts that name run `tag`.
+    fn prompts_of(&self, tag: &str) -> Vec<String> {
+        let needle = format!("run {tag} turn ");
+        self.prompts()
+            .into_iter()
+            .filter(|p| p.contains(&needle))
+            .collect()
+    }
+
+    fn delay(&self, ms: u64) {
+        self.delay_ms.store(ms, Ordering::SeqCst);
+    }
+}
+
+/// One request's body; `None` once the connection ends.
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<String> {
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        if line.trim_end().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(String::from_utf8_lossy(&body).into_owned())
+}
+
+fn last_user_message(body: &str) -> String {
+    let request: Json = serde_json::from_str(body).unwrap_or(Json::Null);
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .next_back()
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// The server: `aplc serve` as a child process.
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A scratch directory for one test, emptied first, with `agents/turns.apl` and a
+/// providers file routing every model to `model`.
+fn scratch(name: &str, model: &Model) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("serve")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("agents")).expect("scratch dir");
+    std::fs::copy(
+        root().join("fixtures/serve/turns.apl"),
+        dir.join("agents/turns.apl"),
+    )
+    .expect("agent");
+    let providers = json!({"routes": [{"model": "*", "kind": "openai", "base_url": model.url}]});
+    std::fs::write(dir.join("providers.json"), providers.to_string()).expect("providers");
+    dir
+}
+
+/// A running `aplc serve`, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(dir: &Path, extra: &[&str]) -> Server {
+        Server::start_on(dir, "sqlite:runs.db", extra)
+    }
+
+    fn start_on(dir: &Path, store: &str, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_aplc"))
+            .current_dir(dir)
+            .args(["serve", "--agents", "agents", "--store", store])
+            .args(["--listen", "127.0.0.1:0", "--providers", "providers.json"])
+            .args(extra)
+            .env("APLC_SERVE_TOKENS", TOKEN)
+            .env("RUST_LOG", "info")
+            .env_remove("OPENAI_API_KEY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn aplc serve");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read the address");
+        let Some(url) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "aplc serve did not start: {line:?}\n{}",
+                log.lock().unwrap()
+            );
+        };
+        Server {
+            url: url.to_string(),
+            child,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then the exit code.
+    fn terminate(mut self) -> Option<i32> {
+        let pid = i32::try_from(self.child.id()).expect("pid");
+        // SAFETY: `kill` with a child's pid and a signal number has no memory effects.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let status = self.child.wait().expect("wait");
+        status.code()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A plain HTTP client (reqwest is built without a default TLS provider: `ring` is
+/// installed, as the runtime does, though every request here is plain HTTP).
+fn http() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+/// A client with the token.
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    fn new(server: &Server) -> Client {
+        Client {
+            http: http(),
+            base: server.url.clone(),
+        }
+    }
+
+    async fn get(&self, path: &str) -> (u16, Json) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("GET");
+        status_json(response).await
+    }
+
+    async fn post(&self, path: &str, body: &Json) -> (u16, Json) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("POST");
+        status_json(response).await
+    }
+
+    /// Submits a run of `turns` with `tag`; the answer's status and body.
+    async fn submit(&self, tag: &str, turns: u64, wait: bool) -> (u16, Json) {
+        let path = if wait {
+            "/v1/agents/turns/runs?wait=true"
+        } else {
+            "/v1/agents/turns/runs"
+        };
+        self.post(path, &json!({"context": {"turns": turns, "tag": tag}}))
+            .await
+    }
+
+    /// Polls the run until its status is final (or panics after a minute).
+    async fn until_final(&self, id: &str) -> Json {
+        self.until(id, |run| {
+            ["completed", "failed", "cancelled"].contains(&run["status"].as_str().unwrap_or(""))
+        })
+        .await
+    }
+
+    async fn until(&self, id: &str, done: impl Fn(&Json) -> bool) -> Json {
+        let started = Instant::now();
+        loop {
+            let (status, run) = self.get(&format!("/v1/runs/{id}")).await;
+            assert_eq!(status, 200, "{run}");
+            if done(&run) {
+                return run;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "run {id} is still {run}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The run's SSE stream until it ends: `(id, event)` per message.
+    async fn events(&self, id: &str, last_event_id: Option<u64>) -> Vec<(Option<u64>, Json)> {
+        let mut request = self
+            .http
+            .get(format!("{}/v1/runs/{id}/events", self.base))
+            .bearer_auth(TOKEN);
+        if let Some(last) = last_event_id {
+            request = request.header("Last-Event-ID", last.to_string());
+        }
+        let mut response = request.send().await.expect("GET events");
+        assert_eq!(response.status().as_u16(), 200);
+        let mut text = String::new();
+        while let Some(chunk) = response.chunk().await.expect("SSE chunk") {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        parse_sse(&text)
+    }
+}
+
+async fn status_json(response: reqwest::Response) -> (u16, Json) {
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    let json = serde_json::from_str(&text).unwrap_or(Json::String(text));
+    (status, json)
+}
+
+fn parse_sse(text: &str) -> Vec<(Option<u64>, Json)> {
+    let mut events = Vec::new();
+    for block in text.split("\n\n") {
+        let mut id = None;
+        let mut data = None;
+        for line in block.lines() {
+            if let Some(value) = line.strip_prefix("id:") {
+                id = value.trim().parse().ok();
+            } else if let Some(value) = line.strip_prefix("data:") {
+                data = Some(serde_json::from_str(value.trim()).expect("event JSON"));
+            }
+        }
+        if let Some(data) = data {
+            events.push((id, data));
+        }
+    }
+    events
+}
+
+// ---------------------------------------------------------------------------------------
+// The tests.
+
+#[tokio::test]
+async fn submit_then_wait_and_submit_then_poll() {
+    let model = Model::start();
+    let dir = scratch("submit", &model);
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+
+    let (status, run) = client.submit("w", 2, true).await;
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["agent"], "turns");
+    assert_eq!(run["context"]["turn"], 2, "{run}");
+    assert_eq!(
+        run["context"]["result_text"],
+        "answer to: V1 run w turn 2 of 2."
+    );
+    assert_eq!(run["totals"]["steps"], 2);
+    assert!(run["error"].is_null(), "{run}");
+
+    let (status, accepted) = client.submit("p", 3, false).await;
+    assert_eq!(status, 202, "{accepted}");
+    assert!(
+        ["queued", "running"].contains(&accepted["status"].as_str().unwrap()),
+        "{accepted}"
+    );
+    let id = accepted["run_id"].as_str().expect("run id");
+    let run = client.until_final(id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["context"]["turn"], 3);
+    assert_eq!(model.prompts_of("p").len(), 3);
+
+    // The log has a line per request and per run start and end, with the run id, and
+    // never the token.
+    let log = server.log();
+    assert!(log.contains(&format!("run_id={id}")), "{log}");
+    assert!(
+        log.contains("run started") && log.contains("run finished"),
+        "{log}"
+    );
+    assert!(log.contains("route=/v1/agents/{name}/runs"), "{log}");
+    assert!(!log.contains(TOKEN), "{log}");
+
+    // Metrics count the runs by status, from the store.
+    let (status, metrics) = client.get("/metrics").await;
+    assert_eq!(status, 200);
+    let metrics = metrics.as_str().expect("text").to_string();
+    assert!(
+        metrics.contains("aplc_runs{status=\"completed\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("aplc_queue_depth 0"), "{metrics}");
+    assert!(metrics.contains("aplc_provider_calls_total 5"), "{metrics}");
+    assert!(
+        metrics.contains("aplc_provider_latency_seconds_count 5"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("aplc_tokens_total{direction=\"input\"} 50"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn agents_openapi_and_a_broken_agent() {
+    let model = Model::start();
+    let dir = scratch("agents", &model);
+    std::fs::copy(
+        root().join("fixtures/serve/broken.apl"),
+        dir.join("agents/broken.apl"),
+    )
+    .expect("broken agent");
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+    let (status, agents) = client.get("/v1/agents").await;
+    assert_eq!(status, 200);
+    let agents = agents["agents"].as_array().expect("agents").clone();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    assert_eq!(agents[0]["name"], "turns");
+    assert_eq!(agents[0]["inputs"], json!(["turns", "tag"]));
+    assert_eq!(agents[0]["steps"], json!(["work"]));
+    assert_eq!(agents[0]["bundle_hash"].as_str().map(str::len), Some(32));
+    let log = server.log();
+    assert!(
+        log.contains("broken.apl") && log.contains("does not compile"),
+        "{log}"
+    );
+
+    let (status, doc) = client.get("/openapi.json").await;
+    assert_eq!(status, 200);
+    assert!(
+        doc["openapi"].as_str().unwrap_or("").starts_with("3."),
+        "{doc}"
+    );
+    for path in [
+        "/v1/agents",
+        "/v1/agents/{name}/runs",
+        "/v1/runs/{id}",
+        "/v1/runs/{id}/events",
+        "/v1/runs/{id}/cancel",
+        "/healthz",
+        "/metrics",
+    ] {
+        assert!(doc["paths"].get(path).is_some(), "{path} missing");
+    }
+    assert!(doc["components"]["schemas"].get("RunRequest").is_some());
+}
+
+#[tokio::test]
+async fn auth_and_errors() {
+    let model = Model::start();
+    let dir = scratch("errors", &model);
+    let server = Server::start(&dir, &["--max-body-bytes", "1024"]);
+    let client = Client::new(&server);
+    let http = http();
+
+    // /healthz needs no token; everything else does.
+    let health = http
+        .get(format!("{}/healthz", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    for path in ["/v1/agents", "/metrics", "/openapi.json", "/v1/runs/x"] {
+        let response = http
+            .get(format!("{}{path}", server.url))
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = status_json(response).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "unauthorized");
+        let response = http
+            .get(format!("{}{path}", server.url))
+            .bearer_auth("test-token-4f1e")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 401, "{path}");
+    }
+
+    // 404: unknown agent, run and route.
+    let (status, body) = client.submit_to("nope", &json!({"context": {}})).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found");
+    assert!(body["error"]["message"].as_str().unwrap().contains("nope"));
+    assert_eq!(client.get("/v1/runs/0000-none").await.0, 404);
+    assert_eq!(client.get("/v1/runs/0000-none/events").await.0, 404);
+    assert_eq!(
+        client.post("/v1/runs/0000-none/cancel", &json!({})).await.0,
+        404
+    );
+    assert_eq!(client.get("/v2/else").await.0, 404);
+
+    // 400: not JSON, an unknown field, a context that is not an object.
+    for body in [
+        json!("not an object"),
+        json!({"contxt": {}}),
+        json!({"context": [1]}),
+    ] {
+        let (status, answer) = client.submit_to("turns", &body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_body");
+    }
+    let raw = http
+        .post(format!("{}/v1/agents/turns/runs", server.url))
+        .bearer_auth(TOKEN)
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status().as_u16(), 400);
+
+    // 413: a body over --max-body-bytes.
+    let big = json!({"context": {"turns": 1, "tag": "x".repeat(4096)}});
+    let (status, answer) = client.submit_to("turns", &big).await;
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(answer["error"]["code"], "body_too_large");
+
+    // 422: missing declared inputs, named.
+    let (status, answer) = client
+        .submit_to("turns", &json!({"context": {"turns": 1}}))
+        .await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["error"]["code"], "missing_inputs");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tag") && !message.contains("turns,"),
+        "{message}"
+    );
+    assert!(model.prompts().is_empty());
+}
+
+impl Client {
+    async fn submit_to(&self, agent: &str, body: &Json) -> (u16, Json) {
+        self.post(&format!("/v1/agents/{agent}/runs"), body).await
+    }
+}
+
+#[tokio::test]
+async fn idempotency_keys_return_the_existing_run() {
+    let model = Model::start();
+    let dir = scratch("idempotency", &model);
+    let server = Server::start(&dir, &["--log-format", "json"]);
+    let client = Client::new(&server);
+    let body = json!({"context": {"turns": 1, "tag": "i"}, "idempotency_key": "order-17"});
+    let (status, first) = client.submit_to("turns", &body).await;
+    assert_eq!(status, 202, "{first}");
+    let (status, second) = client.submit_to("turns", &body).await;
+    assert_eq!(status, 202, "{second}");
+    assert_eq!(first["run_id"], second["run_id"]);
+    let other = json!({"context": {"turns": 1, "tag": "j"}, "idempotency_key": "order-18"});
+    let (_, third) = client.submit_to("turns", &other).await;
+    assert_ne!(first["run_id"], third["run_id"]);
+    let id = first["run_id"].as_str().unwrap();
+    client.until_final(id).await;
+    client.until_final(third["run_id"].as_str().unwrap()).await;
+    // Once finished, the key still answers with the run, now completed.
+    let (status, again) = client.post("/v1/agents/turns/runs?wait=true", &body).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["run_id"], first["run_id"]);
+    assert_eq!(again["status"], "completed");
+    assert_eq!(model.prompts_of("i").len(), 1);
+
+    // `--log-format json`: one object per line, the run id a field.
+    let log = server.log();
+    let lines: Vec<Json> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "run finished" && l["run_id"] == *id)
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "request" && l["status"] == 202)
+    );
+}
+
+#[tokio::test]
+async fn events_from_the_start_after_an_id_and_live() {
+    let model = Model::start();
+    let dir = scratch("events", &model);
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+
+    let (_, run) = client.submit("e", 2, true).await;
+    let id = run["run_id"].as_str().unwrap().to_string();
+    let events = client.events(&id, None).await;
+    assert_eq!(
+        events.len() as u64,
+        run["totals"]["events"].as_u64().unwrap()
+    );
+    for (i, (seq, event)) in events.iter().enumerate() {
+        assert_eq!(*seq, Some(i as u64));
+        assert_eq!(event["seq"], i as u64);
+    }
+    assert_eq!(events[0].1["type"], "run_started");
+    assert_eq!(events.last().unwrap().1["type"], "run_finished");
+
+    let after = client.events(&id, Some(3)).await;
+    assert_eq!(after.len(), events.len() - 4);
+    assert_eq!(after[0].0, Some(4));
+    assert_eq!(after[0].1, events[4].1);
+
+    // Live: the stream opened while the run is queued follows it to its end.
+    model.delay(150);
+    let (status, accepted) = client.submit("live", 4, false).await;
+    assert_eq!(status, 202);
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    let live = client.events(&id, None).await;
+    let seqs: Vec<u64> = live.iter().filter_map(|(seq, _)| *seq).collect();
+    assert_eq!(
+        seqs,
+        (0..seqs.len() as u64).collect::<Vec<_>>(),
+        "in order, once each"
+    );
+    assert_eq!(live.last().unwrap().1["type"], "run_finished");
+    let run = client.until_final(&id).await;
+    assert_eq!(seqs.len() as u64, run["totals"]["events"].as_u64().unwrap());
+
+    // A bad Last-Event-ID is the caller's mistake.
+    let response = http()
+        .get(format!("{}/v1/runs/{id}/events", server.url))
+        .bearer_auth(TOKEN)
+        .header("Last-Event-ID", "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+}
+
+#[tokio::test]
+async fn cancel_stops_a_running_run_and_a_queued_one() {
+    let model = Model::start();
+    model.delay(200);
+    let dir = scratch("cancel", &model);
+    // One run at a time: the second run waits in the queue.
+    let server = Server::start(&dir, &["--max-concurrent-runs", "1"]);
+    let client = Client::new(&server);
+    let (_, accepted) = client.submit("c", 50, false).await;
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    client
+        .until(&id, |run| run["totals"]["steps"].as_u64() >= Some(2))
+        .await;
+    let (_, queued) = client.submit("q", 3, false).await;
+    let queued_id = queued["run_id"].as_str().unwrap().to_string();
+    assert_eq!(queued["status"], "queued", "{queued}");
+
+    let (status, answer) = client
+        .post(&format!("/v1/runs/{queued_id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        answer["status"], "queued",
+        "it ends when a worker claims it"
+    );
+    let (status, answer) = client
+        .post(&format!("/v1/runs/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 202, "{answer}");
+
+    let run = client.until_final(&id).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    assert_eq!(run["cancel_requested"], true);
+    assert_eq!(run["error"]["kind"], "Cancelled", "{run}");
+    assert!(run["totals"]["steps"].as_u64().unwrap() < 50);
+    let run = client.until_final(&queued_id).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    assert!(
+        model.prompts_of("q").is_empty(),
+        "{:?}",
+        model.prompts_of("q")
+    );
+
+    // Cancelling a finished run changes nothing.
+    let (status, answer) = client
+        .post(&format!("/v1/runs/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(answer["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn a_reload_serves_new_runs_and_running_runs_keep_their_version() {
+    let model = Model::start();
+    model.delay(150);
+    let dir = scratch("reload", &model);
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+    let (_, agents) = client.get("/v1/agents").await;
+    let old_hash = agents["agents"][0]["bundle_hash"].clone();
+
+    let (_, accepted) = client.submit("old", 6, false).await;
+    let old = accepted["run_id"].as_str().unwrap().to_string();
+    client.until(&old, |run| run["status"] == "running").await;
+
+    // A new version of the agent, written while the run goes on.
+    let source = std::fs::read_to_string(dir.join("agents/turns.apl")).unwrap();
+    std::fs::write(
+        dir.join("agents/turns.apl"),
+        source.replace("V1 run", "V2 run"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    loop {
+        let (_, agents) = client.get("/v1/agents").await;
+        if agents["agents"][0]["bundle_hash"] != old_hash {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "not reloaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, new) = client.submit("new", 2, true).await;
+    assert_eq!(status, 200, "{new}");
+    assert_ne!(new["bundle_hash"], old_hash);
+    let old_run = client.until_final(&old).await;
+    assert_eq!(old_run["status"], "completed", "{old_run}");
+    assert_eq!(old_run["bundle_hash"], old_hash);
+    let old_prompts = model.prompts_of("old");
+    assert_eq!(old_prompts.len(), 6);
+    assert!(
+        old_prompts.iter().all(|p| p.starts_with("V1")),
+        "{old_prompts:?}"
+    );
+    let new_prompts = model.prompts_of("new");
+    assert!(
+        new_prompts.iter().all(|p| p.starts_with("V2")),
+        "{new_prompts:?}"
+    );
+    assert!(server.log().contains("agent reloaded"));
+}
+
+#[tokio::test]
+async fn a_restart_resumes_unfinished_runs_from_the_journal() {
+    let model = Model::start();
+    model.delay(300);
+    let dir = scratch("restart", &model);
+    let mut server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+    let (_, accepted) = client.submit("r", 6, false).await;
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    client
+        .until(&id, |run| run["totals"]["steps"].as_u64() >= Some(3))
+        .await;
+    server.kill();
+    let before = model.prompts_of("r");
+
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+    let run = client.until_final(&id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["context"]["turn"], 6);
+    // Every turn was asked for; only the call in flight at the kill may have been asked
+    // twice (provider calls are at least once); every journaled answer was reused.
+    let prompts = model.prompts_of("r");
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for prompt in &prompts {
+        *counts.entry(prompt.as_str()).or_default() += 1;
+    }
+    assert_eq!(counts.len(), 6, "{prompts:?}");
+    let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(repeated.len() <= 1, "{repeated:?}");
+    if let Some((prompt, _)) = repeated.first() {
+        assert_eq!(
+            Some(**prompt),
+            before.last().map(String::as_str),
+            "{prompts:?}"
+        );
+    }
+    let events = client.events(&id, None).await;
+    let seqs: Vec<u64> = events.iter().filter_map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
+    assert_eq!(events.last().unwrap().1["type"], "run_finished");
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_zero() {
+    let model = Model::start();
+    model.delay(100);
+    let dir = scratch("sigterm", &model);
+    let server = Server::start(&dir, &["--drain-timeout-ms", "20000"]);
+    let client = Client::new(&server);
+    let (_, accepted) = client.submit("t", 3, false).await;
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    client.until(&id, |run| run["status"] == "running").await;
+    assert_eq!(server.terminate(), Some(0));
+    // The drain let the run finish.
+    let server = Server::start(&dir, &[]);
+    let run = Client::new(&server).until_final(&id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(model.prompts_of("t").len(), 3);
+}
+
+#[test]
+fn no_tokens_no_server() {
+    let model = Model::start();
+    let dir = scratch("no-tokens", &model);
+    let output = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        .current_dir(&dir)
+        .args(["serve", "--agents", "agents", "--listen", "127.0.0.1:0"])
+        .env_remove("APLC_SERVE_TOKENS")
+        .output()
+        .expect("run aplc serve");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("APLC_SERVE_TOKENS"), "{stderr}");
+}
+
+/// Scale-out on PostgreSQL (issue #14 §5): two `aplc serve` processes share one store and
+/// 200 runs against a model with 100 ms latency; one is SIGKILLed mid-way. Every run
+/// completes exactly once, none is lost, and the only requests the model sees twice are
+/// calls that were in flight at the kill (their answers were not journaled).
+#[tokio::test]
+async fn failover_between_two_processes_on_postgres() {
+    const RUNS: usize = 200;
+    const TURNS: u64 = 2;
+    let model = Model::start();
+    model.delay(100);
+    let dir = scratch("failover", &model);
+    let url = pg::shared().database("serve_failover");
+    let mut a = Server::start_on(&dir, &url, &[]);
+    let b = Server::start_on(&dir, &url, &[]);
+    let (client_a, client_b) = (Client::new(&a), Client::new(&b));
+
+    let mut ids = Vec::new();
+    for i in 0..RUNS {
+        let client = if i % 2 == 0 { &client_a } else { &client_b };
+        let (status, accepted) = client.submit(&format!("f{i}"), TURNS, false).await;
+        assert_eq!(status, 202, "{accepted}");
+        ids.push(accepted["run_id"].as_str().unwrap().to_string());
+    }
+    // Mid-way: a third of the runs done.
+    let started = Instant::now();
+    loop {
+        let (_, metrics) = client_b.get("/metrics").await;
+        let metrics = metrics.as_str().unwrap_or("").to_string();
+        let completed = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("aplc_runs{status=\"completed\"} "))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+        if completed >= RUNS / 3 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.kill();
+    let killed_at = Instant::now();
+    let log_a = a.log();
+
+    for id in &ids {
+        let run = client_b.until_final(id).await;
+        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run["context"]["turn"], TURNS, "{run}");
+    }
+    let log_b = b.log();
+    // Exactly once: each run finished in one process only.
+    for id in &ids {
+        let finished = |log: &str| {
+            log.lines()
+                .filter(|l| l.contains("run finished") && l.contains(&format!("run_id={id}")))
+                .count()
+        };
+        assert_eq!(finished(&log_a) + finished(&log_b), 1, "run {id}");
+    }
+    assert!(log_a.contains("run finished"), "A did some of the work");
+    // Every call was asked for; a call asked twice was in flight at the kill: its first
+    // request came shortly before it (a generous bound: a loaded machine delays answers
+    // and commits), and there is at most one per run A was running.
+    let timed = model.timed();
+    let mut first: HashMap<&str, Instant> = HashMap::new();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for (at, prompt) in &timed {
+        first.entry(prompt.as_str()).or_insert(*at);
+        *counts.entry(prompt.as_str()).or_default() += 1;
+    }
+    assert_eq!(counts.len(), RUNS * TURNS as usize);
+    let repeated: Vec<(&str, usize)> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(p, n)| (*p, *n))
+        .collect();
+    for (prompt, n) in &repeated {
+        assert_eq!(*n, 2, "{prompt}");
+        let before = killed_at.duration_since(first[prompt]);
+        assert!(
+            before < Duration::from_secs(2),
+            "{prompt}: asked {before:?} before the kill"
+        );
+    }
+    assert!(
+        repeated.len() <= 16,
+        "at most one call per run A was running: {repeated:?}"
+    );
+    eprintln!(
+        "failover: {RUNS} runs, {} requests, {} asked twice (in flight at the kill), A finished {}",
+        timed.len(),
+        repeated.len(),
+        log_a.lines().filter(|l| l.contains("run finished")).count()
+    );
+}
+
+/// A run queued with tools the restarted server no longer has cannot replay: it ends as
+/// failed (error kind `Resume`) instead of being claimed forever.
+#[tokio::test]
+async fn a_run_whose_tools_are_gone_ends_failed_at_restart() {
+    let model = Model::start();
+    model.delay(300);
+    let dir = scratch("tools-gone", &model);
+    std::fs::copy(
+        root().join("fixtures/tools/tools.json"),
+        dir.join("tools.json"),
+    )
+    .unwrap();
+    let mut server = Server::start(&dir, &["--tools", "tools.json"]);
+    let client = Client::new(&server);
+    let (_, accepted) = client.submit("g", 6, false).await;
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    client
+        .until(&id, |run| run["totals"]["steps"].as_u64() >= Some(1))
+        .await;
+    server.kill();
+
+    let server = Server::start(&dir, &[]);
+    let run = Client::new(&server).until_final(&id).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run["error"]["kind"], "Resume", "{run}");
+    let message = run["error"]["message"].as_str().unwrap();
+    assert!(message.contains("tools differ"), "{message}");
+    assert!(server.log().contains("cannot resume the run"));
+}

@@ -1,0 +1,329 @@
+//! The load benchmark of `aplc serve` (issue #14 §5; figures in benches/README.md).
+//!
+//! ```sh
+//! cargo build --release -p aplc
+//! cargo run --release -p aplc-server --example serve_load -- target/release/aplc \
+//!     [--runs 1000] [--turns 2] [--latency-ms 20] [--max-concurrent-runs 16] \
+//!     [--store sqlite|postgres://…] [--workers 1]
+//! ```
+//!
+//! Starts a fake OpenAI-compatible model on 127.0.0.1 that answers every call after
+//! `latency-ms`, starts `workers` `aplc serve` processes on one store (SQLite for one
+//! worker; a PostgreSQL URL for more), submits `runs` runs of a `turns`-call agent all
+//! at once over HTTP, and waits until every run has completed. Prints:
+//!
+//! * throughput, and the latency bound at the concurrency limit: with C runs at once per
+//!   worker, each needing `turns` calls of `latency-ms`, no server can finish more than
+//!   `workers × C / (turns × latency)` runs per second;
+//! * p50 and p99 submit latency (the POST, seen by the client) and run latency (enqueue
+//!   to the run's last commit, from the store's timestamps);
+//! * memory per in-flight run: the servers' peak resident memory above their idle
+//!   resident memory, divided by the runs they executed at once.
+//!
+//! Not a test: it asserts nothing but that every run completed.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::post;
+use serde_json::{Value as Json, json};
+
+const TOKEN: &str = "bench-token";
+
+struct Options {
+    aplc: String,
+    runs: usize,
+    turns: u64,
+    latency_ms: u64,
+    max_concurrent: usize,
+    store: String,
+    workers: usize,
+}
+
+fn options() -> Options {
+    let mut args = std::env::args().skip(1);
+    let mut options = Options {
+        aplc: String::new(),
+        runs: 1000,
+        turns: 2,
+        latency_ms: 20,
+        max_concurrent: 16,
+        store: "sqlite".into(),
+        workers: 1,
+    };
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        match arg.as_str() {
+            "--runs" => options.runs = value().parse().expect("--runs N"),
+            "--turns" => options.turns = value().parse().expect("--turns N"),
+            "--latency-ms" => options.latency_ms = value().parse().expect("--latency-ms N"),
+            "--max-concurrent-runs" => {
+                options.max_concurrent = value().parse().expect("--max-concurrent-runs N")
+            }
+            "--store" => options.store = value(),
+            "--workers" => options.workers = value().parse().expect("--workers N"),
+            _ => options.aplc = arg,
+        }
+    }
+    assert!(
+        !options.aplc.is_empty(),
+        "usage: serve_load PATH/TO/aplc [options]"
+    );
+    // The servers run in a scratch directory.
+    options.aplc = std::fs::canonicalize(&options.aplc)
+        .expect("the aplc binary")
+        .display()
+        .to_string();
+    options
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let options = options();
+    let model = start_model(options.latency_ms).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("agents")).expect("agents dir");
+    std::fs::write(
+        dir.path().join("agents/load.apl"),
+        "{# inputs: turns #}\n# pre: work\n{{ inc_context('turn') }}\n\n# prompt: work\n## user\n\
+         Turn {{ turn }}.\n\n# post: work\n{% if turn < turns %}{{ set_context('next_step', \
+         'work') }}{% endif %}\n",
+    )
+    .expect("agent");
+    let providers = json!({"routes": [{"model": "*", "kind": "openai", "base_url": model}]});
+    std::fs::write(dir.path().join("providers.json"), providers.to_string()).expect("providers");
+    let store = if options.store == "sqlite" {
+        "sqlite:runs.db".to_string()
+    } else {
+        options.store.clone()
+    };
+    let servers: Vec<Server> = (0..options.workers)
+        .map(|_| start_server(&options, dir.path(), &store))
+        .collect();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(2048)
+        .build()
+        .expect("client");
+    // Warm up (one run per server) so idle memory includes a run's one-time costs.
+    for Server(_, url) in &servers {
+        submit(&http, url, options.turns, true).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let idle: Vec<u64> = servers.iter().map(|s| rss_kib(s.0.id(), "VmRSS")).collect();
+    // A store used before holds other runs: count from here.
+    let baseline = completed_runs(&http, &servers[0].1).await;
+
+    let started = Instant::now();
+    let submits: Vec<_> = (0..options.runs)
+        .map(|i| {
+            let http = http.clone();
+            let url = servers[i % servers.len()].1.clone();
+            let turns = options.turns;
+            tokio::spawn(async move {
+                let at = Instant::now();
+                let id = submit(&http, &url, turns, false).await;
+                (id, at.elapsed())
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    let mut submit_latency = Vec::new();
+    for task in submits {
+        let (id, latency) = task.await.expect("submit task");
+        ids.push(id);
+        submit_latency.push(latency.as_secs_f64() * 1000.0);
+    }
+    let submitted = started.elapsed();
+    let url = servers[0].1.clone();
+    loop {
+        let completed = completed_runs(&http, &url).await;
+        if completed >= baseline + options.runs {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "only {completed} completed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    let peak: Vec<u64> = servers.iter().map(|s| rss_kib(s.0.id(), "VmHWM")).collect();
+    let mut run_latency = Vec::new();
+    for id in &ids {
+        let run: Json = http
+            .get(format!("{url}/v1/runs/{id}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("GET run")
+            .json()
+            .await
+            .expect("run JSON");
+        assert_eq!(run["status"], "completed", "{run}");
+        let created = run["created_at_ms"].as_i64().unwrap_or(0);
+        let updated = run["updated_at_ms"].as_i64().unwrap_or(0);
+        run_latency.push((updated - created) as f64);
+    }
+    drop(servers);
+
+    let throughput = options.runs as f64 / elapsed.as_secs_f64();
+    let bound = (options.workers * options.max_concurrent) as f64
+        / (options.turns as f64 * options.latency_ms as f64 / 1000.0);
+    let in_flight = (options.workers * options.max_concurrent) as f64;
+    let grown: u64 = peak
+        .iter()
+        .zip(&idle)
+        .map(|(p, i)| p.saturating_sub(*i))
+        .sum();
+    println!(
+        "{} runs × {} calls of {} ms, {} worker(s) × {} at once, store {}",
+        options.runs,
+        options.turns,
+        options.latency_ms,
+        options.workers,
+        options.max_concurrent,
+        if options.store == "sqlite" {
+            "sqlite"
+        } else {
+            "postgres"
+        }
+    );
+    println!(
+        "throughput {throughput:.1} runs/s; latency bound {bound:.1} runs/s; {:.1} % of the bound",
+        100.0 * throughput / bound
+    );
+    println!(
+        "all submitted in {:.0} ms; all completed in {:.0} ms",
+        submitted.as_secs_f64() * 1000.0,
+        elapsed.as_secs_f64() * 1000.0
+    );
+    println!(
+        "submit latency p50 {:.1} ms, p99 {:.1} ms; run latency (queued to done) p50 {:.0} ms, p99 {:.0} ms",
+        percentile(&mut submit_latency, 0.50),
+        percentile(&mut submit_latency, 0.99),
+        percentile(&mut run_latency, 0.50),
+        percentile(&mut run_latency, 0.99),
+    );
+    println!(
+        "memory: idle {} KiB, peak {} KiB (per server); {:.0} KiB per in-flight run",
+        idle.iter().sum::<u64>() / idle.len() as u64,
+        peak.iter().sum::<u64>() / peak.len() as u64,
+        grown as f64 / in_flight
+    );
+}
+
+/// Submits one run; its id.
+async fn submit(http: &reqwest::Client, url: &str, turns: u64, wait: bool) -> String {
+    let path = if wait { "?wait=true" } else { "" };
+    let response = http
+        .post(format!("{url}/v1/agents/load/runs{path}"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"context": {"turns": turns}}))
+        .send()
+        .await
+        .expect("POST");
+    let status = response.status();
+    let body: Json = response.json().await.expect("JSON");
+    assert!(status.is_success(), "{status} {body}");
+    body["run_id"].as_str().expect("run_id").to_string()
+}
+
+/// `aplc_runs{status="completed"}` from the server's metrics.
+async fn completed_runs(http: &reqwest::Client, url: &str) -> usize {
+    let Ok(response) = http
+        .get(format!("{url}/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+    else {
+        return 0;
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("aplc_runs{status=\"completed\"} "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A running `aplc serve` and its URL, killed when dropped (a panic included).
+struct Server(Child, String);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(options: &Options, dir: &std::path::Path, store: &str) -> Server {
+    let mut child = Command::new(&options.aplc)
+        .current_dir(dir)
+        .args(["serve", "--agents", "agents", "--store", store])
+        .args(["--listen", "127.0.0.1:0", "--providers", "providers.json"])
+        .args(["--max-concurrent-runs", &options.max_concurrent.to_string()])
+        .args(["--wait-timeout-ms", "600000"])
+        .env("APLC_SERVE_TOKENS", TOKEN)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn aplc serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("address");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("aplc serve did not start: {line:?}"))
+        .to_string();
+    Server(child, url)
+}
+
+/// A line of /proc/PID/status, in KiB.
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let index = ((values.len() as f64 - 1.0) * p).round() as usize;
+    values.get(index).copied().unwrap_or(0.0)
+}
+
+/// A fake OpenAI-compatible model: every completion after `latency_ms`. Its base URL.
+async fn start_model(latency_ms: u64) -> String {
+    let latency = Arc::new(Duration::from_millis(latency_ms));
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move || {
+            let latency = latency.clone();
+            async move {
+                tokio::time::sleep(*latency).await;
+                axum::Json(json!({
+                    "id": "cmpl",
+                    "object": "chat.completion",
+                    "model": "fake",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "ok"}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+                }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    url
+}

@@ -1,0 +1,260 @@
+//! The agents a server hosts: every `.aplb` and `.apl` file of its directory, by file
+//! name without the extension, reloaded when a file changes.
+//!
+//! Changes are found by polling the files' modification times and sizes every
+//! `reload_interval` (500 ms by default) rather than with OS notifications (`notify`):
+//! polling one directory is cheap, works the same on every OS and file system (network
+//! mounts and container volumes included, where notifications are unreliable), and
+//! needs no crate. A new version serves new runs only: a run resumes on the bundle the
+//! store keeps for it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use aplc_runtime::durable::bundle_hash;
+use aplc_vm::Program;
+
+use crate::ServeError;
+
+/// One hosted agent.
+#[derive(Debug)]
+pub(crate) struct Agent {
+    pub(crate) name: String,
+    pub(crate) program: Arc<Program>,
+    /// The content hash the store keeps its bundle under.
+    pub(crate) hash: String,
+    pub(crate) inputs: Vec<String>,
+    pub(crate) steps: Vec<String>,
+}
+
+/// What a file looked like when it was last loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    modified: Option<SystemTime>,
+    len: u64,
+}
+
+/// The hosted agents, by name.
+#[derive(Debug)]
+pub(crate) struct Agents {
+    dir: PathBuf,
+    by_name: RwLock<BTreeMap<String, Arc<Agent>>>,
+    /// Every agent file seen, loaded or not, with its stamp: a file that failed is not
+    /// compiled again until it changes.
+    seen: std::sync::Mutex<HashMap<PathBuf, Stamp>>,
+}
+
+impl Agents {
+    /// Loads every agent of `dir`. A file that fails is logged and skipped; a directory
+    /// that cannot be read is an error.
+    pub(crate) fn load(dir: PathBuf) -> Result<Arc<Agents>, ServeError> {
+        if !dir.is_dir() {
+            return Err(ServeError::Config(format!(
+                "--agents {}: not a directory",
+                dir.display()
+            )));
+        }
+        let agents = Arc::new(Agents {
+            dir,
+            by_name: RwLock::new(BTreeMap::new()),
+            seen: std::sync::Mutex::new(HashMap::new()),
+        });
+        agents.rescan();
+        let count = agents.list().len();
+        tracing::info!(agents = count, dir = %agents.dir.display(), "agents loaded");
+        Ok(agents)
+    }
+
+    /// The agent named `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Agent>> {
+        self.by_name
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every agent, by name.
+    pub(crate) fn list(&self) -> Vec<Arc<Agent>> {
+        self.by_name
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Loads what changed since the last scan: new and changed files are (re)loaded, the
+    /// agents of removed files are dropped. A changed file that no longer loads keeps
+    /// its last good version serving, with an error in the log.
+    fn rescan(&self) {
+        let files = match agent_files(&self.dir) {
+            Ok(files) => files,
+            Err(e) => {
+                tracing::error!(dir = %self.dir.display(), error = %e, "cannot read the agents directory");
+                return;
+            }
+        };
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for (path, stamp) in &files {
+            let Some(name) = agent_name(path) else {
+                continue;
+            };
+            if let Some(other) = names.get(&name) {
+                tracing::warn!(
+                    agent = %name,
+                    file = %path.display(),
+                    kept = %other.display(),
+                    "two files define the same agent; this one is skipped"
+                );
+                continue;
+            }
+            names.insert(name.clone(), path.clone());
+            if seen.get(path) == Some(stamp) {
+                continue;
+            }
+            seen.insert(path.clone(), *stamp);
+            match load_agent(&name, path) {
+                Ok(agent) => {
+                    let replaced = self
+                        .by_name
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(name.clone(), Arc::new(agent));
+                    let hash = self.get(&name).map(|a| a.hash.clone()).unwrap_or_default();
+                    if replaced.is_some() {
+                        tracing::info!(agent = %name, bundle_hash = %hash, "agent reloaded");
+                    } else {
+                        tracing::info!(agent = %name, bundle_hash = %hash, "agent loaded");
+                    }
+                }
+                Err(message) => {
+                    tracing::error!(agent = %name, file = %path.display(), "{message}");
+                }
+            }
+        }
+        seen.retain(|path, _| files.iter().any(|(p, _)| p == path));
+        let mut by_name = self.by_name.write().unwrap_or_else(|e| e.into_inner());
+        let removed: Vec<String> = by_name
+            .keys()
+            .filter(|name| !names.contains_key(*name))
+            .cloned()
+            .collect();
+        for name in removed {
+            by_name.remove(&name);
+            tracing::info!(agent = %name, "agent removed");
+        }
+    }
+}
+
+/// Rescans `agents` every `interval` until `stop`.
+pub(crate) async fn watch(
+    agents: Arc<Agents>,
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let agents = agents.clone();
+        // Compiling is CPU work and reading is file I/O: off the async workers.
+        let _ = tokio::task::spawn_blocking(move || agents.rescan()).await;
+    }
+}
+
+/// The `.apl` and `.aplb` files of `dir`, sorted by path, with their stamps.
+fn agent_files(dir: &Path) -> std::io::Result<Vec<(PathBuf, Stamp)>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        if agent_name(&path).is_none() {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        files.push((
+            path,
+            Stamp {
+                modified: meta.modified().ok(),
+                len: meta.len(),
+            },
+        ));
+    }
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(files)
+}
+
+/// The agent a file defines: its name without `.apl`/`.aplb`, if that is a name a URL
+/// path segment carries as is.
+fn agent_name(path: &Path) -> Option<String> {
+    let ext = path.extension()?.to_str()?;
+    if ext != "apl" && ext != "aplb" {
+        return None;
+    }
+    let stem = path.file_stem()?.to_str()?;
+    let valid = !stem.is_empty()
+        && stem.len() <= 128
+        && stem
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    valid.then(|| stem.to_string())
+}
+
+/// Loads a bundle or compiles source; the error is the message to log (with the
+/// compiler's diagnostics).
+fn load_agent(name: &str, path: &Path) -> Result<Agent, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    let program = if aplc_vm::bundle::is_bundle(&bytes) {
+        Program::load(&bytes).map_err(|e| format!("unreadable bundle: {e}"))?
+    } else {
+        let source = String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_string())?;
+        let file_name = path
+            .file_name()
+            .map_or_else(|| name.to_string(), |n| n.to_string_lossy().into_owned());
+        let options = aplc_compiler::Options::for_run(false);
+        let compilation = aplc_compiler::compile(&source, &file_name, &options);
+        let Some(bundle) = compilation.bundle else {
+            let report =
+                aplc_compiler::render(&compilation.diagnostics, &file_name, &source, false);
+            return Err(format!("does not compile; skipped:\n{report}"));
+        };
+        Program::from_bundle(bundle, aplc_vm::Limits::default()).map_err(|e| e.to_string())?
+    };
+    let encoded = aplc_vm::bundle::encode(program.bundle()).map_err(|e| e.to_string())?;
+    let bundle = program.bundle();
+    Ok(Agent {
+        name: name.to_string(),
+        hash: bundle_hash(&encoded),
+        inputs: bundle.inputs.clone(),
+        steps: bundle.steps.iter().map(|s| s.name.clone()).collect(),
+        program: Arc::new(program),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_come_from_agent_files_only() {
+        assert_eq!(
+            agent_name(Path::new("d/greet.apl")).as_deref(),
+            Some("greet")
+        );
+        assert_eq!(
+            agent_name(Path::new("d/greet.v2.aplb")).as_deref(),
+            Some("greet.v2")
+        );
+        assert_eq!(agent_name(Path::new("d/notes.md")), None);
+        assert_eq!(agent_name(Path::new("d/has space.apl")), None);
+        assert_eq!(agent_name(Path::new("d/.apl")), None);
+    }
+}

@@ -1,0 +1,624 @@
+//! The HTTP API (spec/serve.md): routes, handlers, the one error type, and the OpenAPI
+//! document derived from the handlers' annotations.
+//!
+//! Cross-cutting concerns are layers, not handler code: the bearer-token check
+//! ([`crate::auth`]), the body size limit (413) and the request log line.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aplc_runtime::durable::{self, NewDurableRun};
+use aplc_runtime::store::{Enqueued, QueueEntry, QueuedRun, RunStore, StoreError};
+use aplc_vm::RunOptions;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value as JsonValue, json};
+use tokio::sync::watch;
+use utoipa::{OpenApi, ToSchema};
+
+use crate::ServeConfig;
+use crate::agents::Agents;
+use crate::equip::Equipment;
+use crate::metrics::Metrics;
+use crate::worker::LiveRuns;
+
+/// The longest idempotency key accepted.
+const MAX_IDEMPOTENCY_KEY: usize = 256;
+/// How often `?wait=true` polls the store for a run another process executes.
+const WAIT_POLL: Duration = Duration::from_millis(250);
+
+/// Everything the handlers and workers share.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) store: Arc<dyn RunStore>,
+    pub(crate) agents: Arc<Agents>,
+    pub(crate) equipment: Arc<Equipment>,
+    pub(crate) live: Arc<LiveRuns>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) tokens: Arc<crate::Tokens>,
+    /// Wakes the dispatcher when a run is queued.
+    pub(crate) work: Arc<tokio::sync::Notify>,
+    /// Set once the server shuts down: streams and waits end.
+    pub(crate) stop: watch::Receiver<bool>,
+    wait_limit: Duration,
+}
+
+impl AppState {
+    pub(crate) fn new(
+        store: Arc<dyn RunStore>,
+        agents: Arc<Agents>,
+        equipment: Equipment,
+        config: &ServeConfig,
+        stop: watch::Receiver<bool>,
+    ) -> AppState {
+        AppState {
+            store,
+            agents,
+            equipment: Arc::new(equipment),
+            live: Arc::new(LiveRuns::default()),
+            metrics: Arc::new(Metrics::default()),
+            tokens: Arc::new(config.tokens.clone()),
+            work: Arc::new(tokio::sync::Notify::new()),
+            stop,
+            wait_limit: config.wait_limit,
+        }
+    }
+}
+
+/// The application: every route, with auth on all but `/healthz`.
+pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
+    let protected = Router::new()
+        .route("/v1/agents", get(list_agents))
+        .route("/v1/agents/{name}/runs", post(submit))
+        .route("/v1/runs/{id}", get(get_run))
+        .route("/v1/runs/{id}/events", get(run_events))
+        .route("/v1/runs/{id}/cancel", post(cancel))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::require_token,
+        ));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(protected)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn(log_request))
+        .with_state(state)
+}
+
+/// The error body of every failed request.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorBody {
+    error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorDetail {
+    /// A stable, machine-readable code: `unauthorized`, `not_found`, `invalid_body`,
+    /// `body_too_large`, `missing_inputs`, `store`.
+    code: String,
+    /// What happened, for people.
+    message: String,
+}
+
+/// An error answer: a status and `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn unauthorized(message: &str) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", message)
+    }
+
+    fn store(error: StoreError) -> ApiError {
+        match error {
+            StoreError::NotFound(id) => ApiError::not_found(format!("no run `{id}`")),
+            error => {
+                tracing::error!(error = %error, "store error");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store",
+                    format!("the run store failed: {error}"),
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// One log line per request: method, route, status and time. Never headers or bodies
+/// (they hold tokens and callers' data).
+async fn log_request(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "(unmatched)".to_string(), |p| p.as_str().to_string());
+    let path = request.uri().path().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    tracing::info!(
+        %method,
+        route = %route,
+        path = %path,
+        status = response.status().as_u16(),
+        ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
+    response
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+/// Health check (no token needed).
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "The server is up", body = Object)))]
+async fn healthz() -> Json<JsonValue> {
+    Json(json!({"status": "ok"}))
+}
+
+/// A hosted agent.
+#[derive(Debug, Serialize, ToSchema)]
+struct AgentView {
+    /// The agent's name: its file name without `.apl`/`.aplb`.
+    name: String,
+    /// The content hash of its bundle (new runs use this version).
+    bundle_hash: String,
+    /// The declared inputs (`{# inputs: … #}`), which a run's `context` must give.
+    inputs: Vec<String>,
+    /// The steps, in source order.
+    steps: Vec<String>,
+}
+
+/// The hosted agents.
+#[derive(Debug, Serialize, ToSchema)]
+struct AgentList {
+    agents: Vec<AgentView>,
+}
+
+/// Lists the agents.
+#[utoipa::path(get, path = "/v1/agents", security(("bearer" = [])),
+    responses((status = 200, body = AgentList), (status = 401, body = ErrorBody)))]
+async fn list_agents(State(state): State<AppState>) -> Json<AgentList> {
+    let agents = state
+        .agents
+        .list()
+        .iter()
+        .map(|agent| AgentView {
+            name: agent.name.clone(),
+            bundle_hash: agent.hash.clone(),
+            inputs: agent.inputs.clone(),
+            steps: agent.steps.clone(),
+        })
+        .collect();
+    Json(AgentList { agents })
+}
+
+/// A run request.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct RunRequest {
+    /// The run's variables (`with_context`): every declared input, and any others.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    context: Option<Map<String, JsonValue>>,
+    /// Cap on successful provider calls for the whole run.
+    #[serde(default)]
+    max_runs: Option<u64>,
+    /// Cap on steps entered (default 1,000).
+    #[serde(default)]
+    max_steps: Option<u64>,
+    /// The run's timeout in milliseconds of active time (default 120,000).
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    /// The same key for the same agent within 24 hours returns the run it started.
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+/// `?wait=true`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct WaitQuery {
+    /// Answer when the run ends (200), or at the server's wait limit (202).
+    #[serde(default)]
+    wait: bool,
+}
+
+/// A run was accepted.
+#[derive(Debug, Serialize, ToSchema)]
+struct Accepted {
+    run_id: String,
+    /// `queued`, or the status of the run an idempotency key found.
+    status: String,
+}
+
+/// Starts a run of an agent.
+#[utoipa::path(post, path = "/v1/agents/{name}/runs", security(("bearer" = [])),
+    params(("name" = String, Path, description = "The agent"), WaitQuery),
+    request_body = RunRequest,
+    responses(
+        (status = 202, description = "Queued (or still running at the wait limit)", body = Accepted),
+        (status = 200, description = "With `?wait=true`: the finished run", body = RunView),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
+        (status = 422, description = "Declared inputs are missing", body = ErrorBody),
+    ))]
+async fn submit(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    query: Result<Query<WaitQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the request body is over the server's limit",
+            )
+        } else {
+            ApiError::bad_request(e.body_text())
+        }
+    })?;
+    let agent = state
+        .agents
+        .get(&name)
+        .ok_or_else(|| ApiError::not_found(format!("no agent `{name}`")))?;
+    let request: RunRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "the body must be a JSON object such as {\"context\": {}}",
+        ));
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))?
+    };
+    let context = request.context.unwrap_or_default();
+    let missing: Vec<&str> = agent
+        .inputs
+        .iter()
+        .filter(|input| !context.contains_key(*input))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing_inputs",
+            format!(
+                "agent `{name}` needs these inputs in `context`: {}",
+                missing.join(", ")
+            ),
+        ));
+    }
+    if let Some(key) = &request.idempotency_key
+        && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY)
+    {
+        return Err(ApiError::bad_request(format!(
+            "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} bytes"
+        )));
+    }
+    if request.max_steps == Some(0) || request.timeout_ms == Some(0) {
+        return Err(ApiError::bad_request(
+            "max_steps and timeout_ms must be at least 1",
+        ));
+    }
+    let options = RunOptions {
+        timeout: Duration::from_millis(request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)),
+        max_runs: request.max_runs,
+        max_steps: request.max_steps.unwrap_or(aplc_vm::DEFAULT_MAX_STEPS),
+        ..RunOptions::default()
+    }
+    .with_context_json(&context);
+    let run = NewDurableRun {
+        id: durable::new_run_id(),
+        program: agent.program.clone(),
+        options,
+    };
+    let equipment = &state.equipment;
+    let record = durable::new_run_record(&run, &equipment.toolbox, &equipment.durable)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= 256)
+        .map(str::to_string);
+    let enqueued = state
+        .store
+        .enqueue(QueuedRun {
+            run: record,
+            agent: name.clone(),
+            idempotency_key: request.idempotency_key,
+            traceparent,
+        })
+        .await
+        .map_err(ApiError::store)?;
+    let id = enqueued.id().to_string();
+    match &enqueued {
+        Enqueued::New(_) => {
+            tracing::info!(run_id = %id, agent = %name, "run queued");
+            state.work.notify_one();
+        }
+        Enqueued::Existing(_) => {
+            tracing::info!(run_id = %id, agent = %name, "idempotency key: existing run");
+        }
+    }
+    if query.wait
+        && let Some(entry) = wait_for_end(&state, &id).await?
+    {
+        return Ok((StatusCode::OK, Json(RunView::of(entry))).into_response());
+    }
+    let entry = state
+        .store
+        .queue_entry(&id)
+        .await
+        .map_err(ApiError::store)?;
+    let accepted = Accepted {
+        run_id: id,
+        status: entry.status.as_str().to_string(),
+    };
+    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
+}
+
+/// The default run timeout: `aplc run`'s.
+const DEFAULT_TIMEOUT_MS: u64 = 120_000;
+
+/// The run once it has ended, or `None` at the wait limit (or shutdown).
+async fn wait_for_end(state: &AppState, id: &str) -> Result<Option<QueueEntry>, ApiError> {
+    let deadline = tokio::time::Instant::now() + state.wait_limit;
+    let mut stop = state.stop.clone();
+    loop {
+        // Created before the read, so an end between the two is not missed.
+        let finished = state.live.finished.notified();
+        let entry = state.store.queue_entry(id).await.map_err(ApiError::store)?;
+        if entry.status.is_final() {
+            return Ok(Some(entry));
+        }
+        tokio::select! {
+            () = finished => {}
+            () = tokio::time::sleep(WAIT_POLL) => {}
+            () = tokio::time::sleep_until(deadline) => return Ok(None),
+            _ = stop.wait_for(|stop| *stop) => return Ok(None),
+        }
+    }
+}
+
+/// A run.
+#[derive(Debug, Serialize, ToSchema)]
+struct RunView {
+    run_id: String,
+    agent: String,
+    /// `queued`, `running`, `completed`, `failed` or `cancelled`.
+    status: String,
+    bundle_hash: String,
+    cancel_requested: bool,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+    totals: Totals,
+    /// The run error (`{kind, message, step}`), once failed or cancelled.
+    #[schema(value_type = Object)]
+    error: JsonValue,
+    /// The `errors` of the last step, once ended.
+    last_step_errors: Vec<String>,
+    /// The final context (without `context_history`), once ended.
+    #[schema(value_type = Object)]
+    context: JsonValue,
+}
+
+/// A run's totals.
+#[derive(Debug, Serialize, ToSchema)]
+struct Totals {
+    steps: u64,
+    events: u64,
+}
+
+impl RunView {
+    fn of(entry: QueueEntry) -> RunView {
+        let outcome = entry.summary.outcome.unwrap_or(JsonValue::Null);
+        let field = |name: &str| outcome.get(name).cloned().unwrap_or(JsonValue::Null);
+        RunView {
+            run_id: entry.summary.id,
+            agent: entry.agent,
+            status: entry.status.as_str().to_string(),
+            bundle_hash: entry.summary.bundle_hash,
+            cancel_requested: entry.cancel_requested,
+            created_at_ms: entry.summary.started_at_ms,
+            updated_at_ms: entry.summary.updated_at_ms,
+            totals: Totals {
+                steps: entry.summary.steps,
+                events: entry.summary.events,
+            },
+            error: field("error"),
+            last_step_errors: serde_json::from_value(field("last_step_errors")).unwrap_or_default(),
+            context: field("context"),
+        }
+    }
+}
+
+/// Returns a run.
+#[utoipa::path(get, path = "/v1/runs/{id}", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The run id")),
+    responses((status = 200, body = RunView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn get_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    let entry = state
+        .store
+        .queue_entry(&id)
+        .await
+        .map_err(ApiError::store)?;
+    Ok(Json(RunView::of(entry)))
+}
+
+/// The run's events as Server-Sent Events: each `data` is one event object
+/// (spec/events.md), its SSE `id` the event's `seq`.
+#[utoipa::path(get, path = "/v1/runs/{id}/events", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The run id"),
+           ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
+    responses((status = 200, description = "text/event-stream until the run ends", content_type = "text/event-stream", body = String),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn run_events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let after = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be an event's seq"))?,
+        ),
+    };
+    state
+        .store
+        .queue_entry(&id)
+        .await
+        .map_err(ApiError::store)?;
+    let stream = crate::events::stream(state, id, after);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// Cancels a run wherever it executes; it ends as cancelled at its next boundary.
+#[utoipa::path(post, path = "/v1/runs/{id}/cancel", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The run id")),
+    responses((status = 202, body = Accepted), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let entry = state
+        .store
+        .queue_entry(&id)
+        .await
+        .map_err(ApiError::store)?;
+    if !entry.status.is_final() {
+        state
+            .store
+            .request_cancel(&id)
+            .await
+            .map_err(ApiError::store)?;
+        if state.live.cancel(&id) {
+            tracing::info!(run_id = %id, "cancel: run interrupted here");
+        } else {
+            tracing::info!(run_id = %id, "cancel requested");
+        }
+    }
+    let entry = state
+        .store
+        .queue_entry(&id)
+        .await
+        .map_err(ApiError::store)?;
+    let accepted = Accepted {
+        run_id: id,
+        status: entry.status.as_str().to_string(),
+    };
+    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", security(("bearer" = [])),
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+async fn metrics(State(state): State<AppState>) -> Response {
+    let counts = match state.store.queue_counts().await {
+        Ok(counts) => Some(counts),
+        Err(e) => {
+            tracing::error!(error = %e, "metrics: the store did not answer");
+            None
+        }
+    };
+    let text = state.metrics.render(counts.as_ref());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", security(("bearer" = [])),
+    responses((status = 200, description = "The OpenAPI document", body = Object)))]
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
+
+/// The OpenAPI document: every route above, from its annotation.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "aplc serve", description = "Hosts APL agents: queued durable runs, live events."),
+    paths(healthz, list_agents, submit, get_run, run_events, cancel, metrics, openapi),
+    components(schemas(ErrorBody, ErrorDetail, AgentList, AgentView, RunRequest, Accepted, RunView, Totals)),
+    modifiers(&BearerAuth),
+)]
+pub(crate) struct ApiDoc;
+
+/// Declares the `bearer` security scheme the paths refer to.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}

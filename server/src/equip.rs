@@ -1,0 +1,99 @@
+//! The server's provider and tools, from its own files and environment: a request can set
+//! neither.
+//!
+//! A providers file (spec/providers.md) routes models to providers, reading each route's
+//! key from the variable it names; without one, the OpenAI API with `OPENAI_API_KEY`.
+//! Every variable read for a key is a secret: its value is redacted from what runs
+//! journal (errors, events, outcomes) and command tools do not inherit it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use aplc_runtime::Redactor;
+use aplc_runtime::driver::{Provider, Toolbox};
+use aplc_runtime::durable::DurableOptions;
+use aplc_runtime::http::HttpClient;
+use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
+use aplc_runtime::routing::Router;
+
+use crate::ServeError;
+
+/// What every run of the server uses.
+pub(crate) struct Equipment {
+    pub(crate) provider: Arc<dyn Provider>,
+    pub(crate) toolbox: Arc<Toolbox>,
+    /// Journaling options, with the redactor of every secret.
+    pub(crate) durable: DurableOptions,
+}
+
+impl Equipment {
+    pub(crate) fn load(providers: Option<&Path>, tools: Option<&Path>) -> Result<Self, ServeError> {
+        let config = |message: String| ServeError::Config(message);
+        let http = HttpClient::new().map_err(config)?;
+        let mut secret_vars = vec!["OPENAI_API_KEY".to_string()];
+        let mut secret_values: Vec<String> =
+            std::env::var("OPENAI_API_KEY").ok().into_iter().collect();
+        let provider: Arc<dyn Provider> = match providers {
+            Some(path) => {
+                let text = read(path)?;
+                let read_vars = std::sync::Mutex::new(Vec::new());
+                let env = |name: &str| {
+                    let value = std::env::var(name).ok();
+                    if let Ok(mut read) = read_vars.lock() {
+                        read.push((name.to_string(), value.clone()));
+                    }
+                    value
+                };
+                let router = Router::from_config_json_with_client(&text, &env, &http)
+                    .map_err(|e| config(format!("{}: {e}", path.display())))?;
+                for (name, value) in read_vars.into_inner().unwrap_or_default() {
+                    secret_vars.push(name);
+                    secret_values.extend(value);
+                }
+                Arc::new(router)
+            }
+            None => {
+                let mut openai = OpenAiConfig::new().http_client(http.clone());
+                if let Some(key) = std::env::var("OPENAI_API_KEY")
+                    .ok()
+                    .filter(|k| !k.trim().is_empty())
+                {
+                    openai = openai.api_key(key);
+                } else {
+                    tracing::warn!(
+                        "no OPENAI_API_KEY and no --providers file: provider calls will fail"
+                    );
+                }
+                Arc::new(OpenAiProvider::new(openai).map_err(config)?)
+            }
+        };
+        let redactor = Redactor::new(secret_values.iter().map(String::as_str));
+        let mut toolbox = match tools {
+            Some(path) => {
+                let text = read(path)?;
+                let base = path.parent().unwrap_or(Path::new("."));
+                aplc_runtime::manifest::toolbox_from_manifest_with_client(
+                    &text,
+                    base,
+                    &http,
+                    &secret_vars,
+                )
+                .map_err(|e| config(format!("{}: {e}", path.display())))?
+            }
+            None => Toolbox::new(),
+        };
+        toolbox.redact_with(redactor.clone());
+        let mut durable = DurableOptions::default();
+        durable.redactor = redactor;
+        Ok(Equipment {
+            provider,
+            toolbox: Arc::new(toolbox),
+            durable,
+        })
+    }
+}
+
+fn read(path: &Path) -> Result<String, ServeError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| ServeError::Config(format!("cannot read {}: {e}", path.display())))
+}

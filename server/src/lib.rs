@@ -1,0 +1,188 @@
+//! `aplc serve`: hosts agent bundles over HTTP, with durable runs queued in a run store
+//! (spec/serve.md).
+//!
+//! A request stores a run as *queued* ([`RunStore::enqueue`]); workers in the process
+//! claim queued runs ([`RunStore::claim`], at most `max_concurrent_runs` at once) and
+//! drive them with the durable driver, so a restart, or another process on the same
+//! PostgreSQL store, resumes an unfinished run from its journal. The HTTP side never runs
+//! anything itself: it reads and writes the store, and listens to the runs this process
+//! executes for live events.
+//!
+//! Not here: provider keys and tools come from the server's own files and environment
+//! ([`equip`]), never from a request.
+
+#![deny(missing_docs)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aplc_runtime::store::{self, RunStore, StoreUrl};
+
+mod agents;
+mod api;
+mod auth;
+mod equip;
+mod events;
+mod logging;
+mod metrics;
+mod worker;
+
+pub use auth::{Tokens, parse_tokens};
+pub use logging::{LogFormat, init_logging};
+
+/// How a server is set up: `aplc serve`'s flags.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServeConfig {
+    /// The directory of agents (`.apl` and `.aplb` files).
+    pub agents: PathBuf,
+    /// The run store.
+    pub store: StoreUrl,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The bearer tokens clients must present.
+    pub tokens: Tokens,
+    /// Runs this process executes at once; the rest wait in the queue.
+    pub max_concurrent_runs: usize,
+    /// The providers file (spec/providers.md); without it, the OpenAI API with
+    /// `OPENAI_API_KEY`.
+    pub providers: Option<PathBuf>,
+    /// The tool manifest (spec/tools.md).
+    pub tools: Option<PathBuf>,
+    /// The largest request body accepted; a larger one gets 413.
+    pub max_body_bytes: usize,
+    /// How long `?wait=true` waits for a run to end before answering 202.
+    pub wait_limit: Duration,
+    /// How long a shutdown waits for running runs before it stops them.
+    pub drain_timeout: Duration,
+    /// How often the agents directory is checked for changes.
+    pub reload_interval: Duration,
+}
+
+impl ServeConfig {
+    /// A configuration with the defaults of `aplc serve`.
+    pub fn new(agents: PathBuf, store: StoreUrl, listen: SocketAddr, tokens: Tokens) -> Self {
+        ServeConfig {
+            agents,
+            store,
+            listen,
+            tokens,
+            max_concurrent_runs: DEFAULT_MAX_CONCURRENT_RUNS,
+            providers: None,
+            tools: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            wait_limit: DEFAULT_WAIT_LIMIT,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
+        }
+    }
+}
+
+/// The default of `--max-concurrent-runs`.
+pub const DEFAULT_MAX_CONCURRENT_RUNS: usize = 16;
+/// The default of `--max-body-bytes`: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// The default of `--wait-timeout-ms`.
+pub const DEFAULT_WAIT_LIMIT: Duration = Duration::from_secs(60);
+/// The default of `--drain-timeout-ms`.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the agents directory is polled.
+pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_millis(500);
+
+/// A server that could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A flag, file or variable is wrong: the operator's mistake.
+    #[error("{0}")]
+    Config(String),
+    /// The store cannot be opened.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The listening socket or the runtime failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Runs the server until SIGTERM or Ctrl-C, then shuts down: stops claiming runs, lets
+/// running runs go on for up to `drain_timeout`, stops the rest (they resume from their
+/// journal at the next start) and returns.
+///
+/// `ready` is called with the bound address once the server accepts connections.
+pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
+    if config.tokens.is_empty() {
+        return Err(ServeError::Config(
+            "no bearer tokens: pass --tokens FILE or set APLC_SERVE_TOKENS (every route but \
+             /healthz needs one)"
+                .into(),
+        ));
+    }
+    let equipment = equip::Equipment::load(config.providers.as_deref(), config.tools.as_deref())?;
+    let agents = agents::Agents::load(config.agents.clone())?;
+    let store: Arc<dyn RunStore> = store::open(&config.store).await?;
+    tracing::info!(store = %config.store, "store open");
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", config.listen)))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| ServeError::Io(format!("cannot read the bound address: {e}")))?;
+
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let state = api::AppState::new(store, agents, equipment, &config, stop.clone());
+    let reload = tokio::spawn(agents::watch(
+        state.agents.clone(),
+        config.reload_interval,
+        stop.clone(),
+    ));
+    let workers = tokio::spawn(worker::dispatch(
+        state.clone(),
+        config.max_concurrent_runs.max(1),
+        config.drain_timeout,
+        stop.clone(),
+    ));
+    let app = api::router(state.clone(), config.max_body_bytes);
+    tracing::info!(%address, "listening");
+    ready(address);
+    let mut stopped = stop.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
+    let signals = tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new runs are claimed");
+        let _ = stop_tx.send(true);
+    });
+    let served = server.await;
+    signals.abort();
+    // The workers end after the drain; the watcher at its next tick.
+    let _ = workers.await;
+    reload.abort();
+    tracing::info!("stopped");
+    served.map_err(|e| ServeError::Io(format!("the server failed: {e}")))
+}
+
+/// SIGTERM or Ctrl-C (SIGINT).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut signal) => {
+                    signal.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = ctrl_c => {}
+            () = term => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
+}

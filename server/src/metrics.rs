@@ -1,0 +1,231 @@
+//! `/metrics`: Prometheus text format, written by hand (a few counters and one histogram
+//! need no crate).
+//!
+//! Runs by status and the queue depth come from the store, so they count every process's
+//! runs; steps, provider calls, latencies and tokens are counted from the events of the
+//! runs this process executes (a resumed run counts only what it does after the resume).
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aplc_runtime::store::{QueueCounts, QueueStatus};
+use serde_json::Value as Json;
+
+/// Upper bounds of the provider latency histogram, in seconds.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// This process's counters.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    steps: AtomicU64,
+    provider_calls: AtomicU64,
+    provider_errors: AtomicU64,
+    input_tokens: AtomicU64,
+    output_tokens: AtomicU64,
+    tool_calls: AtomicU64,
+    /// Counts per bucket (not cumulative), then the +Inf bucket.
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    latency_sum_us: AtomicU64,
+    pub(crate) runs_in_flight: AtomicU64,
+    pub(crate) runs_started: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts what an event (its JSON form, spec/events.md) says.
+    pub(crate) fn on_event(&self, event: &Json) {
+        match event.get("type").and_then(Json::as_str) {
+            Some("step_started") => {
+                self.steps.fetch_add(1, Ordering::Relaxed);
+            }
+            Some("tool_call") => {
+                self.tool_calls.fetch_add(1, Ordering::Relaxed);
+            }
+            Some("provider_result") => {
+                self.provider_calls.fetch_add(1, Ordering::Relaxed);
+                if event.get("error").is_some_and(|e| !e.is_null()) {
+                    self.provider_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                let usage = event.get("usage");
+                let tokens = |key: &str| usage.and_then(|u| u.get(key)).and_then(Json::as_u64);
+                if let Some(n) = tokens("input_tokens") {
+                    self.input_tokens.fetch_add(n, Ordering::Relaxed);
+                }
+                if let Some(n) = tokens("output_tokens") {
+                    self.output_tokens.fetch_add(n, Ordering::Relaxed);
+                }
+                // A float of milliseconds (spec/events.md).
+                if let Some(ms) = event.get("latency_ms").and_then(Json::as_f64) {
+                    let seconds = ms / 1000.0;
+                    let bucket = LATENCY_BUCKETS
+                        .iter()
+                        .position(|bound| seconds <= *bound)
+                        .unwrap_or(LATENCY_BUCKETS.len());
+                    self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+                    // Microseconds, so that an atomic integer keeps the sum.
+                    self.latency_sum_us
+                        .fetch_add((ms * 1000.0) as u64, Ordering::Relaxed);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The exposition text, with the store's counts (`None`: the store did not answer,
+    /// and those series are left out rather than shown as zero).
+    pub(crate) fn render(&self, queue: Option<&QueueCounts>) -> String {
+        let mut out = String::new();
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        if let Some(queue) = queue {
+            header(
+                &mut out,
+                "aplc_runs",
+                "gauge",
+                "Runs in the store's queue, by status.",
+            );
+            for status in QueueStatus::ALL {
+                let _ = writeln!(
+                    out,
+                    "aplc_runs{{status=\"{}\"}} {}",
+                    status.as_str(),
+                    queue.get(status)
+                );
+            }
+            header(
+                &mut out,
+                "aplc_queue_depth",
+                "gauge",
+                "Runs waiting for a worker.",
+            );
+            let _ = writeln!(out, "aplc_queue_depth {}", queue.get(QueueStatus::Queued));
+        }
+        let counters = [
+            (
+                "aplc_runs_in_flight",
+                "gauge",
+                "Runs this process executes now.",
+                load(&self.runs_in_flight),
+            ),
+            (
+                "aplc_runs_started_total",
+                "counter",
+                "Runs this process started or resumed.",
+                load(&self.runs_started),
+            ),
+            (
+                "aplc_steps_total",
+                "counter",
+                "Steps entered by this process's runs.",
+                load(&self.steps),
+            ),
+            (
+                "aplc_provider_calls_total",
+                "counter",
+                "Provider calls answered (or failed).",
+                load(&self.provider_calls),
+            ),
+            (
+                "aplc_provider_errors_total",
+                "counter",
+                "Provider calls that failed.",
+                load(&self.provider_errors),
+            ),
+            (
+                "aplc_tool_calls_total",
+                "counter",
+                "Tool calls started.",
+                load(&self.tool_calls),
+            ),
+        ];
+        for (name, kind, help, value) in counters {
+            header(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
+        }
+        header(
+            &mut out,
+            "aplc_tokens_total",
+            "counter",
+            "Tokens the providers reported.",
+        );
+        let _ = writeln!(
+            out,
+            "aplc_tokens_total{{direction=\"input\"}} {}",
+            load(&self.input_tokens)
+        );
+        let _ = writeln!(
+            out,
+            "aplc_tokens_total{{direction=\"output\"}} {}",
+            load(&self.output_tokens)
+        );
+        header(
+            &mut out,
+            "aplc_provider_latency_seconds",
+            "histogram",
+            "Provider call latency.",
+        );
+        let mut cumulative = 0;
+        for (bound, count) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
+            cumulative += load(count);
+            let _ = writeln!(
+                out,
+                "aplc_provider_latency_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        cumulative += load(&self.latency_buckets[LATENCY_BUCKETS.len()]);
+        let _ = writeln!(
+            out,
+            "aplc_provider_latency_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
+        );
+        let sum = load(&self.latency_sum_us) as f64 / 1_000_000.0;
+        let _ = writeln!(out, "aplc_provider_latency_seconds_sum {sum}");
+        let _ = writeln!(out, "aplc_provider_latency_seconds_count {cumulative}");
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn counts_provider_results_into_the_histogram() {
+        let metrics = Metrics::default();
+        metrics.on_event(&json!({"type": "step_started"}));
+        metrics.on_event(&json!({
+            "type": "provider_result", "latency_ms": 30.5, "error": null,
+            "usage": {"input_tokens": 7, "output_tokens": 3}
+        }));
+        metrics.on_event(
+            &json!({"type": "provider_result", "latency_ms": 60000.0, "error": {"kind": "server"}}),
+        );
+        let mut queue = QueueCounts::default();
+        queue.by_status.push((QueueStatus::Queued, 4));
+        let text = metrics.render(Some(&queue));
+        for line in [
+            "aplc_runs{status=\"queued\"} 4",
+            "aplc_runs{status=\"failed\"} 0",
+            "aplc_queue_depth 4",
+            "aplc_steps_total 1",
+            "aplc_provider_calls_total 2",
+            "aplc_provider_errors_total 1",
+            "aplc_tokens_total{direction=\"input\"} 7",
+            "aplc_provider_latency_seconds_bucket{le=\"0.025\"} 0",
+            "aplc_provider_latency_seconds_bucket{le=\"0.05\"} 1",
+            "aplc_provider_latency_seconds_bucket{le=\"30\"} 1",
+            "aplc_provider_latency_seconds_bucket{le=\"+Inf\"} 2",
+            "aplc_provider_latency_seconds_count 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from:\n{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The workers: claim queued runs from the store and drive them with the durable driver.
+//!
+//! One dispatcher task starts a claim whenever fewer than `max_concurrent_runs` runs (or
+//! claims) are in progress here; once a claim finds nothing, it waits to be woken by a
+//! submit in this process or, for runs submitted elsewhere and runs left by a dead
+//! worker, for [`IDLE_POLL`]. Each claimed run is a task of its own: it replays the
+//! run's journal (nothing for a new run), goes on live, and hands its events to the
+//! process's [`LiveRuns`] for the SSE streams.
+//!
+//! **Cancel.** A cancel request is stored ([`RunStore::request_cancel`]), so it reaches the
+//! run wherever it executes: this process sets the run's interrupt at once when it runs
+//! here, and every executing run polls its flag every [`CANCEL_POLL`]. The machine stops
+//! at its next instruction; a provider or tool call in progress finishes first.
+//!
+//! **Shutdown.** The dispatcher stops claiming, waits up to the drain timeout for the
+//! runs in progress, then drops the rest: everything they journaled is committed or not,
+//! as after a crash, and the next start (or another process) resumes them. Dropping a
+//! run drops its lease, which frees the run for another worker.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aplc_runtime::durable::{self, DurableError};
+use aplc_runtime::store::{Lease, QueueStatus, RunStore};
+use aplc_vm::Interrupt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::api::AppState;
+
+/// How often an idle dispatcher looks for runs it was not told about.
+const IDLE_POLL: Duration = Duration::from_millis(500);
+/// How often an executing run reads its cancel flag from the store.
+const CANCEL_POLL: Duration = Duration::from_millis(500);
+/// Live events kept for a slow SSE reader before it falls back to the store.
+const LIVE_BUFFER: usize = 1024;
+
+/// A live event: its sequence number (`None` for a transient event such as a token
+/// delta, which is not journaled) and its JSON text, redacted.
+#[derive(Debug, Clone)]
+pub(crate) struct LiveEvent {
+    pub(crate) seq: Option<u64>,
+    pub(crate) json: Arc<str>,
+}
+
+/// A run this process executes.
+struct LiveRun {
+    events: broadcast::Sender<LiveEvent>,
+    interrupt: Interrupt,
+}
+
+/// The runs this process executes, by id.
+#[derive(Default)]
+pub(crate) struct LiveRuns {
+    runs: Mutex<HashMap<String, LiveRun>>,
+    /// Told whenever a run of this process ends (`?wait=true` and SSE wake on it).
+    pub(crate) finished: tokio::sync::Notify,
+}
+
+impl LiveRuns {
+    /// A receiver of the run's live events, if it executes here.
+    pub(crate) fn subscribe(&self, id: &str) -> Option<broadcast::Receiver<LiveEvent>> {
+        self.lock().get(id).map(|run| run.events.subscribe())
+    }
+
+    /// Cancels the run if it executes here; true if it does.
+    pub(crate) fn cancel(&self, id: &str) -> bool {
+        self.lock()
+            .get(id)
+            .map(|run| run.interrupt.cancel())
+            .is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, LiveRun>> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Claims and runs queued runs until `stop`, then drains.
+pub(crate) async fn dispatch(
+    state: AppState,
+    max_concurrent: usize,
+    drain_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(max_concurrent));
+    let idle = Arc::new(AtomicBool::new(false));
+    let mut running = JoinSet::new();
+    loop {
+        while running.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        if idle.swap(false, Ordering::SeqCst) {
+            // The last claim found nothing (or failed): wait for a new run, or poll.
+            tokio::select! {
+                () = state.work.notified() => {}
+                () = tokio::time::sleep(IDLE_POLL) => {}
+                _ = stop.wait_for(|stop| *stop) => break,
+            }
+        }
+        // Each free slot claims on its own task: claims in flight together share one
+        // commit (SQLite's group commit), where claiming one at a time would make the
+        // claim's round trip the bound on how fast slots refill.
+        running.spawn(claim_and_execute(state.clone(), permit, idle.clone()));
+    }
+    if !running.is_empty() {
+        tracing::info!(
+            runs = running.len(),
+            timeout_ms = drain_timeout.as_millis() as u64,
+            "draining"
+        );
+        let drained = tokio::time::timeout(drain_timeout, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                runs = running.len(),
+                "drain timeout: stopping the remaining runs; they resume from their journal"
+            );
+            running.abort_all();
+            while running.join_next().await.is_some() {}
+        }
+    }
+}
+
+/// Claims a run for the free slot `permit` and drives it; sets `idle` when there was none.
+async fn claim_and_execute(state: AppState, permit: OwnedSemaphorePermit, idle: Arc<AtomicBool>) {
+    match state.store.claim().await {
+        Ok(Some(lease)) => execute(state, lease, permit).await,
+        Ok(None) => idle.store(true, Ordering::SeqCst),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot claim a run from the store");
+            idle.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Drives one claimed run to its end (or until the task is dropped).
+async fn execute(state: AppState, lease: Box<dyn Lease>, _permit: OwnedSemaphorePermit) {
+    let id = lease.run_id().to_string();
+    let interrupt = Interrupt::new();
+    let (events, _) = broadcast::channel(LIVE_BUFFER);
+    state.live.lock().insert(
+        id.clone(),
+        LiveRun {
+            events: events.clone(),
+            interrupt: interrupt.clone(),
+        },
+    );
+    // Removes the run from `live` however the task ends (an abort at shutdown included).
+    let _registered = Registered {
+        state: state.clone(),
+        id: id.clone(),
+    };
+    state.metrics.runs_in_flight.fetch_add(1, Ordering::Relaxed);
+    state.metrics.runs_started.fetch_add(1, Ordering::Relaxed);
+    let entry = state.store.queue_entry(&id).await;
+    let (agent, traceparent) = match &entry {
+        Ok(entry) => (entry.agent.clone(), entry.traceparent.clone()),
+        Err(_) => (String::new(), None),
+    };
+    // The run's span carries the W3C trace context of the request that started it: a
+    // tracing layer (OpenTelemetry) parents the run on it.
+    let span = tracing::info_span!(
+        "run",
+        run_id = %id,
+        agent = %agent,
+        traceparent = traceparent.as_deref().unwrap_or(""),
+    );
+    let cancel_requested = entry.as_ref().is_ok_and(|entry| entry.cancel_requested);
+    drive(
+        &state,
+        lease,
+        &id,
+        &agent,
+        interrupt,
+        cancel_requested,
+        events,
+    )
+    .instrument(span)
+    .await;
+}
+
+/// Resumes (or starts) the claimed run and drives it to its end.
+async fn drive(
+    state: &AppState,
+    lease: Box<dyn Lease>,
+    id: &str,
+    agent: &str,
+    interrupt: Interrupt,
+    cancel_requested: bool,
+    events: broadcast::Sender<LiveEvent>,
+) {
+    let store: &dyn RunStore = &*state.store;
+    let equipment = &*state.equipment;
+    tracing::info!(run_id = %id, agent = %agent, "run started");
+    let reopened = durable::reopen_claimed(
+        store,
+        lease,
+        &equipment.toolbox,
+        &equipment.durable,
+        interrupt.clone(),
+    )
+    .await;
+    let reopened = match reopened {
+        Ok(reopened) => reopened,
+        Err(e) => {
+            tracing::error!(run_id = %id, error = %e, "cannot resume the run");
+            if matches!(
+                e,
+                DurableError::Journal { .. } | DurableError::Mismatch { .. }
+            ) && let Err(e) = durable::abandon(store, id, &e.to_string()).await
+            {
+                tracing::error!(run_id = %id, error = %e, "cannot mark the run failed");
+            }
+            return;
+        }
+    };
+    // Only now: a flag set during the replay would stop the replay.
+    if cancel_requested {
+        interrupt.cancel();
+    }
+    let watcher = tokio::spawn(watch_cancel(state.store.clone(), id.to_string(), interrupt));
+    let metrics = state.metrics.clone();
+    let redactor = equipment.durable.redactor.clone();
+    let mut listener = move |event: &aplc_vm::Event| {
+        let json = redactor.redact_json(event.to_json());
+        metrics.on_event(&json);
+        // Nobody listening is fine: the events are journaled.
+        let _ = events.send(LiveEvent {
+            seq: Some(event.seq),
+            json: Arc::from(json.to_string()),
+        });
+    };
+    let finished = reopened
+        .run(
+            &*equipment.provider,
+            &equipment.toolbox,
+            Some(&mut listener),
+        )
+        .await;
+    watcher.abort();
+    match finished {
+        Ok(finished) => {
+            let outcome = durable::outcome_json(&finished.outcome);
+            let status = QueueStatus::of_outcome(&outcome);
+            tracing::info!(run_id = %id, agent = %agent, status = status.as_str(), steps = finished.outcome.steps, "run finished");
+        }
+        Err(e) => {
+            // The store failed: the run stays resumable from its last commit.
+            tracing::error!(run_id = %id, agent = %agent, error = %e, "run stopped");
+        }
+    }
+}
+
+/// Sets `interrupt` once the run's stored cancel flag is set.
+async fn watch_cancel(store: Arc<dyn RunStore>, id: String, interrupt: Interrupt) {
+    loop {
+        tokio::time::sleep(CANCEL_POLL).await;
+        match store.queue_entry(&id).await {
+            Ok(entry) if entry.cancel_requested => {
+                interrupt.cancel();
+                return;
+            }
+            Ok(entry) if entry.status.is_final() => return,
+            _ => {}
+        }
+    }
+}
+
+/// A run's entry in [`LiveRuns`], removed on drop.
+struct Registered {
+    state: AppState,
+    id: String,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.state.live.lock().remove(&self.id);
+        self.state
+            .metrics
+            .runs_in_flight
+            .fetch_sub(1, Ordering::Relaxed);
+        self.state.live.finished.notify_waiters();
+    }
+}
