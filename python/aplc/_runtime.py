@@ -33,7 +33,7 @@ OPTIONS = frozenset(
 
 DEFAULT_TIMEOUT_MS = 120_000
 DEFAULT_MAX_STEPS = 10_000
-DIALECTS = ("spec",)
+DIALECTS = ("spec", "defuss-1.1")
 
 
 class ValidationError(ValueError):
@@ -72,18 +72,20 @@ def _source_text(source: Any, what: str) -> str:
     return source
 
 
-def check(source: str, relaxed: bool = False) -> bool:
-    """``True`` if ``source`` is a valid agent; raises :class:`ValidationError` otherwise."""
-    has_errors, (rows, rendered) = _aplc.check_source(_source_text(source, "check"), bool(relaxed), [])
+def check(source: str, relaxed: bool = False, dialect: str = "spec") -> bool:
+    """``True`` if ``source`` is a valid agent; raises :class:`ValidationError` otherwise.
+    ``dialect="defuss-1.1"`` allows defuss-apl 1.1.0's helpers (spec/dialects.md)."""
+    has_errors, (rows, rendered) = _aplc.check_source(_source_text(source, "check"), bool(relaxed), [], dialect)
     if has_errors:
         raise ValidationError(rendered, _diagnostics(rows))
     return True
 
 
-def compile(source: str, relaxed: bool = False) -> bytes:  # noqa: A001 (the API's name)
+def compile(source: str, relaxed: bool = False, dialect: str = "spec") -> bytes:  # noqa: A001 (the API's name)
     """The bundle of ``source`` (what ``aplc build`` writes); raises
-    :class:`ValidationError` on invalid source."""
-    bundle, (rows, rendered) = _aplc.build_bundle(_source_text(source, "compile"), bool(relaxed))
+    :class:`ValidationError` on invalid source. A bundle does not record its dialect:
+    load it with the same one."""
+    bundle, (rows, rendered) = _aplc.build_bundle(_source_text(source, "compile"), bool(relaxed), dialect)
     if bundle is None:
         raise ValidationError(rendered, _diagnostics(rows))
     return bundle
@@ -99,19 +101,21 @@ class Program:
         self._native = native
 
     @classmethod
-    def load(cls, bundle: Union[bytes, bytearray, memoryview]) -> "Program":
+    def load(cls, bundle: Union[bytes, bytearray, memoryview], dialect: str = "spec") -> "Program":
         """Loads bundle bytes (from :func:`compile` or ``aplc build``). Raises
         ``ValueError`` for bytes that are not a valid bundle."""
         if not isinstance(bundle, (bytes, bytearray, memoryview)):
             raise TypeError(f"Program.load takes bundle bytes, found {type(bundle).__name__}")
-        return cls(_aplc.NativeProgram.load(bytes(bundle)))
+        return cls(_aplc.NativeProgram.load(bytes(bundle), dialect))
 
     @classmethod
-    def from_source(cls, source: str, relaxed: bool = False, inputs: Tuple[str, ...] = ()) -> "Program":
+    def from_source(
+        cls, source: str, relaxed: bool = False, inputs: Tuple[str, ...] = (), dialect: str = "spec"
+    ) -> "Program":
         """Compiles ``source`` for running; ``inputs`` are the ``with_context`` names the
         runs will pass. Raises :class:`ValidationError` on invalid source."""
         native, (rows, rendered) = _aplc.NativeProgram.compile(
-            _source_text(source, "Program.from_source"), bool(relaxed), list(inputs)
+            _source_text(source, "Program.from_source"), bool(relaxed), list(inputs), dialect
         )
         if native is None:
             raise ValidationError(rendered, _diagnostics(rows))
@@ -141,9 +145,9 @@ def start_sync(agent: Union[str, bytes], options: Optional[Mapping[str, Any]] = 
 
 def _program(agent: Any, options: "_Options") -> Program:
     if isinstance(agent, (bytes, bytearray, memoryview)):
-        return Program.load(agent)
+        return Program.load(agent, options.dialect)
     if isinstance(agent, str):
-        return Program.from_source(agent, options.relaxed, tuple(options.context))
+        return Program.from_source(agent, options.relaxed, tuple(options.context), options.dialect)
     raise TypeError(f"start takes .apl source (str) or bundle bytes, found {type(agent).__name__}")
 
 
@@ -205,6 +209,7 @@ class _Options:
         dialect = options.get("dialect", "spec")
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}")
+        self.dialect: str = dialect
 
 
 def _str_option(options: Mapping[str, Any], name: str) -> Optional[str]:

@@ -24,11 +24,14 @@ pub(crate) fn check_source(
     source: &str,
     relaxed: bool,
     inputs: Vec<String>,
-) -> (bool, Report) {
-    py.detach(|| {
+    dialect: &str,
+) -> PyResult<(bool, Report)> {
+    let dialect = dialect_named(dialect)?;
+    Ok(py.detach(|| {
         let options = Options {
             relaxed,
             inputs,
+            dialect,
             ..Options::default()
         };
         let compilation = aplc_compiler::compile(source, SOURCE_NAME, &options);
@@ -36,7 +39,7 @@ pub(crate) fn check_source(
             compilation.has_errors(),
             report(&compilation.diagnostics, source),
         )
-    })
+    }))
 }
 
 /// Builds the bundle of `source` as `aplc build` does: its bytes, or `None` with the
@@ -46,16 +49,30 @@ pub(crate) fn build_bundle<'py>(
     py: Python<'py>,
     source: &str,
     relaxed: bool,
-) -> (Option<Bound<'py, PyBytes>>, Report) {
+    dialect: &str,
+) -> PyResult<(Option<Bound<'py, PyBytes>>, Report)> {
+    let dialect = dialect_named(dialect)?;
     let (bytes, diagnostics) = py.detach(|| {
         let options = Options {
             relaxed,
+            dialect,
             ..Options::default()
         };
         aplc_compiler::build(source, SOURCE_NAME, &options)
     });
     let bytes = bytes.map(|bytes| PyBytes::new(py, &bytes));
-    (bytes, report(&diagnostics, source))
+    Ok((bytes, report(&diagnostics, source)))
+}
+
+/// The dialect called `name`, or a `ValueError` listing the known ones.
+pub(crate) fn dialect_named(name: &str) -> PyResult<aplc_vm::Dialect> {
+    aplc_vm::Dialect::from_name(name).ok_or_else(|| {
+        let known: Vec<&str> = aplc_vm::Dialect::ALL.iter().map(|d| d.as_str()).collect();
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "unknown dialect {name:?}; known: {}",
+            known.join(", ")
+        ))
+    })
 }
 
 /// The ways `instance_json` fails the JSON Schema `schema_json`, one message each; an

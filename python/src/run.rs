@@ -27,7 +27,7 @@ use pyo3::prelude::*;
 use pyo3_async_runtimes::TaskLocals;
 use serde_json::Value as Json;
 
-use crate::check::{Report, SOURCE_NAME, report};
+use crate::check::{Report, SOURCE_NAME, dialect_named, report};
 
 /// A loaded program: compiled once, run any number of times, from any thread.
 #[pyclass(frozen, name = "NativeProgram", module = "aplc._aplc")]
@@ -69,14 +69,15 @@ type Finished = (String, Option<(String, String, Option<String>)>);
 impl NativeProgram {
     /// Loads bundle bytes, checking them before trusting them.
     #[staticmethod]
-    fn load(py: Python<'_>, data: &[u8]) -> PyResult<NativeProgram> {
+    fn load(py: Python<'_>, data: &[u8], dialect: &str) -> PyResult<NativeProgram> {
+        let dialect = dialect_named(dialect)?;
         if !aplc_vm::bundle::is_bundle(data) {
             return Err(PyValueError::new_err(
                 "invalid bundle: the bytes do not start with an aplc bundle header",
             ));
         }
         let program = py
-            .detach(|| Program::load(data))
+            .detach(|| Program::load_in(data, dialect))
             .map_err(|e| PyValueError::new_err(format!("invalid bundle: {e}")))?;
         Ok(NativeProgram {
             program: Arc::new(program),
@@ -91,15 +92,18 @@ impl NativeProgram {
         source: &str,
         relaxed: bool,
         inputs: Vec<String>,
+        dialect: &str,
     ) -> PyResult<(Option<NativeProgram>, Report)> {
+        let dialect = dialect_named(dialect)?;
         let (program, report) = py.detach(|| {
             let mut options = aplc_compiler::Options::for_run(relaxed);
             options.inputs = inputs;
+            options.dialect = dialect;
             let compilation = aplc_compiler::compile(source, SOURCE_NAME, &options);
             let report = report(&compilation.diagnostics, source);
             let program = compilation
                 .bundle
-                .map(|bundle| Program::from_bundle(bundle, aplc_vm::Limits::default()));
+                .map(|bundle| Program::from_bundle_in(bundle, aplc_vm::Limits::default(), dialect));
             (program, report)
         });
         let program = program
