@@ -202,6 +202,7 @@ impl Setup {
                 call: config.call_provider,
                 locals: locals.clone(),
                 fallback,
+                redactor: redactor.clone(),
             },
             toolbox,
             on_event: config.on_event.map(|f| (locals.clone(), f)),
@@ -287,6 +288,8 @@ struct PythonProviders {
     call: Py<PyAny>,
     locals: TaskLocals,
     fallback: Fallback,
+    /// A Python provider's error message may quote the key it was given.
+    redactor: Redactor,
 }
 
 /// The provider for models without a Python callable.
@@ -338,9 +341,11 @@ impl Provider for PythonProviders {
                 return self.fallback.provider()?.complete(request, call).await;
             }
             let context = context_json(request);
+            let failed =
+                |kind, message: String| ProviderError::new(kind, self.redactor.redact(&message));
             let answer = call_python(&self.locals, &self.call, (request.model.as_str(), context))
                 .await
-                .map_err(|message| ProviderError::new(ProviderErrorKind::Other, message))?;
+                .map_err(|message| failed(ProviderErrorKind::Other, message))?;
             match answer {
                 Answer::Ok(payload) => {
                     let value: Json = serde_json::from_str(&payload).map_err(|e| {
@@ -351,13 +356,10 @@ impl Provider for PythonProviders {
                     })?;
                     aplc_vm::wire::openai::decode_value(&value)
                 }
-                Answer::Invalid(message) => Err(ProviderError::new(
-                    ProviderErrorKind::InvalidResponse,
-                    message,
-                )),
-                Answer::Raised(message) => {
-                    Err(ProviderError::new(ProviderErrorKind::Other, message))
+                Answer::Invalid(message) => {
+                    Err(failed(ProviderErrorKind::InvalidResponse, message))
                 }
+                Answer::Raised(message) => Err(failed(ProviderErrorKind::Other, message)),
             }
         })
     }

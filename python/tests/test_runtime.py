@@ -234,6 +234,8 @@ def test_api_key_never_reaches_context_errors_or_events(fake_model):
         raise RuntimeError(f"bad key {secret}")
 
     events = []
+    # The first step's errors are copied into a variable: the secret must not be in them
+    # while the run goes on either.
     agent = TWO_STEPS.replace("# prompt: second", "# prompt: second\n## system\nsys")
     model = fake_model([response(f"the server says {secret}")] * 2)
     status = start(agent, with_providers={"gpt-4o": echo_key}, base_url=model.base_url, api_key=secret,
@@ -241,6 +243,7 @@ def test_api_key_never_reaches_context_errors_or_events(fake_model):
     text = json.dumps(status) + json.dumps(events)
     assert secret not in text
     assert "bad key" in text
+    assert secret not in json.dumps(status["first_errors"]) and "bad key" in status["first_errors"][0]
     # The default provider (models without a Python callable) also redacts what it returns.
     status = start("# pre: a\n{{ set_context('model', 'other') }}\n\n# prompt: a\n## user\nq\n",
                    base_url=model.base_url, api_key=secret, on_event=events.append)
@@ -275,3 +278,34 @@ def test_the_interpreter_survives_many_bad_runs():
         status = start(ONE_STEP, with_providers={"gpt-4o": provider})
         assert status["errors"]
     gc.collect()
+
+
+def test_a_provider_error_is_redacted_before_the_run_sees_it(fake_model):
+    secret = "sk-quoted-by-the-provider-0123456789"
+
+    async def leaky(context):
+        raise RuntimeError(f"refused key {secret}")
+
+    # The second step sends the first step's errors to an HTTP model: what it receives
+    # is what the run held.
+    agent = """
+# prompt: first
+## user
+one
+
+# post: first
+{{ set_context('first_errors', errors) }}
+{{ set_context('next_step', 'second') }}
+
+# pre: second
+{{ set_context('model', 'http-model') }}
+
+# prompt: second
+## user
+{{ first_errors }}
+"""
+    model = fake_model([response("ok")])
+    status = start(agent, with_providers={"gpt-4o": leaky}, base_url=model.base_url, api_key=secret)
+    assert status["result_text"] == "ok"
+    sent = json.dumps(model.requests)
+    assert "refused key" in sent and secret not in sent
