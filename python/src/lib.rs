@@ -19,5 +19,10 @@ fn _aplc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check::schema_errors, m)?)?;
     m.add_class::<run::NativeProgram>()?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_MAX_STEPS", aplc_vm::DEFAULT_MAX_STEPS)?;
+    m.add(
+        "DEFAULT_TIMEOUT_MS",
+        u64::try_from(aplc_vm::DEFAULT_TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+    )?;
     Ok(())
 }
