@@ -133,7 +133,10 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// `next_step` target is a warning, so the run fails at the jump with exit 1, as the
 /// spec says (§2.1).
 pub(crate) fn compile_options(args: &CompileArgs) -> Options {
-    Options::for_run(args.relaxed)
+    Options {
+        dialect: args.dialect,
+        ..Options::for_run(args.relaxed)
+    }
 }
 
 /// The options of `aplc check`, `aplc build` and `aplc graph`: an unknown `next_step`
@@ -142,6 +145,7 @@ pub(crate) fn check_options(args: &CompileArgs, deny_warnings: bool) -> Options 
     Options {
         relaxed: args.relaxed,
         deny_warnings,
+        dialect: args.dialect,
         ..Options::default()
     }
 }

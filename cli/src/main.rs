@@ -111,6 +111,19 @@ pub(crate) struct CompileArgs {
     /// Enable relaxed syntax in pre and post phases (spec §6.1.1).
     #[arg(long)]
     pub relaxed: bool,
+    /// Template helpers beyond the spec's: `defuss-1.1` adds defuss-apl 1.1.0's `set`,
+    /// `get`, `add`, `inc`, `dec`, `rem`, `next`, `prev` and `result`
+    /// (spec/dialects.md). A bundle does not record it: run it with the same flag.
+    #[arg(long, value_name = "DIALECT", default_value = "spec", value_parser = parse_dialect)]
+    pub dialect: aplc_vm::Dialect,
+}
+
+/// A `--dialect` value.
+fn parse_dialect(name: &str) -> Result<aplc_vm::Dialect, String> {
+    aplc_vm::Dialect::from_name(name).ok_or_else(|| {
+        let known: Vec<&str> = aplc_vm::Dialect::ALL.iter().map(|d| d.as_str()).collect();
+        format!("unknown dialect `{name}`; known: {}", known.join(", "))
+    })
 }
 
 fn main() -> ExitCode {

@@ -612,7 +612,7 @@ pub(crate) fn load_program(
                 "warning: --relaxed has no effect on a bundle: it was fixed when the bundle was built"
             );
         }
-        return Program::load(&bytes)
+        return Program::load_in(&bytes, args.dialect)
             .map_err(|e| Failure::run(format!("{}: unreadable bundle: {e}", file.display())));
     }
     let source = into_text(file, bytes)?;
@@ -626,6 +626,6 @@ pub(crate) fn load_program(
         code: 2,
         message: format!("{} has errors; not running it", file.display()),
     })?;
-    Program::from_bundle(bundle, aplc_vm::Limits::default())
+    Program::from_bundle_in(bundle, aplc_vm::Limits::default(), args.dialect)
         .map_err(|e| Failure::run(format!("{}: {e}", file.display())))
 }

@@ -26,8 +26,12 @@ pub use aplc_vm::RESERVED_VARIABLES;
 
 /// What the helper called `name` does with the variable its first argument names, if
 /// `name` is a helper whose first argument names one.
+///
+/// Dialect helpers (`spec/dialects.md`) count in every dialect: the name checks refuse a
+/// helper the program's dialect lacks, so analysing its call as a write is harmless.
 fn helper_access(name: &str) -> Option<Access> {
     names::helper(name)
+        .or_else(|| aplc_vm::any_dialect_helper(name))
         .map(|h| h.access)
         .filter(|access| *access != Access::None)
 }
@@ -465,6 +469,17 @@ impl<'a> Walker<'a> {
         {
             self.helper_call(f.id, call, span, statement);
         }
+        if let Expr::Var(f) = &call.expr
+            && f.id == aplc_vm::dialect_names::NEXT
+            && !self.is_bound(f.id)
+        {
+            // The defuss-1.1 dialect's `next(step)` is `set_context('next_step', step)`.
+            self.facts.next_steps.push(NextStep {
+                target: target_of(arg(&call.args, 0, "step_name")),
+                span: tspan(span),
+                always: statement && self.depth == 0,
+            });
+        }
         match &call.expr {
             Expr::Var(f) if !self.is_bound(f.id) && !RESERVED_VARIABLES.contains(&f.id) => {
                 self.facts.calls.push((f.id.to_string(), tspan(span)));
@@ -481,10 +496,16 @@ impl<'a> Walker<'a> {
             self.facts.dynamic_writes |= writes;
             return;
         };
-        let Some(name) = const_str(name_arg) else {
+        let Some(mut name) = const_str(name_arg) else {
             self.facts.dynamic_writes |= writes;
             return;
         };
+        if aplc_vm::any_dialect_helper(helper).is_some() {
+            // Dialect helpers take a dotted path: its first segment is the variable.
+            if let Some(root) = name.split(['.', '[']).next() {
+                name = root.to_string();
+            }
+        }
         if RESERVED_VARIABLES.contains(&name.as_str()) {
             self.facts
                 .reserved
@@ -495,15 +516,7 @@ impl<'a> Walker<'a> {
         }
         if name == NEXT_STEP {
             let target = if helper == SET_CONTEXT {
-                match arg(&call.args, 1, "value") {
-                    Some(Expr::Const(c)) if c.value.is_none() => Target::End,
-                    Some(value) => match const_str(value) {
-                        Some(s) if s.is_empty() => Target::End,
-                        Some(s) => Target::Literal(s),
-                        None => Target::Dynamic,
-                    },
-                    None => Target::Dynamic,
-                }
+                target_of(arg(&call.args, 1, "value"))
             } else {
                 Target::Dynamic
             };
@@ -517,14 +530,28 @@ impl<'a> Walker<'a> {
     }
 }
 
+/// The jump target a `next_step` value gives.
+fn target_of(value: Option<&Expr<'_>>) -> Target {
+    match value {
+        Some(Expr::Const(c)) if c.value.is_none() => Target::End,
+        Some(value) => match const_str(value) {
+            Some(s) if s.is_empty() => Target::End,
+            Some(s) => Target::Literal(s),
+            None => Target::Dynamic,
+        },
+        None => Target::Dynamic,
+    }
+}
+
 /// True when every path through `stmts` writes `next_step` with a helper call that is a
 /// statement of its own.
 fn always_sets_next_step(stmts: &[Stmt<'_>]) -> bool {
     let writes_next_step = |call: &ast::Call<'_>| {
-        matches!(&call.expr, Expr::Var(f) if helper_access(f.id) == Some(Access::Writes))
-            && arg(&call.args, 0, "name")
-                .and_then(const_str)
-                .is_some_and(|name| name == NEXT_STEP)
+        matches!(&call.expr, Expr::Var(f) if f.id == aplc_vm::dialect_names::NEXT)
+            || matches!(&call.expr, Expr::Var(f) if helper_access(f.id) == Some(Access::Writes))
+                && arg(&call.args, 0, "name")
+                    .and_then(const_str)
+                    .is_some_and(|name| name == NEXT_STEP)
     };
     let statement = |expr: &Expr<'_>| matches!(expr, Expr::Call(c) if writes_next_step(c));
     stmts.iter().any(|stmt| match stmt {

@@ -60,6 +60,9 @@ pub struct Options {
     /// Variables the caller will inject with `with_context`, in addition to those the
     /// file declares with `{# inputs: … #}`; they are defined for APL0018.
     pub inputs: Vec<String>,
+    /// The helpers beyond the spec's that templates may call (`spec/dialects.md`); the
+    /// bundle does not record it, so a run loads the bundle in the same dialect.
+    pub dialect: aplc_vm::Dialect,
 }
 
 impl Default for Options {
@@ -69,6 +72,7 @@ impl Default for Options {
             unknown_step_is_error: true,
             deny_warnings: false,
             inputs: Vec::new(),
+            dialect: aplc_vm::Dialect::Spec,
         }
     }
 }

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use aplc_vm::bundle::{Role, TemplateKind};
 use aplc_vm::names::{Unsettable, check_settable, is_identifier};
-use aplc_vm::{Limits, minijinja, template_env};
+use aplc_vm::{Limits, minijinja, template_env_for};
 
 use crate::Options;
 use crate::analyze::{self, Facts};
@@ -34,7 +34,7 @@ pub(crate) fn lower(
     options: &Options,
     diags: &mut Vec<Diagnostic>,
 ) -> Ir {
-    let env = template_env(&Limits::default());
+    let env = template_env_for(&Limits::default(), options.dialect);
     let globals: Vec<String> = env.globals().map(|(n, _)| n.to_string()).collect();
     let comments = check_preamble(source, file.preamble, diags);
     let mut declared = declared_inputs(source, &comments, &globals, diags);

@@ -113,6 +113,11 @@ impl Limits {
 /// render's root context must be the run's `Store` (see `store.rs`); the helpers of
 /// §6.3 and §7.4 find it there and fail with a clear error without it.
 pub fn template_env(limits: &Limits) -> Environment<'static> {
+    template_env_for(limits, crate::Dialect::Spec)
+}
+
+/// [`template_env`] with `dialect`'s helpers too (`spec/dialects.md`).
+pub fn template_env_for(limits: &Limits, dialect: crate::Dialect) -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::SemiStrict);
     env.set_fuel(Some(limits.fuel));
@@ -137,6 +142,7 @@ pub fn template_env(limits: &Limits) -> Environment<'static> {
     });
     crate::helpers::register(&mut env);
     crate::jinja2::register(&mut env);
+    crate::dialect::register(&mut env, dialect);
     env
 }
 

@@ -358,7 +358,7 @@ pub(crate) fn bind<const N: usize>(
 }
 
 /// The store of the running program, or an error naming `func`.
-fn store(func: &str, state: &State) -> Result<std::sync::Arc<Store>, Error> {
+pub(crate) fn store(func: &str, state: &State) -> Result<std::sync::Arc<Store>, Error> {
     Store::from_state(state).ok_or_else(|| {
         invalid(format!(
             "{func} can only be called while an APL program runs"
@@ -366,7 +366,7 @@ fn store(func: &str, state: &State) -> Result<std::sync::Arc<Store>, Error> {
     })
 }
 
-fn variable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
+pub(crate) fn variable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
     match name.as_str() {
         Some(s) if name.kind() == ValueKind::String && !s.is_empty() => Ok(s),
         Some(_) if name.kind() == ValueKind::String => Err(invalid(format!(
@@ -382,7 +382,7 @@ fn variable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
 /// A name the helpers may write: not one of the executor's views, and not a helper's
 /// own name (the root context is looked up before globals, so a variable named
 /// `set_context` would hide the helper from then on).
-fn writable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
+pub(crate) fn writable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
     let name = variable_name(func, name)?;
     match check_settable(name) {
         Ok(()) => Ok(name),
@@ -408,7 +408,7 @@ fn writable_name<'a>(func: &str, name: &'a Value) -> Result<&'a str, Error> {
 /// A stored value outlives the render and is read by every later step, `--json` and
 /// `with_context` tools, so it gets the nesting check here too, and the live `context`
 /// view is frozen (see [`freeze_views`]).
-fn storable(func: &str, name: &str, value: Value) -> Result<Value, Error> {
+pub(crate) fn storable(func: &str, name: &str, value: Value) -> Result<Value, Error> {
     let value = match value.kind() {
         ValueKind::Undefined => {
             return Err(Error::new(
@@ -451,7 +451,7 @@ fn accumulate(
 
 /// `a + b` with Python's meaning for numbers (bools count as 0 and 1), strings, lists
 /// and tuples. Integers are 128-bit: overflow is an error, not a big integer.
-fn py_add(a: &Value, b: &Value) -> Result<Value, String> {
+pub(crate) fn py_add(a: &Value, b: &Value) -> Result<Value, String> {
     let unsupported = || {
         format!(
             "unsupported operand types for +: '{}' and '{}'",
@@ -505,6 +505,28 @@ fn py_add(a: &Value, b: &Value) -> Result<Value, String> {
     }
 }
 
+/// `a - b` with Python's meaning for numbers (bools count as 0 and 1); no other type
+/// subtracts. Integers are 128-bit: overflow is an error.
+pub(crate) fn py_sub(a: &Value, b: &Value) -> Result<Value, String> {
+    if let (Some(x), Some(y)) = (as_int(a), as_int(b))
+        && a.kind() != ValueKind::String
+        && b.kind() != ValueKind::String
+    {
+        return x
+            .checked_sub(y)
+            .map(Value::from)
+            .ok_or_else(|| format!("integer overflow subtracting {y} from {x}"));
+    }
+    match (as_float(a), as_float(b)) {
+        (Some(x), Some(y)) => Ok(Value::from(x - y)),
+        _ => Err(format!(
+            "unsupported operand types for -: '{}' and '{}'",
+            py_type_name(a),
+            py_type_name(b)
+        )),
+    }
+}
+
 /// A value-limit error as the message `accumulate` wraps.
 fn limit_message(err: &Error) -> String {
     format!(
@@ -535,7 +557,7 @@ fn as_float(value: &Value) -> Option<f64> {
 /// One segment of a `get_json_path` path: a key, or an index given as text.
 type Segment = String;
 
-fn parse_path(path: &str) -> Result<Vec<Segment>, String> {
+pub(crate) fn parse_path(path: &str) -> Result<Vec<Segment>, String> {
     let malformed = |why: &str| format!("malformed path '{path}': {why}");
     let bytes = path.as_bytes();
     let mut segments = Vec::new();
@@ -592,7 +614,7 @@ fn parse_path(path: &str) -> Result<Vec<Segment>, String> {
 }
 
 /// Follows one path segment from `current`, or `None` if there is nothing there.
-fn step(current: &Value, segment: &str) -> Option<Value> {
+pub(crate) fn step(current: &Value, segment: &str) -> Option<Value> {
     let found = |value: Value| (!value.is_undefined()).then_some(value);
     match current.kind() {
         ValueKind::Map => current
@@ -699,7 +721,7 @@ pub(crate) fn count_arg(
     )))
 }
 
-fn none_if_undefined(value: Value) -> Value {
+pub(crate) fn none_if_undefined(value: Value) -> Value {
     if value.is_undefined() {
         Value::from(())
     } else {

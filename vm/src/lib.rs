@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod bundle;
+mod dialect;
 mod env;
 mod events;
 mod exchange;
@@ -38,7 +39,12 @@ pub mod text;
 pub mod tools;
 pub mod wire;
 
-pub use env::{Limits, template_env};
+pub use dialect::{Dialect, any_dialect_helper};
+/// The names of the dialect helpers.
+pub mod dialect_names {
+    pub use crate::dialect::{ADD, DEC, GET, INC, NEXT, PREV, REM, RESULT, SET};
+}
+pub use env::{Limits, template_env, template_env_for};
 pub use events::{
     EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage,
     Totals,

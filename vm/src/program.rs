@@ -8,8 +8,9 @@ use std::fmt;
 
 use minijinja::Environment;
 
+use crate::Dialect;
 use crate::bundle::{self, Bundle, BundleError, StepId, TemplateId, TemplateKind};
-use crate::env::{Limits, template_env};
+use crate::env::{Limits, template_env_for};
 use crate::names::VARIABLES;
 use crate::store::Vars;
 use crate::template_check::check_template;
@@ -83,12 +84,27 @@ impl Program {
 
     /// Loads an in-memory bundle (validated again here: it may not come from `decode`).
     pub fn from_bundle(bundle: Bundle, limits: Limits) -> Result<Program, LoadError> {
+        Program::from_bundle_in(bundle, limits, Dialect::Spec)
+    }
+
+    /// Decodes untrusted bundle bytes and loads them with default limits and `dialect`'s
+    /// helpers (`spec/dialects.md`).
+    pub fn load_in(bytes: &[u8], dialect: Dialect) -> Result<Program, LoadError> {
+        Program::from_bundle_in(bundle::decode(bytes)?, Limits::default(), dialect)
+    }
+
+    /// [`Program::from_bundle`] with `dialect`'s helpers.
+    pub fn from_bundle_in(
+        bundle: Bundle,
+        limits: Limits,
+        dialect: Dialect,
+    ) -> Result<Program, LoadError> {
         bundle.validate()?;
         check_size(
             bundle.steps.len(),
             bundle.templates.iter().map(|t| t.source.as_str()),
         )?;
-        let mut env = template_env(&limits);
+        let mut env = template_env_for(&limits, dialect);
         let mut names = Vec::with_capacity(bundle.templates.len());
         for (index, template) in bundle.templates.iter().enumerate() {
             let refused = |message: String| LoadError::Template {

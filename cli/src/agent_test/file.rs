@@ -186,6 +186,7 @@ pub(crate) fn load<'env>(
     let inputs = RunOptions::default().with_context_json(&inputs);
     let compile = CompileArgs {
         relaxed: raw.relaxed,
+        dialect: aplc_vm::Dialect::Spec,
     };
     let program = load_program(&agent, &compile, &inputs)
         .map_err(|f| invalid(format!("agent `{}`: {}", raw.agent, f.message)))?;

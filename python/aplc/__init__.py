@@ -1,0 +1,37 @@
+"""aplc for Python: APL agents checked by aplc's compiler and run on its VM, with
+providers and tools written as Python functions (spec §4-§6)."""
+
+from ._aplc import VERSION as __version__
+from ._runtime import (
+    Program,
+    RunError,
+    ValidationError,
+    check,
+    compile,
+    start,
+    start_sync,
+)
+from ._tools import (
+    SchemaValidationError,
+    call_tool,
+    call_tools,
+    describe_tools,
+    infer_descriptor,
+    validate_schema,
+)
+
+__all__ = [
+    "Program",
+    "RunError",
+    "SchemaValidationError",
+    "ValidationError",
+    "call_tool",
+    "call_tools",
+    "check",
+    "compile",
+    "describe_tools",
+    "infer_descriptor",
+    "start",
+    "start_sync",
+    "validate_schema",
+]

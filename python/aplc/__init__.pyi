@@ -1,0 +1,68 @@
+"""Type stubs for aplc: APL agents on aplc's compiler and VM."""
+
+from typing import Any, Awaitable, Callable, Dict, List, Literal, Mapping, Optional, TypedDict, Union
+
+__version__: str
+
+Context = Dict[str, Any]
+ProviderFn = Callable[[Context], Union[Dict[str, Any], Awaitable[Dict[str, Any]]]]
+
+class Diagnostic(TypedDict):
+    code: str
+    severity: Literal["error", "warning"]
+    message: str
+    line: int
+    column: int
+
+class ToolConfig(TypedDict, total=False):
+    fn: Callable[..., Any]
+    with_context: bool
+    descriptor: Dict[str, Any]
+
+class Options(TypedDict, total=False):
+    with_providers: Mapping[str, ProviderFn]
+    with_tools: Mapping[str, ToolConfig]
+    with_context: Mapping[str, Any]
+    timeout: int
+    max_runs: Optional[int]
+    max_steps: int
+    relaxed: bool
+    debug: bool
+    base_url: str
+    api_key: str
+    providers: Union[Mapping[str, Any], str]
+    on_event: Callable[[Dict[str, Any]], None]
+    dialect: Literal["spec", "defuss-1.1"]
+
+class ValidationError(ValueError):
+    diagnostics: List[Diagnostic]
+
+class RunError(RuntimeError):
+    context: Context
+    kind: str
+    step: Optional[str]
+
+class SchemaValidationError(ValueError): ...
+
+Dialect = Literal["spec", "defuss-1.1"]
+
+def check(source: str, relaxed: bool = ..., dialect: Dialect = ...) -> Literal[True]: ...
+def compile(source: str, relaxed: bool = ..., dialect: Dialect = ...) -> bytes: ...
+async def start(agent: Union[str, bytes], options: Optional[Options] = ...) -> Context: ...
+def start_sync(agent: Union[str, bytes], options: Optional[Options] = ...) -> Context: ...
+
+class Program:
+    @classmethod
+    def load(cls, bundle: Union[bytes, bytearray, memoryview], dialect: Dialect = ...) -> Program: ...
+    @classmethod
+    def from_source(
+        cls, source: str, relaxed: bool = ..., inputs: tuple[str, ...] = ..., dialect: Dialect = ...
+    ) -> Program: ...
+    async def start(self, options: Optional[Options] = ...) -> Context: ...
+    def start_sync(self, options: Optional[Options] = ...) -> Context: ...
+
+def infer_descriptor(fn: Callable[..., Any], name: Optional[str] = ...) -> Dict[str, Any]: ...
+def describe_tools(context: Context) -> List[Dict[str, Any]]: ...
+async def call_tool(tool_call: Dict[str, Any], context: Context) -> Dict[str, Any]: ...
+async def call_tools(pending_tool_calls: List[Dict[str, Any]], context: Context) -> List[Dict[str, Any]]: ...
+def validate_schema(result_json: Any, context: Context) -> bool: ...

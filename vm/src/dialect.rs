@@ -1,0 +1,462 @@
+//! Opt-in dialects: the template helpers another APL runtime adds beyond the spec, so
+//! agents written for it run unchanged (`spec/dialects.md`).
+//!
+//! The default is [`Dialect::Spec`], which adds nothing. [`Dialect::Defuss11`] is
+//! defuss-apl 1.1.0's: `set`/`get` with dotted paths, the accumulators `add`, `inc`,
+//! `dec` and `rem`, and `next`, `prev` and `result`. Their behaviour was learnt by
+//! running that runtime; what still differs is listed in `spec/dialects.md`.
+//!
+//! A dialect is chosen when a program is compiled or loaded: the compiler checks names
+//! against the same environment the run renders with.
+
+use minijinja::value::{Kwargs, Object, Value, ValueKind};
+use minijinja::{Environment, Error, State};
+
+use crate::helpers::{
+    bind, invalid, none_if_undefined, parse_path, py_add, py_sub, step, storable, store,
+    variable_name, writable_name,
+};
+use crate::names::{Access, Helper, NEXT_STEP, PREV_STEP};
+use crate::python::py_type_name;
+
+/// A set of template helpers beyond the spec's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[non_exhaustive]
+pub enum Dialect {
+    /// The spec alone.
+    #[default]
+    Spec,
+    /// defuss-apl 1.1.0's helpers.
+    Defuss11,
+}
+
+impl Dialect {
+    /// Every dialect.
+    pub const ALL: [Dialect; 2] = [Dialect::Spec, Dialect::Defuss11];
+
+    /// The dialect's name, as `--dialect` and the Python `dialect` option take it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Spec => "spec",
+            Dialect::Defuss11 => "defuss-1.1",
+        }
+    }
+
+    /// The dialect called `name`.
+    pub fn from_name(name: &str) -> Option<Dialect> {
+        Dialect::ALL.into_iter().find(|d| d.as_str() == name)
+    }
+
+    /// The helpers the dialect adds to the spec's.
+    pub fn helpers(self) -> &'static [Helper] {
+        match self {
+            Dialect::Spec => &[],
+            Dialect::Defuss11 => DEFUSS_HELPERS,
+        }
+    }
+}
+
+impl std::fmt::Display for Dialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `set(path, value)`.
+pub const SET: &str = "set";
+/// `get(path, default=None)`.
+pub const GET: &str = "get";
+/// `add(path, value, default=0)`.
+pub const ADD: &str = "add";
+/// `inc(path, default=0)`.
+pub const INC: &str = "inc";
+/// `dec(path, default=0)`.
+pub const DEC: &str = "dec";
+/// `rem(path, value, default=0)`.
+pub const REM: &str = "rem";
+/// `next(step)`: sets `next_step`.
+pub const NEXT: &str = "next";
+/// `prev()`: `prev_step`.
+pub const PREV: &str = "prev";
+/// `result(kind=None)`: `result_text`, or `result_<kind>`.
+pub const RESULT: &str = "result";
+
+/// defuss-apl 1.1.0's helpers. The first argument of the accumulators and `set` is a
+/// dotted path whose first segment is the variable written.
+const DEFUSS_HELPERS: &[Helper] = &[
+    Helper {
+        name: SET,
+        access: Access::Writes,
+    },
+    Helper {
+        name: GET,
+        access: Access::Reads,
+    },
+    Helper {
+        name: ADD,
+        access: Access::Writes,
+    },
+    Helper {
+        name: INC,
+        access: Access::Writes,
+    },
+    Helper {
+        name: DEC,
+        access: Access::Writes,
+    },
+    Helper {
+        name: REM,
+        access: Access::Writes,
+    },
+    Helper {
+        name: NEXT,
+        access: Access::None,
+    },
+    Helper {
+        name: PREV,
+        access: Access::None,
+    },
+    Helper {
+        name: RESULT,
+        access: Access::None,
+    },
+];
+
+/// The dialect helper called `name` in any dialect, for the compiler's analysis (which
+/// knows every dialect; the name checks then refuse a helper the program's dialect
+/// lacks).
+pub fn any_dialect_helper(name: &str) -> Option<&'static Helper> {
+    DEFUSS_HELPERS.iter().find(|h| h.name == name)
+}
+
+/// Registers `dialect`'s helpers on `env`.
+pub(crate) fn register(env: &mut Environment<'static>, dialect: Dialect) {
+    match dialect {
+        Dialect::Spec => {}
+        Dialect::Defuss11 => {
+            env.add_function(SET, set);
+            env.add_function(GET, get);
+            env.add_function(ADD, add);
+            env.add_function(INC, inc);
+            env.add_function(DEC, dec);
+            env.add_function(REM, rem);
+            env.add_function(NEXT, next);
+            env.add_function(PREV, prev);
+            env.add_function(RESULT, result);
+        }
+    }
+}
+
+/// `set(path, value)`: writes `value` at `path` (`"a"`, `"a.b.c"`, `"items.0"`),
+/// creating maps on the way.
+fn set(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [path, value] = bind(SET, ["var_name_or_path", "value"], 2, args, &kwargs)?;
+    write_path(SET, state, &path, value)?;
+    Ok(Value::from(""))
+}
+
+/// `get(path, default=None)`: the value at `path`, or `default`.
+fn get(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [path, default] = bind(GET, ["var_name_or_path", "default"], 1, args, &kwargs)?;
+    Ok(read_path(GET, state, &path)?.unwrap_or_else(|| none_if_undefined(default)))
+}
+
+/// `add(path, value, default=0)`: `path = (path or default) + value`.
+fn add(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [path, value, default] = bind(ADD, ["var_name", "value", "default"], 2, args, &kwargs)?;
+    accumulate(ADD, state, &path, default, |current| {
+        py_add(current, &value)
+    })
+}
+
+/// `inc(path, default=0)`: `path = (path or default) + 1`.
+fn inc(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [path, default] = bind(INC, ["var_name", "default"], 1, args, &kwargs)?;
+    accumulate(INC, state, &path, default, |current| {
+        py_add(current, &Value::from(1))
+    })
+}
+
+/// `dec(path, default=0)`: `path = (path or default) - 1`.
+fn dec(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [path, default] = bind(DEC, ["var_name", "default"], 1, args, &kwargs)?;
+    accumulate(DEC, state, &path, default, |current| {
+        py_sub(current, &Value::from(1))
+    })
+}
+
+/// `rem(path, value, default=0)`: `path = (path or default) - value`.
+fn rem(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [path, value, default] = bind(REM, ["var_name", "value", "default"], 2, args, &kwargs)?;
+    accumulate(REM, state, &path, default, |current| {
+        py_sub(current, &value)
+    })
+}
+
+/// `next(step)`: `set_context('next_step', step)`.
+fn next(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [target] = bind(NEXT, ["step_name"], 1, args, &kwargs)?;
+    if target.kind() != ValueKind::String {
+        return Err(invalid(format!(
+            "{NEXT}(): the step name must be a string, got {}",
+            py_type_name(&target)
+        )));
+    }
+    store(NEXT, state)?.set(NEXT_STEP, target);
+    Ok(Value::from(""))
+}
+
+/// `prev()`: the step that ran before this one (`prev_step`).
+fn prev(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [] = bind(PREV, [], 0, args, &kwargs)?;
+    Ok(store(PREV, state)?
+        .get(PREV_STEP)
+        .map(none_if_undefined)
+        .unwrap_or(Value::from(())))
+}
+
+/// `result(kind=None)`: `result_text`, or `result_json`, `result_tool_calls`, ... for
+/// `kind` `"json"`, `"tool_calls"`, `"image_urls"`, `"audio_inputs"`, `"files"`,
+/// `"role"` (`"text"` is `result_text`).
+fn result(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    const KINDS: [&str; 7] = [
+        "text",
+        "json",
+        "tool_calls",
+        "image_urls",
+        "audio_inputs",
+        "files",
+        "role",
+    ];
+    let [kind] = bind(RESULT, ["result_type"], 0, args, &kwargs)?;
+    let kind = match kind.kind() {
+        ValueKind::Undefined | ValueKind::None => "text",
+        _ => match kind.as_str() {
+            Some(k) if KINDS.contains(&k) => k,
+            _ => {
+                return Err(invalid(format!(
+                    "{RESULT}(): unknown result type {kind}; expected one of {}",
+                    KINDS.join(", ")
+                )));
+            }
+        },
+    };
+    let value = store(RESULT, state)?.get(&format!("result_{kind}"));
+    Ok(value.map(none_if_undefined).unwrap_or(Value::from(())))
+}
+
+/// The value at `path`, or `None` if something on the way is missing.
+fn read_path(func: &str, state: &State, path: &Value) -> Result<Option<Value>, Error> {
+    let text = variable_name(func, path)?;
+    let segments = parse_path(text).map_err(|msg| invalid(format!("{func}(): {msg}")))?;
+    let Some((root, rest)) = segments.split_first() else {
+        return Ok(None);
+    };
+    let store = store(func, state)?;
+    let Some(mut current) = store
+        .get_value(&Value::from(root.as_str()))
+        .filter(|v| !v.is_undefined())
+    else {
+        return Ok(None);
+    };
+    for segment in rest {
+        match step(&current, segment) {
+            Some(next) => current = next,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(current))
+}
+
+/// Writes `value` at `path`.
+fn write_path(func: &str, state: &State, path: &Value, value: Value) -> Result<(), Error> {
+    let text = variable_name(func, path)?;
+    let segments = parse_path(text).map_err(|msg| invalid(format!("{func}(): {msg}")))?;
+    let Some((root, rest)) = segments.split_first() else {
+        return Err(invalid(format!("{func}(): the path must not be empty")));
+    };
+    let root_value = Value::from(root.as_str());
+    let root = writable_name(func, &root_value)?;
+    let value = storable(func, text, value)?;
+    let store = store(func, state)?;
+    let updated = replace_at(func, store.get(root), rest, value)?;
+    store.set(root, storable(func, root, updated)?);
+    Ok(())
+}
+
+/// `current` with the value at `path` replaced by `value`; maps are created where
+/// nothing is. Values are immutable, so every container on the path is rebuilt.
+fn replace_at(
+    func: &str,
+    current: Option<Value>,
+    path: &[String],
+    value: Value,
+) -> Result<Value, Error> {
+    let Some((segment, rest)) = path.split_first() else {
+        return Ok(value);
+    };
+    let current = current.filter(|v| !v.is_undefined() && !v.is_none());
+    match current {
+        None => {
+            let inner = replace_at(func, None, rest, value)?;
+            Ok(map_of(vec![(Value::from(segment.as_str()), inner)]))
+        }
+        Some(map) if map.kind() == ValueKind::Map => {
+            let key = Value::from(segment.as_str());
+            let mut pairs: Vec<(Value, Value)> = map
+                .try_iter()?
+                .map(|k| {
+                    let v = map.get_item(&k).unwrap_or_default();
+                    (k, v)
+                })
+                .collect();
+            match pairs.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => *v = replace_at(func, Some(v.clone()), rest, value)?,
+                None => pairs.push((key, replace_at(func, None, rest, value)?)),
+            }
+            Ok(map_of(pairs))
+        }
+        Some(list) if list.kind() == ValueKind::Seq => {
+            let mut items: Vec<Value> = list.try_iter()?.collect();
+            let index = segment
+                .parse::<i64>()
+                .ok()
+                .and_then(|i| {
+                    if i < 0 {
+                        items
+                            .len()
+                            .checked_sub(usize::try_from(i.unsigned_abs()).ok()?)
+                    } else {
+                        usize::try_from(i).ok()
+                    }
+                })
+                .filter(|i| *i < items.len())
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{func}(): list index {segment} out of range (the list has {} items)",
+                        items.len()
+                    ))
+                })?;
+            items[index] = replace_at(func, Some(items[index].clone()), rest, value)?;
+            Ok(Value::from(items))
+        }
+        Some(other) => Err(invalid(format!(
+            "{func}(): cannot set '{segment}' inside a value of type {}",
+            py_type_name(&other)
+        ))),
+    }
+}
+
+/// A map with `pairs` in their order.
+fn map_of(pairs: Vec<(Value, Value)>) -> Value {
+    Value::from_pairs(pairs)
+}
+
+/// `path = op(path or default)`.
+fn accumulate(
+    func: &str,
+    state: &State,
+    path: &Value,
+    default: Value,
+    op: impl FnOnce(&Value) -> Result<Value, String>,
+) -> Result<Value, Error> {
+    let current = match read_path(func, state, path)? {
+        Some(current) if !current.is_none() => current,
+        _ if default.is_undefined() => Value::from(0),
+        _ => default,
+    };
+    let name = path.as_str().unwrap_or_default();
+    let updated = op(&current).map_err(|msg| invalid(format!("{func}('{name}', ...): {msg}")))?;
+    write_path(func, state, path, updated)?;
+    Ok(Value::from(""))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::env::{Limits, template_env_for};
+    use crate::store::Store;
+
+    use super::*;
+
+    fn render(store: &Arc<Store>, source: &str) -> Result<String, Error> {
+        let env = template_env_for(&Limits::default(), Dialect::Defuss11);
+        env.render_str(source, Value::from_dyn_object(store.clone()))
+    }
+
+    fn json(store: &Arc<Store>, name: &str) -> serde_json::Value {
+        serde_json::to_value(store.get(name).unwrap_or_default()).unwrap_or_default()
+    }
+
+    #[test]
+    fn set_and_get_follow_dotted_paths() {
+        let store = Store::new(Default::default());
+        let out = render(
+            &store,
+            "{{ set('a', 1) }}{{ set('b.c.d', 2) }}{{ set('l', [0, 1]) }}{{ set('l.1', 9) }}\
+             {{ [get('a'), get('b.c.d'), get('zz'), get('zz', 'dflt'), get('b.c.x', 5), get('l.-1')] }}",
+        )
+        .unwrap();
+        assert_eq!(out, "[1, 2, None, 'dflt', 5, 9]");
+        assert_eq!(json(&store, "b"), serde_json::json!({"c": {"d": 2}}));
+        assert_eq!(json(&store, "l"), serde_json::json!([0, 9]));
+    }
+
+    #[test]
+    fn accumulators_start_from_the_default() {
+        let store = Store::new(Default::default());
+        render(
+            &store,
+            "{{ set('a', 1) }}{{ add('a', 5) }}{{ inc('b') }}{{ inc('b') }}{{ dec('c') }}\
+             {{ inc('d', 5) }}{{ rem('e', 2) }}{{ set('s', 'x') }}{{ add('s', 'y') }}\
+             {{ add('n.count', 2) }}",
+        )
+        .unwrap();
+        let got: Vec<_> = ["a", "b", "c", "d", "e", "s", "n"]
+            .iter()
+            .map(|n| json(&store, n))
+            .collect();
+        assert_eq!(
+            got,
+            serde_json::json!([6, 2, -1, 6, -2, "xy", {"count": 2}])
+                .as_array()
+                .cloned()
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn type_errors_name_the_helper() {
+        let store = Store::new(Default::default());
+        let err = render(&store, "{{ set('d', [1]) }}{{ add('d', 3) }}").unwrap_err();
+        assert!(err.to_string().contains("add('d', ...)"), "{err}");
+        let err = render(&store, "{{ rem('d', 1) }}").unwrap_err();
+        assert!(err.to_string().contains("rem('d', ...)"), "{err}");
+        let err = render(&store, "{{ set('q', 1) }}{{ set('q.x', 1) }}").unwrap_err();
+        assert!(err.to_string().contains("cannot set 'x'"), "{err}");
+    }
+
+    #[test]
+    fn next_prev_and_result() {
+        let store = Store::new(Default::default());
+        store.set(PREV_STEP, Value::from("first"));
+        store.set("result_text", Value::from("hello"));
+        let out = render(
+            &store,
+            "{{ next('t') }}{{ prev() }} {{ result() }} {{ result('json') }}",
+        )
+        .unwrap();
+        assert_eq!(out, "first hello None");
+        assert_eq!(json(&store, NEXT_STEP), serde_json::json!("t"));
+        assert!(render(&store, "{{ result('nope') }}").is_err());
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for d in Dialect::ALL {
+            assert_eq!(Dialect::from_name(d.as_str()), Some(d));
+        }
+        assert_eq!(Dialect::from_name("jinja"), None);
+    }
+}
