@@ -52,6 +52,10 @@ pub(crate) struct ServeArgs {
     /// from their journal at the next start), in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_DRAIN_TIMEOUT.as_millis() as u64)]
     drain_timeout_ms: u64,
+    /// OpenTelemetry export of every run's spans (`--otel`, `--otel-content`, or the
+    /// OTLP endpoint variables); a run joins the trace of its request's `traceparent`.
+    #[command(flatten)]
+    telemetry: crate::telemetry::TelemetryArgs,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -74,14 +78,20 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     config.max_body_bytes = args.max_body_bytes;
     config.wait_limit = Duration::from_millis(args.wait_timeout_ms);
     config.drain_timeout = Duration::from_millis(args.drain_timeout_ms);
+    config.telemetry = args.telemetry.pipeline()?.map(std::sync::Arc::new);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))?;
+    let telemetry = config.telemetry.clone();
     let served = runtime.block_on(aplc_server::serve(config, |address| {
         // One line on stdout for scripts and tests: the address actually bound.
         println!("listening on http://{address}");
     }));
+    // The runs are over (or stopped, to resume later): their last spans go out now.
+    if let Some(telemetry) = &telemetry {
+        crate::telemetry::shut_down(telemetry);
+    }
     match served {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(ServeError::Config(message)) => Err(Failure::usage(message)),

@@ -34,6 +34,14 @@ impl TelemetryArgs {
     /// The exporter pipeline, if export is on. Configuration errors fail the command
     /// (exit 2); ignored settings are warnings.
     pub(crate) fn start(&self) -> Result<Option<Exporting>, Failure> {
+        Ok(self.pipeline()?.map(|telemetry| Exporting {
+            telemetry: Some(telemetry),
+        }))
+    }
+
+    /// The exporter pipeline alone, if export is on: `aplc serve` shares it between its
+    /// runs and shuts it down itself, with [`shut_down`].
+    pub(crate) fn pipeline(&self) -> Result<Option<Telemetry>, Failure> {
         let env = |name: &str| std::env::var(name).ok();
         let flags = TelemetryFlags {
             otel: self.otel,
@@ -49,10 +57,9 @@ impl TelemetryArgs {
             }
             return Ok(None);
         };
-        let telemetry = Telemetry::start(&config, &env).map_err(Failure::usage)?;
-        Ok(Some(Exporting {
-            telemetry: Some(telemetry),
-        }))
+        Telemetry::start(&config, &env)
+            .map(Some)
+            .map_err(Failure::usage)
     }
 }
 
@@ -99,10 +106,16 @@ impl Exporting {
 
 impl Drop for Exporting {
     fn drop(&mut self) {
-        if let Some(telemetry) = self.telemetry.take()
-            && let Err(warning) = telemetry.shutdown(FLUSH_TIMEOUT)
-        {
-            eprintln!("warning: {warning}");
+        if let Some(telemetry) = self.telemetry.take() {
+            shut_down(&telemetry);
         }
+    }
+}
+
+/// Sends what is still batched (waiting at most [`FLUSH_TIMEOUT`]) and stops the
+/// exporters; a failed export is one warning on stderr.
+pub(crate) fn shut_down(telemetry: &Telemetry) {
+    if let Err(warning) = telemetry.shutdown(FLUSH_TIMEOUT) {
+        eprintln!("warning: {warning}");
     }
 }

@@ -21,6 +21,11 @@ const TOKEN: &str = "test-token-4f1d";
 #[path = "../../runtime/tests/support/pg.rs"]
 mod pg;
 
+// Shared test support; this file uses the receiver and `string`.
+#[path = "../../runtime/tests/support/otlp.rs"]
+#[allow(dead_code)]
+mod otlp;
+
 // ---------------------------------------------------------------------------------------
 // A fake model: a thread per connection on 127.0.0.1.
 
@@ -177,6 +182,11 @@ impl Server {
     }
 
     fn start_on(dir: &Path, store: &str, extra: &[&str]) -> Server {
+        Server::start_with(dir, store, extra, &[])
+    }
+
+    /// [`Server::start_on`] with more environment variables.
+    fn start_with(dir: &Path, store: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_aplc"))
             .current_dir(dir)
             .args(["serve", "--agents", "agents", "--store", store])
@@ -185,6 +195,7 @@ impl Server {
             .env("APLC_SERVE_TOKENS", TOKEN)
             .env("RUST_LOG", "info")
             .env_remove("OPENAI_API_KEY")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -964,4 +975,83 @@ async fn a_run_whose_tools_are_gone_ends_failed_at_restart() {
     let message = run["error"]["message"].as_str().unwrap();
     assert!(message.contains("tools differ"), "{message}");
     assert!(server.log().contains("cannot resume the run"));
+}
+
+#[tokio::test]
+async fn runs_join_their_requests_trace_and_stream_deltas_live() {
+    const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+    const PARENT: &str = "b7ad6b7169203331";
+    let receiver = otlp::Receiver::start(200);
+    let endpoint = receiver.endpoint();
+    let model = Model::start();
+    let dir = scratch("otel", &model);
+    // Every route streams. The fake model answers with a whole JSON body, which a
+    // streaming provider reads as one delta per call.
+    let providers = json!({"routes": [{"model": "*", "kind": "openai", "base_url": model.url, "stream": true}]});
+    std::fs::write(dir.join("providers.json"), providers.to_string()).expect("providers");
+    let server = Server::start_with(
+        &dir,
+        "sqlite:runs.db",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ],
+    );
+    let client = Client::new(&server);
+    // Slow calls: the event stream is open before the first delta.
+    model.delay(600);
+    let response = client
+        .http
+        .post(format!("{}/v1/agents/turns/runs", client.base))
+        .bearer_auth(TOKEN)
+        .header("traceparent", format!("00-{TRACE_ID}-{PARENT}-01"))
+        .header("content-type", "application/json")
+        .body(json!({"context": {"turns": 2, "tag": "traced"}}).to_string())
+        .send()
+        .await
+        .expect("POST");
+    let (status, accepted) = status_json(response).await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    let live = client.events(&id, None).await;
+    let deltas: Vec<&(Option<u64>, Json)> = live
+        .iter()
+        .filter(|(_, event)| event["type"] == "provider_delta")
+        .collect();
+    assert_eq!(deltas.len(), 2, "{live:?}");
+    for (sse_id, delta) in &deltas {
+        assert_eq!(*sse_id, None, "a delta is not journaled: no id");
+        assert_eq!(delta["index"], 0);
+        assert!(
+            delta["text"].as_str().unwrap().contains("run traced turn "),
+            "{delta}"
+        );
+    }
+    let seqs: Vec<u64> = live.iter().filter_map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
+    client.until_final(&id).await;
+
+    // SIGTERM flushes the spans: the run joined the request's trace.
+    assert_eq!(server.terminate(), Some(0));
+    let spans = receiver.spans();
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let run = spans
+        .iter()
+        .find(|span| span.name.starts_with("invoke_workflow "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no run span: {:?}",
+                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        });
+    assert_eq!(hex(&run.trace_id), TRACE_ID);
+    assert_eq!(hex(&run.parent_span_id), PARENT);
+    assert_eq!(
+        otlp::string(run, "aplc.run.id").as_deref(),
+        Some(id.as_str())
+    );
+    let chats = spans.iter().filter(|s| s.name.starts_with("chat ")).count();
+    assert_eq!(chats, 2);
+    assert!(spans.iter().all(|s| hex(&s.trace_id) == TRACE_ID));
 }

@@ -48,6 +48,8 @@ pub(crate) struct AppState {
     pub(crate) work: Arc<tokio::sync::Notify>,
     /// Set once the server shuts down: streams and waits end.
     pub(crate) stop: watch::Receiver<bool>,
+    /// OpenTelemetry export, when on.
+    pub(crate) telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
     wait_limit: Duration,
 }
 
@@ -68,6 +70,7 @@ impl AppState {
             tokens: Arc::new(config.tokens.clone()),
             work: Arc::new(tokio::sync::Notify::new()),
             stop,
+            telemetry: config.telemetry.clone(),
             wait_limit: config.wait_limit,
         }
     }

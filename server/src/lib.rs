@@ -59,6 +59,10 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// How often the agents directory is checked for changes.
     pub reload_interval: Duration,
+    /// The OpenTelemetry pipeline, when export is on (spec/telemetry.md): each run's
+    /// spans join the trace of the `traceparent` its request carried. The caller shuts
+    /// it down (flushes) after [`serve`] returns.
+    pub telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
 }
 
 impl ServeConfig {
@@ -76,6 +80,7 @@ impl ServeConfig {
             wait_limit: DEFAULT_WAIT_LIMIT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             reload_interval: DEFAULT_RELOAD_INTERVAL,
+            telemetry: None,
         }
     }
 }

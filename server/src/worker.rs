@@ -22,9 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aplc_runtime::driver::Provider;
 use aplc_runtime::durable::{self, DurableError};
 use aplc_runtime::store::{Lease, QueueStatus, RunStore};
-use aplc_vm::Interrupt;
+use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
+use aplc_runtime::{Redactor, StreamRedactor};
+use aplc_vm::{Event, EventKind, Interrupt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -182,6 +185,7 @@ async fn execute(state: AppState, lease: Box<dyn Lease>, _permit: OwnedSemaphore
         lease,
         &id,
         &agent,
+        traceparent.as_deref(),
         interrupt,
         cancel_requested,
         events,
@@ -196,6 +200,7 @@ async fn drive(
     lease: Box<dyn Lease>,
     id: &str,
     agent: &str,
+    traceparent: Option<&str>,
     interrupt: Interrupt,
     cancel_requested: bool,
     events: broadcast::Sender<LiveEvent>,
@@ -230,24 +235,34 @@ async fn drive(
         interrupt.cancel();
     }
     let watcher = tokio::spawn(watch_cancel(state.store.clone(), id.to_string(), interrupt));
-    let metrics = state.metrics.clone();
     let redactor = equipment.durable.redactor.clone();
-    let mut listener = move |event: &aplc_vm::Event| {
-        let json = redactor.redact_json(event.to_json());
-        metrics.on_event(&json);
-        // Nobody listening is fine: the events are journaled.
-        let _ = events.send(LiveEvent {
-            seq: Some(event.seq),
-            json: Arc::from(json.to_string()),
-        });
+    let trace = state
+        .telemetry
+        .as_ref()
+        .map(|telemetry| run_trace(telemetry, id, agent, traceparent, redactor.clone()));
+    let traced = trace
+        .as_ref()
+        .map(|trace| trace.provider(&*equipment.provider));
+    let provider: &dyn Provider = match &traced {
+        Some(traced) => traced,
+        None => &*equipment.provider,
     };
+    let mut relay = Relay {
+        metrics: state.metrics.clone(),
+        events,
+        trace: trace.clone(),
+        redactor,
+        deltas: None,
+    };
+    let mut listener = |event: &Event| relay.on_event(event);
     let finished = reopened
-        .run(
-            &*equipment.provider,
-            &equipment.toolbox,
-            Some(&mut listener),
-        )
+        .run(provider, &equipment.toolbox, Some(&mut listener))
         .await;
+    relay.flush_deltas();
+    if let Some(trace) = &trace {
+        // A run stopped at shutdown (it resumes later) has open spans: end them.
+        trace.abandon("stopped");
+    }
     watcher.abort();
     match finished {
         Ok(finished) => {
@@ -259,6 +274,108 @@ async fn drive(
             // The store failed: the run stays resumable from its last commit.
             tracing::error!(run_id = %id, agent = %agent, error = %e, "run stopped");
         }
+    }
+}
+
+/// The spans of run `id`, joining the trace of the `traceparent` its request carried
+/// (one that does not parse is logged and ignored: the run gets a trace of its own).
+fn run_trace(
+    telemetry: &aplc_runtime::telemetry::Telemetry,
+    id: &str,
+    agent: &str,
+    traceparent: Option<&str>,
+    redactor: Redactor,
+) -> RunTrace {
+    let parent = traceparent.and_then(|traceparent| match Parent::parse(traceparent, None) {
+        Ok((parent, _)) => Some(parent),
+        Err(e) => {
+            tracing::warn!(run_id = %id, error = %e, "traceparent ignored");
+            None
+        }
+    });
+    telemetry.run(RunDetails {
+        parent,
+        run_id: Some(id.to_string()),
+        agent: Some(agent.to_string()),
+        redactor,
+    })
+}
+
+/// Where a run's events go as the machine makes them: the metrics, the live event
+/// streams (redacted) and the run's spans.
+///
+/// A `provider_delta` is not journaled, so it goes out without an SSE `id`. Its text is
+/// redacted as one text per provider call (a [`StreamRedactor`]): a secret cut across two
+/// deltas is caught too. The redactor holds back the last characters of the text until
+/// the next delta; what it still holds goes out as one more delta before the call's next
+/// event.
+struct Relay {
+    metrics: Arc<crate::metrics::Metrics>,
+    events: broadcast::Sender<LiveEvent>,
+    trace: Option<RunTrace>,
+    redactor: Redactor,
+    /// The current call's deltas: the redactor, the last delta (whose `seq`, `t_ms` and
+    /// step the held rest goes out with) and the next index sent.
+    deltas: Option<(StreamRedactor, Event, u64)>,
+}
+
+impl Relay {
+    fn on_event(&mut self, event: &Event) {
+        if let Some(trace) = &self.trace {
+            trace.on_event(event);
+        }
+        if let EventKind::ProviderDelta { text, .. } = &event.kind {
+            let redactor = &self.redactor;
+            let (stream, last, _) = self
+                .deltas
+                .get_or_insert_with(|| (StreamRedactor::new(redactor.clone()), event.clone(), 0));
+            *last = event.clone();
+            let released = stream.push(text);
+            self.send_delta(released);
+            return;
+        }
+        self.flush_deltas();
+        let json = self.redactor.redact_json(event.to_json());
+        self.metrics.on_event(&json);
+        // Nobody listening is fine: the events are journaled.
+        let _ = self.events.send(LiveEvent {
+            seq: Some(event.seq),
+            json: Arc::from(json.to_string()),
+        });
+    }
+
+    /// Sends what the current call's redactor still holds, and forgets the call.
+    fn flush_deltas(&mut self) {
+        if let Some((stream, _, _)) = self.deltas.as_mut() {
+            let rest = stream.finish();
+            self.send_delta(rest);
+        }
+        self.deltas = None;
+    }
+
+    /// Sends one delta of the current call with `text` (already redacted), unless empty.
+    fn send_delta(&mut self, text: String) {
+        let Some((_, last, index)) = self.deltas.as_mut() else {
+            return;
+        };
+        if text.is_empty() {
+            return;
+        }
+        let mut event = last.clone();
+        if let EventKind::ProviderDelta {
+            text: slot,
+            index: number,
+            ..
+        } = &mut event.kind
+        {
+            *slot = text;
+            *number = *index;
+        }
+        *index += 1;
+        let _ = self.events.send(LiveEvent {
+            seq: None,
+            json: Arc::from(event.to_json().to_string()),
+        });
     }
 }
 
