@@ -171,40 +171,49 @@ async fn execute(state: AppState, lease: Box<dyn Lease>, _permit: OwnedSemaphore
         Ok(entry) => (entry.agent.clone(), entry.traceparent.clone()),
         Err(_) => (String::new(), None),
     };
-    // The run's span carries the W3C trace context of the request that started it: a
-    // tracing layer (OpenTelemetry) parents the run on it.
+    // The run's log lines carry the W3C trace context of the request that started it;
+    // its OpenTelemetry spans join that trace (`run_trace`).
     let span = tracing::info_span!(
         "run",
         run_id = %id,
         agent = %agent,
         traceparent = traceparent.as_deref().unwrap_or(""),
     );
-    let cancel_requested = entry.as_ref().is_ok_and(|entry| entry.cancel_requested);
-    drive(
-        &state,
-        lease,
-        &id,
-        &agent,
-        traceparent.as_deref(),
-        interrupt,
-        cancel_requested,
-        events,
-    )
-    .instrument(span)
-    .await;
+    let claimed = Claimed {
+        cancel_requested: entry.as_ref().is_ok_and(|entry| entry.cancel_requested),
+        id,
+        agent,
+        traceparent,
+    };
+    drive(&state, lease, &claimed, interrupt, events)
+        .instrument(span)
+        .await;
+}
+
+/// What the queue says of a claimed run.
+struct Claimed {
+    id: String,
+    agent: String,
+    /// The W3C trace context of the request that submitted it.
+    traceparent: Option<String>,
+    cancel_requested: bool,
 }
 
 /// Resumes (or starts) the claimed run and drives it to its end.
 async fn drive(
     state: &AppState,
     lease: Box<dyn Lease>,
-    id: &str,
-    agent: &str,
-    traceparent: Option<&str>,
+    claimed: &Claimed,
     interrupt: Interrupt,
-    cancel_requested: bool,
     events: broadcast::Sender<LiveEvent>,
 ) {
+    let Claimed {
+        id,
+        agent,
+        traceparent,
+        cancel_requested,
+    } = claimed;
+    let (id, agent, traceparent) = (id.as_str(), agent.as_str(), traceparent.as_deref());
     let store: &dyn RunStore = &*state.store;
     let equipment = &*state.equipment;
     tracing::info!(run_id = %id, agent = %agent, "run started");
@@ -231,7 +240,7 @@ async fn drive(
         }
     };
     // Only now: a flag set during the replay would stop the replay.
-    if cancel_requested {
+    if *cancel_requested {
         interrupt.cancel();
     }
     let watcher = tokio::spawn(watch_cancel(state.store.clone(), id.to_string(), interrupt));
