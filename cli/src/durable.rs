@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use aplc_runtime::driver::Provider;
 use aplc_runtime::durable::{self, DurableError, DurableOptions, Finished};
 use aplc_runtime::store::{self, RunState, RunStore, RunSummary, StoreError, StoreUrl};
+use aplc_runtime::telemetry::RunTrace;
 use aplc_vm::text::escape_control;
 use aplc_vm::{Program, RunOptions};
 use clap::{Args, Subcommand};
@@ -148,13 +148,7 @@ pub(crate) fn run(
         e.run(equipment.secrets.redactor(), Some(id.clone()), agent)
     });
     let mut sinks = sinks(&args.output, &equipment)?.with_trace(trace.clone());
-    let traced = trace
-        .as_ref()
-        .map(|trace| trace.provider(&equipment.provider));
-    let calls: &dyn Provider = match &traced {
-        Some(traced) => traced,
-        None => &equipment.provider,
-    };
+    let calls = &RunTrace::provider_of(trace.as_ref(), &equipment.provider);
     let finished = {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run = durable::start(
@@ -212,13 +206,7 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
         e.run(equipment.secrets.redactor(), Some(id.clone()), agent)
     });
     let mut sinks = sinks(&args.output, &equipment)?.with_trace(trace.clone());
-    let traced = trace
-        .as_ref()
-        .map(|trace| trace.provider(&equipment.provider));
-    let calls: &dyn Provider = match &traced {
-        Some(traced) => traced,
-        None => &equipment.provider,
-    };
+    let calls = &RunTrace::provider_of(trace.as_ref(), &equipment.provider);
     let finished = {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run = reopened.run(calls, &equipment.toolbox, Some(&mut listener));

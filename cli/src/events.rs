@@ -5,7 +5,7 @@
 //! Every event is redacted with the run's secrets before it is written to the file or
 //! stderr, like the errors `aplc run` prints: a provider or tool may echo a key into a
 //! message. In the file, a call's `provider_delta` texts are redacted as one text (a
-//! [`StreamRedactor`]), so a secret split across deltas is caught too. The streamed text
+//! [`DeltaRedactor`]), so a secret split across deltas is caught too. The streamed text
 //! on stdout is the agent's output, printed as `result_text` is.
 
 use std::fs::{File, OpenOptions};
@@ -13,7 +13,7 @@ use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use aplc_runtime::telemetry::RunTrace;
-use aplc_runtime::{Redactor, StreamRedactor};
+use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::text::escape_control;
 use aplc_vm::{Event, EventKind};
 
@@ -67,76 +67,39 @@ impl StreamOut {
 /// `--events FILE`: one JSON object per line, written through a buffer.
 struct EventFile {
     path: PathBuf,
+    lines: Lines,
+    /// A call's deltas are redacted as one text.
+    deltas: DeltaRedactor,
+}
+
+/// The file's buffered lines, each event redacted.
+struct Lines {
     out: BufWriter<File>,
     /// The first write error; nothing is written after it.
     failed: Option<std::io::Error>,
-    /// The current provider call's deltas, redacted as one text.
-    deltas: Option<Deltas>,
     redactor: Redactor,
-}
-
-/// A provider call's deltas as the file has them: released as the [`StreamRedactor`]
-/// lets them go, numbered by the file (a delta whose text is all held back is not
-/// written), and the held rest written as one more delta before the call's next event.
-struct Deltas {
-    stream: StreamRedactor,
-    /// The last delta received: its `seq`, `t_ms` and step carry the held rest.
-    last: Event,
-    /// The next index the file writes.
-    index: u64,
 }
 
 impl EventFile {
     fn write(&mut self, event: &Event) {
-        if let EventKind::ProviderDelta { text, .. } = &event.kind {
-            let deltas = self.deltas.get_or_insert_with(|| Deltas {
-                stream: StreamRedactor::new(self.redactor.clone()),
-                last: event.clone(),
-                index: 0,
-            });
-            deltas.last = event.clone();
-            let released = deltas.stream.push(text);
-            self.write_delta(released);
-            return;
-        }
-        self.flush_deltas();
-        self.write_json(&self.redactor.redact_json(event.to_json()));
+        let lines = &mut self.lines;
+        self.deltas.on_event(event, |event| lines.write(event));
     }
 
-    /// Writes what the current call's redactor still holds, and forgets the call.
+    /// Writes what the current call's redactor still holds.
     fn flush_deltas(&mut self) {
-        if let Some(deltas) = self.deltas.as_mut() {
-            let rest = deltas.stream.finish();
-            self.write_delta(rest);
-        }
-        self.deltas = None;
+        let lines = &mut self.lines;
+        self.deltas.finish(|event| lines.write(event));
     }
+}
 
-    /// Writes one delta of the current call with `text` (already redacted), unless empty.
-    fn write_delta(&mut self, text: String) {
-        let Some(deltas) = self.deltas.as_mut() else {
-            return;
-        };
-        if text.is_empty() {
-            return;
-        }
-        let mut event = deltas.last.clone();
-        if let EventKind::ProviderDelta {
-            text: slot, index, ..
-        } = &mut event.kind
-        {
-            *slot = text;
-            *index = deltas.index;
-        }
-        deltas.index += 1;
-        self.write_json(&event.to_json());
-    }
-
-    fn write_json(&mut self, json: &serde_json::Value) {
+impl Lines {
+    fn write(&mut self, event: &Event) {
         if self.failed.is_some() {
             return;
         }
-        let written = serde_json::to_writer(&mut self.out, json)
+        let json = self.redactor.redact_json(event.to_json());
+        let written = serde_json::to_writer(&mut self.out, &json)
             .map_err(std::io::Error::from)
             .and_then(|()| self.out.write_all(b"\n"));
         if let Err(e) = written {
@@ -158,12 +121,14 @@ impl Sinks {
         let file = match events {
             Some(path) => Some(EventFile {
                 path: path.to_owned(),
-                out: BufWriter::new(open_events(path).map_err(|e| {
-                    Failure::usage(format!("cannot open {} for events: {e}", path.display()))
-                })?),
-                failed: None,
-                deltas: None,
-                redactor: redactor.clone(),
+                lines: Lines {
+                    out: BufWriter::new(open_events(path).map_err(|e| {
+                        Failure::usage(format!("cannot open {} for events: {e}", path.display()))
+                    })?),
+                    failed: None,
+                    redactor: redactor.clone(),
+                },
+                deltas: DeltaRedactor::new(redactor.clone()),
             }),
             None => None,
         };
@@ -241,8 +206,8 @@ impl Sinks {
         };
         // An interrupted stream's held text is written too.
         file.flush_deltas();
-        let flushed = file.out.flush();
-        match file.failed.map_or(flushed, Err) {
+        let flushed = file.lines.out.flush();
+        match file.lines.failed.map_or(flushed, Err) {
             Ok(()) => Ok(()),
             Err(e) => Err(Failure::run(format!(
                 "cannot write events to {}: {e}",

@@ -11,6 +11,7 @@ use aplc_runtime::driver::{self, Provider, Scripted};
 use aplc_runtime::http::HttpClient;
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
+use aplc_runtime::telemetry::RunTrace;
 use aplc_vm::text::escape_control;
 use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
@@ -223,11 +224,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     )?
     .streaming(stream)
     .with_trace(trace.clone());
-    let traced = trace.as_ref().map(|trace| trace.provider(&provider));
-    let calls: &dyn Provider = match &traced {
-        Some(traced) => traced,
-        None => &provider,
-    };
+    let calls = &RunTrace::provider_of(trace.as_ref(), &provider);
     let outcome = if sinks.listening() {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run =

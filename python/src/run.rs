@@ -13,14 +13,14 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use aplc_runtime::Redactor;
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Tool, Toolbox};
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
+use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::tools::{ToolInvocation, ToolSpec};
 use aplc_vm::{
     Completion, Event, Interrupt, Program, ProviderError, ProviderErrorKind, ProviderRequest,
-    RunErrorKind, RunOptions, RunOutcome,
+    RunOptions, RunOutcome,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -224,7 +224,7 @@ impl Setup {
         let _cancel = CancelOnDrop(options.interrupt.clone());
         let outcome = match on_event {
             Some((locals, callback)) => {
-                let mut listener = |event: &Event| {
+                let send = |event: &Event| {
                     let json = redactor.redact_json(event.to_json()).to_string();
                     Python::attach(|py| {
                         let sent = locals
@@ -234,8 +234,15 @@ impl Setup {
                         drop(sent);
                     });
                 };
-                driver::run_with_listener(program, options, &provider, &toolbox, &mut listener)
-                    .await
+                // A call's deltas are redacted as one text: a key cut across two is
+                // caught too.
+                let mut deltas = DeltaRedactor::new(redactor.clone());
+                let mut listener = |event: &Event| deltas.on_event(event, send);
+                let outcome =
+                    driver::run_with_listener(program, options, &provider, &toolbox, &mut listener)
+                        .await;
+                deltas.finish(send);
+                outcome
             }
             None => driver::run_with_tools(program, options, &provider, &toolbox).await,
         };
@@ -248,27 +255,12 @@ fn finished(outcome: &RunOutcome, redactor: &Redactor) -> Finished {
     let context = redactor.redact_json(outcome.context_json()).to_string();
     let error = outcome.error.as_ref().map(|error| {
         (
-            error_kind(error.kind).to_owned(),
+            error.kind.as_str().to_owned(),
             redactor.redact(&error.message),
             error.step.clone(),
         )
     });
     (context, error)
-}
-
-/// The stable name of a run failure's kind, for `RunError.kind`.
-fn error_kind(kind: RunErrorKind) -> &'static str {
-    match kind {
-        RunErrorKind::UnknownStep => "unknown_step",
-        RunErrorKind::BudgetExceeded => "budget_exceeded",
-        RunErrorKind::StepBudgetExceeded => "step_budget_exceeded",
-        RunErrorKind::Timeout => "timeout",
-        RunErrorKind::InvalidOptions => "invalid_options",
-        RunErrorKind::MissingInput => "missing_input",
-        RunErrorKind::Protocol => "protocol",
-        RunErrorKind::Cancelled => "cancelled",
-        _ => "other",
-    }
 }
 
 /// Cancels a run's interrupt when dropped.

@@ -30,4 +30,4 @@ pub mod telemetry;
 mod transport;
 mod watchdog;
 
-pub use redact::{Redactor, StreamRedactor};
+pub use redact::{DeltaRedactor, Redactor, StreamRedactor};

@@ -248,6 +248,78 @@ impl StreamRedactor {
     }
 }
 
+/// A run's `provider_delta` events, redacted as one text per provider call with a
+/// [`StreamRedactor`], for consumers that keep or send on what they get (the events
+/// file, the server's event stream).
+///
+/// The deltas it passes on are renumbered (a delta whose text is all held back is not
+/// passed on), and the text a call's redactor still holds goes out as one more delta,
+/// with the last delta's `seq`, `t_ms` and step, before the call's next event (or at
+/// [`finish`](DeltaRedactor::finish)). Other events pass as they are: each consumer
+/// redacts them as it does the rest of its output.
+#[derive(Debug, Default)]
+pub struct DeltaRedactor {
+    redactor: Redactor,
+    /// The current call's redactor, its last delta and the next index passed on.
+    call: Option<(StreamRedactor, aplc_vm::Event, u64)>,
+}
+
+impl DeltaRedactor {
+    /// Deltas redacted with `redactor`'s secrets.
+    pub fn new(redactor: Redactor) -> DeltaRedactor {
+        DeltaRedactor {
+            redactor,
+            call: None,
+        }
+    }
+
+    /// Hands `out` what to pass on for `event`, in order.
+    pub fn on_event(&mut self, event: &aplc_vm::Event, mut out: impl FnMut(&aplc_vm::Event)) {
+        if let aplc_vm::EventKind::ProviderDelta { text, .. } = &event.kind {
+            let redactor = &self.redactor;
+            let (stream, last, _) = self
+                .call
+                .get_or_insert_with(|| (StreamRedactor::new(redactor.clone()), event.clone(), 0));
+            last.clone_from(event);
+            let released = stream.push(text);
+            self.pass(released, &mut out);
+            return;
+        }
+        self.finish(&mut out);
+        out(event);
+    }
+
+    /// Hands `out` the text the current call's redactor still holds, as one more delta,
+    /// and forgets the call: at the end of a run, or when its consumer closes.
+    pub fn finish(&mut self, mut out: impl FnMut(&aplc_vm::Event)) {
+        if let Some((stream, _, _)) = self.call.as_mut() {
+            let rest = stream.finish();
+            self.pass(rest, &mut out);
+        }
+        self.call = None;
+    }
+
+    /// Passes on one delta of the current call with `text` (redacted), unless empty.
+    fn pass(&mut self, text: String, out: &mut impl FnMut(&aplc_vm::Event)) {
+        let Some((_, last, next)) = self.call.as_mut() else {
+            return;
+        };
+        if text.is_empty() {
+            return;
+        }
+        let mut delta = last.clone();
+        if let aplc_vm::EventKind::ProviderDelta {
+            text: slot, index, ..
+        } = &mut delta.kind
+        {
+            *slot = text;
+            *index = *next;
+        }
+        *next += 1;
+        out(&delta);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +401,47 @@ mod tests {
         let mut plain = StreamRedactor::default();
         assert_eq!(plain.push("abc"), "abc");
         assert_eq!(plain.finish(), "");
+    }
+
+    #[test]
+    fn deltas_are_redacted_per_call_and_renumbered() {
+        use aplc_vm::{Event, EventKind};
+        let key = "sk-proj-abcdefghijklmnopqrstuvwxyz0123456789";
+        let text = format!("the key {key} is here");
+        let at = std::time::Duration::ZERO;
+        let mut deltas = DeltaRedactor::new(Redactor::new([key]));
+        let mut out: Vec<Event> = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        for (i, piece) in chars.chunks(7).enumerate() {
+            let piece: String = piece.iter().collect();
+            let delta = Event::provider_delta(3, at, "a", i as u64, piece);
+            deltas.on_event(&delta, |e| out.push(e.clone()));
+        }
+        let next = Event {
+            seq: 4,
+            t_ms: 1.0,
+            kind: EventKind::StepFinished {
+                step: "a".into(),
+                duration_ms: 1.0,
+            },
+        };
+        deltas.on_event(&next, |e| out.push(e.clone()));
+        let (last, passed) = out.split_last().unwrap();
+        assert_eq!(
+            last, &next,
+            "the held rest goes out before the call's next event"
+        );
+        let mut joined = String::new();
+        for (i, delta) in passed.iter().enumerate() {
+            let EventKind::ProviderDelta { text, index, .. } = &delta.kind else {
+                panic!("{delta:?}");
+            };
+            assert_eq!((delta.seq, *index), (3, i as u64));
+            joined.push_str(text);
+        }
+        assert_eq!(joined, "the key <redacted> is here");
+        // Nothing is held after the call; `finish` passes nothing more.
+        deltas.finish(|e| panic!("{e:?}"));
     }
 
     #[test]

@@ -22,11 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aplc_runtime::driver::Provider;
 use aplc_runtime::durable::{self, DurableError};
 use aplc_runtime::store::{Lease, QueueStatus, RunStore};
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
-use aplc_runtime::{Redactor, StreamRedactor};
+use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
 use tokio::task::JoinSet;
@@ -249,19 +248,13 @@ async fn drive(
         .telemetry
         .as_ref()
         .map(|telemetry| run_trace(telemetry, id, agent, traceparent, redactor.clone()));
-    let traced = trace
-        .as_ref()
-        .map(|trace| trace.provider(&*equipment.provider));
-    let provider: &dyn Provider = match &traced {
-        Some(traced) => traced,
-        None => &*equipment.provider,
-    };
+    let provider = &RunTrace::provider_of(trace.as_ref(), &*equipment.provider);
     let mut relay = Relay {
         metrics: state.metrics.clone(),
         events,
         trace: trace.clone(),
+        deltas: DeltaRedactor::new(redactor.clone()),
         redactor,
-        deltas: None,
     };
     let mut listener = |event: &Event| relay.on_event(event);
     let finished = reopened
@@ -310,22 +303,18 @@ fn run_trace(
     })
 }
 
-/// Where a run's events go as the machine makes them: the metrics, the live event
-/// streams (redacted) and the run's spans.
+/// Where a run's events go as the machine makes them: the run's spans, the metrics and
+/// the live event streams (redacted).
 ///
-/// A `provider_delta` is not journaled, so it goes out without an SSE `id`. Its text is
-/// redacted as one text per provider call (a [`StreamRedactor`]): a secret cut across two
-/// deltas is caught too. The redactor holds back the last characters of the text until
-/// the next delta; what it still holds goes out as one more delta before the call's next
-/// event.
+/// A `provider_delta` is not journaled, so it goes out without an SSE `id`; a call's
+/// deltas are redacted as one text ([`DeltaRedactor`]), so a secret cut across two
+/// deltas is caught too.
 struct Relay {
     metrics: Arc<crate::metrics::Metrics>,
     events: broadcast::Sender<LiveEvent>,
     trace: Option<RunTrace>,
     redactor: Redactor,
-    /// The current call's deltas: the redactor, the last delta (whose `seq`, `t_ms` and
-    /// step the held rest goes out with) and the next index sent.
-    deltas: Option<(StreamRedactor, Event, u64)>,
+    deltas: DeltaRedactor,
 }
 
 impl Relay {
@@ -333,57 +322,41 @@ impl Relay {
         if let Some(trace) = &self.trace {
             trace.on_event(event);
         }
-        if let EventKind::ProviderDelta { text, .. } = &event.kind {
-            let redactor = &self.redactor;
-            let (stream, last, _) = self
-                .deltas
-                .get_or_insert_with(|| (StreamRedactor::new(redactor.clone()), event.clone(), 0));
-            *last = event.clone();
-            let released = stream.push(text);
-            self.send_delta(released);
-            return;
-        }
-        self.flush_deltas();
-        let json = self.redactor.redact_json(event.to_json());
-        self.metrics.on_event(&json);
-        // Nobody listening is fine: the events are journaled.
-        let _ = self.events.send(LiveEvent {
-            seq: Some(event.seq),
-            json: Arc::from(json.to_string()),
+        let Relay {
+            metrics,
+            events,
+            redactor,
+            deltas,
+            ..
+        } = self;
+        deltas.on_event(event, |event| {
+            let json = redactor.redact_json(event.to_json());
+            let journaled = !matches!(event.kind, EventKind::ProviderDelta { .. });
+            if journaled {
+                metrics.on_event(&json);
+            }
+            // Nobody listening is fine: the events are journaled (but deltas).
+            let _ = events.send(LiveEvent {
+                seq: journaled.then_some(event.seq),
+                json: Arc::from(json.to_string()),
+            });
         });
     }
 
-    /// Sends what the current call's redactor still holds, and forgets the call.
+    /// Sends what the current call's redactor still holds (a run that stopped mid-call).
     fn flush_deltas(&mut self) {
-        if let Some((stream, _, _)) = self.deltas.as_mut() {
-            let rest = stream.finish();
-            self.send_delta(rest);
-        }
-        self.deltas = None;
-    }
-
-    /// Sends one delta of the current call with `text` (already redacted), unless empty.
-    fn send_delta(&mut self, text: String) {
-        let Some((_, last, index)) = self.deltas.as_mut() else {
-            return;
-        };
-        if text.is_empty() {
-            return;
-        }
-        let mut event = last.clone();
-        if let EventKind::ProviderDelta {
-            text: slot,
-            index: number,
+        let Relay {
+            events,
+            redactor,
+            deltas,
             ..
-        } = &mut event.kind
-        {
-            *slot = text;
-            *number = *index;
-        }
-        *index += 1;
-        let _ = self.events.send(LiveEvent {
-            seq: None,
-            json: Arc::from(event.to_json().to_string()),
+        } = self;
+        deltas.finish(|event| {
+            let json = redactor.redact_json(event.to_json());
+            let _ = events.send(LiveEvent {
+                seq: None,
+                json: Arc::from(json.to_string()),
+            });
         });
     }
 }

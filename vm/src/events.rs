@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use crate::bundle::Bundle;
-use crate::machine::{RunError, RunErrorKind, RunOptions};
+use crate::machine::{RunError, RunOptions};
 
 /// The version of the events' JSON form, carried by [`EventKind::RunStarted`]. It changes
 /// when a field is removed, renamed or changes meaning; adding a field or an event type
@@ -221,7 +221,7 @@ pub struct TokenUsage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventError {
     /// For providers, the provider error kinds (`auth`, `rate_limited`, `timeout`, …);
-    /// for a run, the [`RunErrorKind`] in snake case.
+    /// for a run, the [`RunErrorKind`](crate::RunErrorKind) in snake case.
     pub kind: String,
     /// The message.
     pub message: String,
@@ -631,7 +631,7 @@ impl Recorder {
         self.push(EventKind::RunFinished {
             outcome,
             error: error.map(|e| EventError {
-                kind: run_error_kind(e.kind).to_string(),
+                kind: e.kind.as_str().to_string(),
                 message: e.message.clone(),
             }),
             totals,
@@ -642,20 +642,6 @@ impl Recorder {
 /// Milliseconds at microsecond resolution, so equal durations print equally.
 fn ms(d: Duration) -> f64 {
     d.as_micros() as f64 / 1000.0
-}
-
-/// A run error's kind as events spell it.
-pub(crate) fn run_error_kind(kind: RunErrorKind) -> &'static str {
-    match kind {
-        RunErrorKind::UnknownStep => "unknown_step",
-        RunErrorKind::BudgetExceeded => "budget_exceeded",
-        RunErrorKind::StepBudgetExceeded => "step_budget_exceeded",
-        RunErrorKind::Timeout => "timeout",
-        RunErrorKind::InvalidOptions => "invalid_options",
-        RunErrorKind::MissingInput => "missing_input",
-        RunErrorKind::Protocol => "protocol",
-        RunErrorKind::Cancelled => "cancelled",
-    }
 }
 
 #[cfg(test)]

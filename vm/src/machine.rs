@@ -182,6 +182,22 @@ pub enum RunErrorKind {
     Cancelled,
 }
 
+impl RunErrorKind {
+    /// The kind in snake case, as events and the bindings spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunErrorKind::UnknownStep => "unknown_step",
+            RunErrorKind::BudgetExceeded => "budget_exceeded",
+            RunErrorKind::StepBudgetExceeded => "step_budget_exceeded",
+            RunErrorKind::Timeout => "timeout",
+            RunErrorKind::InvalidOptions => "invalid_options",
+            RunErrorKind::MissingInput => "missing_input",
+            RunErrorKind::Protocol => "protocol",
+            RunErrorKind::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// The result of a run.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {

@@ -173,7 +173,16 @@ impl RunTrace {
     pub fn provider<'p>(&self, provider: &'p dyn Provider) -> Traced<'p> {
         Traced {
             inner: provider,
-            trace: self.clone(),
+            trace: Some(self.clone()),
+        }
+    }
+
+    /// `provider` wrapped for `trace` when there is one; as it is otherwise (a run
+    /// without telemetry pays one indirection per call, nothing else).
+    pub fn provider_of<'p>(trace: Option<&RunTrace>, provider: &'p dyn Provider) -> Traced<'p> {
+        Traced {
+            inner: provider,
+            trace: trace.cloned(),
         }
     }
 
@@ -191,7 +200,8 @@ impl RunTrace {
 /// A provider that notes each call's request and completion for the run's `chat` span.
 pub struct Traced<'p> {
     inner: &'p dyn Provider,
-    trace: RunTrace,
+    /// `None`: the provider as it is ([`RunTrace::provider_of`] without a trace).
+    trace: Option<RunTrace>,
 }
 
 impl Provider for Traced<'_> {
@@ -200,9 +210,12 @@ impl Provider for Traced<'_> {
         request: &'a ProviderRequest,
         call: &'a CallContext,
     ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        let Some(trace) = &self.trace else {
+            return self.inner.complete(request, call);
+        };
         Box::pin(async move {
             let noted = {
-                let spans = self.trace.lock();
+                let spans = trace.lock();
                 CallNotes::of_request(
                     request,
                     self.inner.provider_name(&request.model),
@@ -210,7 +223,7 @@ impl Provider for Traced<'_> {
                 )
             };
             let result = self.inner.complete(request, call).await;
-            let mut spans = self.trace.lock();
+            let mut spans = trace.lock();
             let capture = spans
                 .capture_content
                 .then(|| spans.details.redactor.clone());
