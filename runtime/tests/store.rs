@@ -657,6 +657,52 @@ async fn sqlite_migrates_a_version_1_store() {
     );
 }
 
+/// A burst of concurrent enqueues (the server's 1,000 submits at once): each gets its
+/// own answer, an existing id is refused without losing the others of its group, and two
+/// submits with one idempotency key start one run.
+async fn concurrent_enqueues(backend: Backend) {
+    let store = backend.open().await;
+    store
+        .enqueue(queued("taken", "greet", 1, None))
+        .await
+        .expect("enqueue taken");
+    let mut submits = Vec::new();
+    for i in 0..60 {
+        let store = store.clone();
+        submits.push(tokio::spawn(async move {
+            let run = match i {
+                // An id that exists: refused alone.
+                7 => queued("taken", "greet", 2, None),
+                // Two submits with one key: one run.
+                20 | 21 => queued(&format!("keyed-{i}"), "greet", 2, Some("same")),
+                _ => queued(&format!("run-{i}"), "greet", 2, None),
+            };
+            (i, store.enqueue(run).await)
+        }));
+    }
+    let mut keyed = Vec::new();
+    for submit in submits {
+        let (i, result) = submit.await.expect("task");
+        match i {
+            7 => assert!(matches!(result, Err(StoreError::Exists(_))), "{result:?}"),
+            20 | 21 => keyed.push(result.expect("keyed")),
+            _ => assert_eq!(result.expect("enqueue"), Enqueued::New(format!("run-{i}"))),
+        }
+    }
+    let ids: Vec<&str> = keyed.iter().map(Enqueued::id).collect();
+    assert_eq!(ids[0], ids[1], "one key, one run: {keyed:?}");
+    assert_eq!(
+        keyed
+            .iter()
+            .filter(|e| matches!(e, Enqueued::New(_)))
+            .count(),
+        1,
+        "{keyed:?}"
+    );
+    // Every new run is in the store: the taken one, 57 plain ones and the keyed one.
+    assert_eq!(store.list().await.expect("list").len(), 59);
+}
+
 /// Each generic check, once per backend.
 macro_rules! both_backends {
     ($($check:ident),* $(,)?) => {
@@ -690,6 +736,7 @@ both_backends!(
     concurrent_appends,
     concurrent_opens_migrate_once,
     queue_claims_cancel_and_idempotency,
+    concurrent_enqueues,
 );
 
 /// Not a check: with `APLC_STORE_LEASE_HOLDER` set, takes that run's lease, says so on

@@ -114,8 +114,14 @@ pub(super) struct PgStore {
     /// The queue's writes (enqueue, claim, cancel): short transactions of their own, so
     /// a claim's row locks never wait behind a group commit.
     queue: Mutex<Client>,
+    /// Enqueues waiting for the queue connection: whoever gets it next commits them all
+    /// in one transaction (one fsync for a burst of submits).
+    enqueues: std::sync::Mutex<Vec<PendingEnqueue>>,
     locks: Arc<Locks>,
 }
+
+/// An enqueue waiting for a group commit, and where its result goes.
+type PendingEnqueue = (QueuedRun, oneshot::Sender<Result<Enqueued, StoreError>>);
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -213,12 +219,51 @@ impl PgStore {
             writer: jobs,
             reader: Mutex::new(reader),
             queue: Mutex::new(queue),
+            enqueues: std::sync::Mutex::new(Vec::new()),
             locks,
         })
     }
 
     fn error(&self, error: tokio_postgres::Error) -> StoreError {
         db_error(&self.url, &error)
+    }
+
+    fn pending_enqueues(&self) -> std::sync::MutexGuard<'_, Vec<PendingEnqueue>> {
+        self.enqueues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Commits `batch` in one transaction, each enqueue under a savepoint of its own (a
+    /// refused one, such as an existing id, leaves the others in), and sends each its
+    /// result. A failed commit fails them all: none was stored.
+    async fn enqueue_batch(&self, client: &mut Client, batch: Vec<PendingEnqueue>) {
+        let mut results = Vec::with_capacity(batch.len());
+        let committed = async {
+            let mut tx = client.transaction().await.map_err(|e| self.error(e))?;
+            for (run, _) in &batch {
+                let savepoint = tx.savepoint("enqueue").await.map_err(|e| self.error(e))?;
+                let result = enqueue_run(&self.url, &savepoint, run).await;
+                if result.is_ok() {
+                    savepoint.commit().await.map_err(|e| self.error(e))?;
+                } else {
+                    savepoint.rollback().await.map_err(|e| self.error(e))?;
+                }
+                results.push(result);
+            }
+            tx.commit().await.map_err(|e| self.error(e))
+        }
+        .await;
+        match committed {
+            Ok(()) => {
+                for ((_, done), result) in batch.into_iter().zip(results) {
+                    let _ = done.send(result);
+                }
+            }
+            Err(e) => {
+                for (_, done) in batch {
+                    let _ = done.send(Err(copy_error(&e)));
+                }
+            }
+        }
     }
 
     /// Takes the advisory lock of run `id`, or fails with [`StoreError::Locked`].
@@ -433,12 +478,20 @@ impl RunStore for PgStore {
 
     fn enqueue<'a>(&'a self, run: QueuedRun) -> BoxFuture<'a, Result<Enqueued, StoreError>> {
         Box::pin(async move {
-            let mut client = self.queue.lock().await;
-            let tx = client.transaction().await.map_err(|e| self.error(e))?;
-            let enqueued = enqueue_run(&self.url, &tx, &run).await?;
-            // An existing run's key stored nothing: the commit (or rollback) is the same.
-            tx.commit().await.map_err(|e| self.error(e))?;
-            Ok(enqueued)
+            let (done, result) = oneshot::channel();
+            self.pending_enqueues().push((run, done));
+            {
+                // Whoever holds the connection next commits every enqueue waiting then,
+                // this one included unless an earlier holder took it already.
+                let mut client = self.queue.lock().await;
+                let batch = std::mem::take(&mut *self.pending_enqueues());
+                if !batch.is_empty() {
+                    self.enqueue_batch(&mut client, batch).await;
+                }
+            }
+            result
+                .await
+                .map_err(|_| StoreError::Open("the enqueue was dropped".into()))?
         })
     }
 
@@ -1303,6 +1356,15 @@ async fn stored_version(
     version
         .parse()
         .map_err(|_| StoreError::Corrupt(format!("schema version `{version}` is not a number")))
+}
+
+/// The same failure again, for each enqueue of a group whose commit failed.
+fn copy_error(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Database(message) => StoreError::Database(message.clone()),
+        StoreError::Open(message) => StoreError::Open(message.clone()),
+        other => StoreError::Database(other.to_string()),
+    }
 }
 
 fn db_error(url: &str, error: &tokio_postgres::Error) -> StoreError {
