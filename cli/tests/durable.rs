@@ -2,8 +2,12 @@
 //! OpenAI-compatible server on 127.0.0.1 that answers slowly, SIGKILLed while a call is in
 //! flight, then `aplc resume`d. For SQLite and for a throwaway PostgreSQL cluster.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+#[path = "support/http.rs"]
+mod http;
+use http::read_request;
+
+use std::io::{BufReader, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,31 +92,6 @@ fn serve_http(respond: impl Fn(&str, &str) -> (u16, Json) + Send + Sync + 'stati
         }
     });
     url
-}
-
-/// One request: its head (request line and headers) and its body; `None` once the
-/// connection ends.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<(String, String)> {
-    let mut head = String::new();
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return None;
-        }
-        if line.trim_end().is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
-        }
-        head.push_str(&line);
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some((head, String::from_utf8_lossy(&body).into_owned()))
 }
 
 fn answer(body: &str, ledger: &str) -> Json {

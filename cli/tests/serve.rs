@@ -5,9 +5,13 @@
 //! the run's `tag` and the turn: the fake model counts the requests per `(tag, turn)`, so a
 //! test can tell whether a journaled call was sent twice.
 
+#[path = "support/http.rs"]
+mod http;
+use http::read_request;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,7 +55,7 @@ impl Model {
                 let (log, delay) = (log.clone(), delay.clone());
                 std::thread::spawn(move || {
                     let mut reader = BufReader::new(stream);
-                    while let Some(body) = read_request(&mut reader) {
+                    while let Some((_, body)) = read_request(&mut reader) {
                         let prompt = last_user_message(&body);
                         log.lock().unwrap().push((Instant::now(), prompt.clone()));
                         std::thread::sleep(Duration::from_millis(delay.load(Ordering::SeqCst)));
@@ -106,28 +110,6 @@ impl Model {
     fn delay(&self, ms: u64) {
         self.delay_ms.store(ms, Ordering::SeqCst);
     }
-}
-
-/// One request's body; `None` once the connection ends.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<String> {
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return None;
-        }
-        if line.trim_end().is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(String::from_utf8_lossy(&body).into_owned())
 }
 
 fn last_user_message(body: &str) -> String {

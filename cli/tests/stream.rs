@@ -2,7 +2,11 @@
 //! (issue #13 §1): each call's text reaches stdout as it arrives, calls separated by a
 //! newline, and `--json` still prints the final context, the same as without `--stream`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+#[path = "support/http.rs"]
+mod http;
+use http::read_request;
+
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,7 +54,7 @@ impl Model {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
                 let mut reader = BufReader::new(stream);
-                while let Some(body) = read_request(&mut reader) {
+                while let Some((_, body)) = read_request(&mut reader) {
                     let call = counter.fetch_add(1, Ordering::SeqCst);
                     let request: Json = serde_json::from_str(&body).unwrap_or(Json::Null);
                     let out = reader.get_mut();
@@ -142,28 +146,6 @@ fn stream_answer(
     let done = "data: [DONE]\n\n";
     write!(out, "{:x}\r\n{done}\r\n0\r\n\r\n", done.len())?;
     out.flush()
-}
-
-/// One request's body; `None` once the connection ends.
-fn read_request(reader: &mut BufReader<TcpStream>) -> Option<String> {
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return None;
-        }
-        if line.trim_end().is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':')
-            && name.eq_ignore_ascii_case("content-length")
-        {
-            length = value.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(String::from_utf8_lossy(&body).into_owned())
 }
 
 fn agent_file(dir: &tempfile::TempDir) -> String {
