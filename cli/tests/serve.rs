@@ -33,12 +33,14 @@ mod otlp;
 // ---------------------------------------------------------------------------------------
 // A fake model: a thread per connection on 127.0.0.1.
 
-/// Answers every chat completion after `delay_ms` with "answer TAG TURN", and records
-/// the prompt of every request.
+/// Answers every chat completion after `delay_ms` with "answer to: PROMPT", and records
+/// the prompt of every request. Each answer names its request in its `model` field
+/// ([`answer_tag`]), which journals keep: a test can tell which request's answer a run
+/// journaled.
 #[derive(Clone)]
 struct Model {
     url: String,
-    prompts: Arc<Mutex<Vec<(Instant, String)>>>,
+    prompts: Arc<Mutex<Vec<Request>>>,
     delay_ms: Arc<AtomicU64>,
 }
 
@@ -57,12 +59,21 @@ impl Model {
                     let mut reader = BufReader::new(stream);
                     while let Some((_, body)) = read_request(&mut reader) {
                         let prompt = last_user_message(&body);
-                        log.lock().unwrap().push((Instant::now(), prompt.clone()));
+                        let number = {
+                            let mut log = log.lock().unwrap();
+                            let number = log.len();
+                            log.push(Request {
+                                at: Instant::now(),
+                                prompt: prompt.clone(),
+                                number,
+                            });
+                            number
+                        };
                         std::thread::sleep(Duration::from_millis(delay.load(Ordering::SeqCst)));
                         let answer = json!({
                             "id": "cmpl-1",
                             "object": "chat.completion",
-                            "model": "fake",
+                            "model": answer_tag(number),
                             "choices": [{
                                 "index": 0,
                                 "finish_reason": "stop",
@@ -90,11 +101,11 @@ impl Model {
     }
 
     fn prompts(&self) -> Vec<String> {
-        self.timed().into_iter().map(|(_, prompt)| prompt).collect()
+        self.requests().into_iter().map(|r| r.prompt).collect()
     }
 
-    /// Every prompt with the time its request arrived.
-    fn timed(&self) -> Vec<(Instant, String)> {
+    /// Every request, in the order they arrived.
+    fn requests(&self) -> Vec<Request> {
         self.prompts.lock().unwrap().clone()
     }
 
@@ -110,6 +121,21 @@ impl Model {
     fn delay(&self, ms: u64) {
         self.delay_ms.store(ms, Ordering::SeqCst);
     }
+}
+
+/// A request the fake model answered.
+#[derive(Clone, Debug)]
+struct Request {
+    at: Instant,
+    prompt: String,
+    /// Its place in the order of arrival.
+    number: usize,
+}
+
+/// The `model` the fake model answers request `number` with: delimited, so that no tag is
+/// a prefix of another when a test looks for it in a journal's bytes.
+fn answer_tag(number: usize) -> String {
+    format!("fake<{number}>")
 }
 
 fn last_user_message(body: &str) -> String {
@@ -893,38 +919,61 @@ async fn failover_between_two_processes_on_postgres() {
         assert_eq!(finished(&log_a) + finished(&log_b), 1, "run {id}");
     }
     assert!(log_a.contains("run finished"), "A did some of the work");
-    // Every call was asked for; a call asked twice was in flight at the kill: its first
-    // request came shortly before it (a generous bound: a loaded machine delays answers
-    // and commits), and there is at most one per run A was running.
-    let timed = model.timed();
-    let mut first: HashMap<&str, Instant> = HashMap::new();
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for (at, prompt) in &timed {
-        first.entry(prompt.as_str()).or_insert(*at);
-        *counts.entry(prompt.as_str()).or_default() += 1;
-    }
-    assert_eq!(counts.len(), RUNS * TURNS as usize);
-    let repeated: Vec<(&str, usize)> = counts
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(p, n)| (*p, *n))
+
+    // No journaled request was sent twice. Each journaled answer names the request it
+    // answered (`answer_tag`); the journal holds one answer per call, and it answers the
+    // last request of that call: a request whose answer was journaled is never asked again.
+    // A call asked twice was in flight in A at the kill (A died before journaling its
+    // answer, B asked again): its first request came before the kill.
+    let requests = model.requests();
+    let database = url.rsplit('/').next().expect("a database name");
+    let journal = pg::shared()
+        .psql(database, "SELECT encode(bytes, 'escape') FROM inputs")
+        .expect("read the journal");
+    let journaled: Vec<usize> = journal
+        .split("fake<")
+        .skip(1)
+        .filter_map(|rest| rest.split_once('>'))
+        .filter_map(|(number, _)| number.parse().ok())
         .collect();
-    for (prompt, n) in &repeated {
-        assert_eq!(*n, 2, "{prompt}");
-        let before = killed_at.duration_since(first[prompt]);
-        assert!(
-            before < Duration::from_secs(2),
-            "{prompt}: asked {before:?} before the kill"
+    assert_eq!(
+        journaled.len(),
+        RUNS * TURNS as usize,
+        "one answer per call"
+    );
+    let mut by_prompt: HashMap<&str, Vec<&Request>> = HashMap::new();
+    for request in &requests {
+        by_prompt.entry(&request.prompt).or_default().push(request);
+    }
+    assert_eq!(by_prompt.len(), RUNS * TURNS as usize);
+    let mut answered: HashMap<&str, usize> = HashMap::new();
+    for number in &journaled {
+        let request = requests
+            .get(*number)
+            .expect("a journaled answer names a request");
+        *answered.entry(&request.prompt).or_default() += 1;
+        let last = by_prompt[request.prompt.as_str()].last().expect("asked");
+        assert_eq!(
+            last.number, *number,
+            "{}: its journaled answer (request {number}) was asked again",
+            request.prompt
         );
     }
-    assert!(
-        repeated.len() <= 16,
-        "at most one call per run A was running: {repeated:?}"
-    );
+    assert!(answered.values().all(|n| *n == 1), "{answered:?}");
+    let mut repeated = 0;
+    for (prompt, asked) in &by_prompt {
+        assert!(asked.len() <= 2, "{prompt}: asked {} times", asked.len());
+        if let [first, _] = asked.as_slice() {
+            repeated += 1;
+            assert!(
+                first.at < killed_at,
+                "{prompt}: asked twice, the first time after the kill"
+            );
+        }
+    }
     eprintln!(
-        "failover: {RUNS} runs, {} requests, {} asked twice (in flight at the kill), A finished {}",
-        timed.len(),
-        repeated.len(),
+        "failover: {RUNS} runs, {} requests, {repeated} asked twice (in flight at the kill), A finished {}",
+        requests.len(),
         log_a.lines().filter(|l| l.contains("run finished")).count()
     );
 }

@@ -111,7 +111,7 @@ impl PgCluster {
                     "start",
                 ],
             ) {
-                Ok(()) => return cluster.wait_ready().map(|()| cluster),
+                Ok(_) => return cluster.wait_ready().map(|()| cluster),
                 Err(e) => {
                     let log = std::fs::read_to_string(&log).unwrap_or_default();
                     last = format!("{e}\nserver log:\n{log}");
@@ -154,8 +154,9 @@ impl PgCluster {
         self.url(&name)
     }
 
-    /// Runs SQL in database `db` through `psql` (for tests that set up foreign tables).
-    pub fn psql(&self, db: &str, sql: &str) -> Result<(), String> {
+    /// Runs SQL in database `db` through `psql` (for tests that set up foreign tables or
+    /// read what a server wrote); returns the rows unaligned, a line each (`-At`).
+    pub fn psql(&self, db: &str, sql: &str) -> Result<String, String> {
         let port = self.port.to_string();
         self.tool(
             "psql",
@@ -170,13 +171,14 @@ impl PgCluster {
                 db,
                 "-v",
                 "ON_ERROR_STOP=1",
+                "-At",
                 "-c",
                 sql,
             ],
         )
     }
 
-    fn tool(&self, name: &str, args: &[&str]) -> Result<(), String> {
+    fn tool(&self, name: &str, args: &[&str]) -> Result<String, String> {
         let program = self.bin.join(name);
         let mut command = if self.as_postgres {
             let mut c = Command::new("runuser");
@@ -295,12 +297,12 @@ fn path_str(path: &Path) -> Result<&str, String> {
         .ok_or_else(|| format!("not UTF-8: {}", path.display()))
 }
 
-fn run(command: &mut Command, name: &str) -> Result<(), String> {
+fn run(command: &mut Command, name: &str) -> Result<String, String> {
     let out = command
         .output()
         .map_err(|e| format!("cannot run `{name}`: {e}"))?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(format!(
             "`{name}` failed ({}): {}{}",
