@@ -909,16 +909,25 @@ async fn failover_between_two_processes_on_postgres() {
         assert_eq!(run["context"]["turn"], TURNS, "{run}");
     }
     let log_b = b.log();
-    // Exactly once: each run finished in one process only.
+    // Exactly once: each run's journal holds one end. (Not the logs: A can be killed
+    // after a run's last commit and before its "run finished" line.)
+    let database = url.rsplit('/').next().expect("a database name");
+    let ends = pg::shared()
+        .psql(
+            database,
+            "SELECT run_id || ' ' || count(*) FROM events
+             WHERE json LIKE '%\"type\":\"run_finished\"%' GROUP BY run_id",
+        )
+        .expect("read the journal");
+    let ends: HashMap<&str, &str> = ends.lines().filter_map(|l| l.split_once(' ')).collect();
     for id in &ids {
-        let finished = |log: &str| {
-            log.lines()
-                .filter(|l| l.contains("run finished") && l.contains(&format!("run_id={id}")))
-                .count()
-        };
-        assert_eq!(finished(&log_a) + finished(&log_b), 1, "run {id}");
+        assert_eq!(ends.get(id.as_str()), Some(&"1"), "run {id}: {ends:?}");
     }
-    assert!(log_a.contains("run finished"), "A did some of the work");
+    assert_eq!(ends.len(), RUNS);
+    let finished_in = |log: &str| log.lines().filter(|l| l.contains("run finished")).count();
+    assert!(finished_in(&log_a) > 0, "A did some of the work");
+    // Only the runs A had in hand (16 running, 16 finishing) may miss their line.
+    assert!(finished_in(&log_a) + finished_in(&log_b) >= RUNS - 32);
 
     // No journaled request was sent twice. Each journaled answer names the request it
     // answered (`answer_tag`); the journal holds one answer per call, and it answers the
@@ -926,7 +935,6 @@ async fn failover_between_two_processes_on_postgres() {
     // A call asked twice was in flight in A at the kill (A died before journaling its
     // answer, B asked again): its first request came before the kill.
     let requests = model.requests();
-    let database = url.rsplit('/').next().expect("a database name");
     let journal = pg::shared()
         .psql(database, "SELECT encode(bytes, 'escape') FROM inputs")
         .expect("read the journal");
@@ -974,7 +982,7 @@ async fn failover_between_two_processes_on_postgres() {
     eprintln!(
         "failover: {RUNS} runs, {} requests, {repeated} asked twice (in flight at the kill), A finished {}",
         requests.len(),
-        log_a.lines().filter(|l| l.contains("run finished")).count()
+        finished_in(&log_a)
     );
 }
 

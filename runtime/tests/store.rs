@@ -529,14 +529,19 @@ async fn queue_claims_cancel_and_idempotency(backend: Backend) {
 
     // Claims go oldest first and never hand out a run a live lease holds.
     let a = store.claim().await.expect("claim").expect("a");
-    assert_eq!(a.run_id(), "a");
+    assert_eq!(a.lease.run_id(), "a");
+    // The claim carries the queue's row.
+    assert_eq!(a.agent, "greet");
+    assert!(!a.cancel_requested);
+    assert!(a.traceparent.is_some());
+    let a = a.lease;
     assert_eq!(
         store.queue_entry("a").await.unwrap().status,
         QueueStatus::Running
     );
-    let b = store.claim().await.expect("claim").expect("b");
+    let b = store.claim().await.expect("claim").expect("b").lease;
     assert_eq!(b.run_id(), "b");
-    let c = store.claim().await.expect("claim").expect("c");
+    let c = store.claim().await.expect("claim").expect("c").lease;
     assert_eq!(c.run_id(), "c");
     assert!(store.claim().await.expect("claim").is_none());
     // Another store (another process, for PostgreSQL) finds nothing to claim either.
@@ -607,9 +612,9 @@ async fn queue_claims_cancel_and_idempotency(backend: Backend) {
 async fn acquire_claim(store: &dyn RunStore, id: &str) -> Box<dyn store::Lease> {
     let started = Instant::now();
     loop {
-        if let Some(lease) = store.claim().await.expect("claim") {
-            assert_eq!(lease.run_id(), id);
-            return lease;
+        if let Some(claim) = store.claim().await.expect("claim") {
+            assert_eq!(claim.lease.run_id(), id);
+            return claim.lease;
         }
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -652,7 +657,13 @@ async fn sqlite_migrates_a_version_1_store() {
         Err(StoreError::NotFound(_))
     ));
     assert_eq!(
-        store.claim().await.expect("claim").expect("new").run_id(),
+        store
+            .claim()
+            .await
+            .expect("claim")
+            .expect("new")
+            .lease
+            .run_id(),
         "new"
     );
 }
@@ -675,17 +686,21 @@ async fn concurrent_enqueues(backend: Backend) {
                 7 => queued("taken", "greet", 2, None),
                 // Two submits with one key: one run.
                 20 | 21 => queued(&format!("keyed-{i}"), "greet", 2, Some("same")),
+                // Two submits of one new id: one is stored, the other refused.
+                30 | 31 => queued("twice", "greet", 2, None),
                 _ => queued(&format!("run-{i}"), "greet", 2, None),
             };
             (i, store.enqueue(run).await)
         }));
     }
     let mut keyed = Vec::new();
+    let mut twice = Vec::new();
     for submit in submits {
         let (i, result) = submit.await.expect("task");
         match i {
             7 => assert!(matches!(result, Err(StoreError::Exists(_))), "{result:?}"),
             20 | 21 => keyed.push(result.expect("keyed")),
+            30 | 31 => twice.push(result),
             _ => assert_eq!(result.expect("enqueue"), Enqueued::New(format!("run-{i}"))),
         }
     }
@@ -699,8 +714,62 @@ async fn concurrent_enqueues(backend: Backend) {
         1,
         "{keyed:?}"
     );
-    // Every new run is in the store: the taken one, 57 plain ones and the keyed one.
-    assert_eq!(store.list().await.expect("list").len(), 59);
+    assert!(
+        matches!(
+            twice.as_slice(),
+            [Ok(Enqueued::New(_)), Err(StoreError::Exists(_))]
+                | [Err(StoreError::Exists(_)), Ok(Enqueued::New(_))]
+        ),
+        "{twice:?}"
+    );
+    // Every new run is in the store, queued: the taken one, 55 plain ones, the keyed one
+    // and the one submitted twice.
+    assert_eq!(store.list().await.expect("list").len(), 58);
+    let counts = store.queue_counts().await.expect("counts");
+    assert_eq!(counts.get(QueueStatus::Queued), 58);
+}
+
+/// A dead worker's run is taken over even while new runs wait: a store's first claim,
+/// and then one claim per `TAKEOVER_SCAN`, looks for abandoned runs before new ones;
+/// a claim that finds no new run looks for them too.
+async fn takeover_comes_before_a_backlog(backend: Backend) {
+    let worker = backend.open().await;
+    for (at, id) in [(1, "old"), (2, "new-1"), (3, "new-2")] {
+        worker
+            .enqueue(queued(id, "greet", at, None))
+            .await
+            .expect("enqueue");
+    }
+    let old = worker.claim().await.expect("claim").expect("old");
+    assert_eq!(old.lease.run_id(), "old");
+    // The worker dies: its store and lease go.
+    drop(old);
+    drop(worker);
+
+    let other = backend.open().await;
+    // PostgreSQL frees the dead worker's lock once it sees the connection close: wait
+    // for that (this store's own unlock runs before its next lock).
+    let started = Instant::now();
+    while other.acquire("old").await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "old never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = other.claim().await.expect("claim").expect("old").lease;
+    assert_eq!(first.run_id(), "old");
+    // New runs next, oldest first; then none.
+    let second = other.claim().await.expect("claim").expect("new-1");
+    assert_eq!(second.lease.run_id(), "new-1");
+    let third = other.claim().await.expect("claim").expect("new-2");
+    assert_eq!(third.lease.run_id(), "new-2");
+    assert!(other.claim().await.expect("claim").is_none());
+
+    // Not due for a scan, a claim that finds no new run still looks for abandoned ones.
+    drop(third);
+    let again = acquire_claim(&*other, "new-2").await;
+    drop((first, again));
 }
 
 /// Each generic check, once per backend.
@@ -726,6 +795,7 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    takeover_comes_before_a_backlog,
     round_trip,
     sequence_gaps_are_refused,
     checkpoints_supersede_and_trim_the_replay,

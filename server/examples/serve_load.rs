@@ -24,6 +24,7 @@
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -93,7 +94,7 @@ async fn main() {
          'work') }}{% endif %}\n",
     )
     .expect("agent");
-    let providers = json!({"routes": [{"model": "*", "kind": "openai", "base_url": model}]});
+    let providers = json!({"routes": [{"model": "*", "kind": "openai", "base_url": model.url}]});
     std::fs::write(dir.path().join("providers.json"), providers.to_string()).expect("providers");
     let store = if options.store == "sqlite" {
         "sqlite:runs.db".to_string()
@@ -113,6 +114,9 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle: Vec<u64> = servers.iter().map(|s| rss_kib(s.0.id(), "VmRSS")).collect();
+    let cpu_before: Vec<f64> = servers.iter().map(|s| cpu_ms(s.0.id())).collect();
+    let own_cpu_before = cpu_ms(std::process::id());
+    let served_before = model.served();
     // A store used before holds other runs: count from here.
     let baseline = completed_runs(&http, &servers[0].1).await;
 
@@ -151,6 +155,13 @@ async fn main() {
     }
     let elapsed = started.elapsed();
     let peak: Vec<u64> = servers.iter().map(|s| rss_kib(s.0.id(), "VmHWM")).collect();
+    let server_cpu: f64 = servers
+        .iter()
+        .zip(&cpu_before)
+        .map(|(s, before)| cpu_ms(s.0.id()) - before)
+        .sum();
+    let own_cpu = cpu_ms(std::process::id()) - own_cpu_before;
+    let (calls, mean_latency) = model.served_since(served_before);
     let mut run_latency = Vec::new();
     for id in &ids {
         let run: Json = http
@@ -213,6 +224,32 @@ async fn main() {
         peak.iter().sum::<u64>() / peak.len() as u64,
         grown as f64 / in_flight
     );
+    println!(
+        "cpu: servers {:.2} ms per run; this harness (client and fake model) {:.2} ms per run",
+        server_cpu / options.runs as f64,
+        own_cpu / options.runs as f64
+    );
+    println!(
+        "fake model: {calls} calls, mean {mean_latency:.2} ms from request to answer (nominal {} ms)",
+        options.latency_ms
+    );
+}
+
+/// The CPU time (user + system) process `pid` has used so far, in ms.
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; in
+    // clock ticks, 100 per second on Linux.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<f64>().ok())
+        .sum();
+    ticks * 10.0
 }
 
 /// Submits one run; its id.
@@ -298,15 +335,52 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
     values.get(index).copied().unwrap_or(0.0)
 }
 
-/// A fake OpenAI-compatible model: every completion after `latency_ms`. Its base URL.
-async fn start_model(latency_ms: u64) -> String {
-    let latency = Arc::new(Duration::from_millis(latency_ms));
+/// A fake OpenAI-compatible model on 127.0.0.1.
+struct Model {
+    url: String,
+    /// Calls answered, and the sum of their latencies in µs.
+    served: Arc<(AtomicU64, AtomicU64)>,
+}
+
+impl Model {
+    fn served(&self) -> (u64, u64) {
+        (
+            self.served.0.load(Ordering::Relaxed),
+            self.served.1.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Calls answered since `before` (a [`Model::served`]), and their mean latency in ms.
+    fn served_since(&self, before: (u64, u64)) -> (u64, f64) {
+        let (calls, micros) = self.served();
+        let (calls, micros) = (calls - before.0, micros - before.1);
+        (calls, micros as f64 / 1000.0 / calls.max(1) as f64)
+    }
+}
+
+/// A fake OpenAI-compatible model: every completion after `latency_ms`.
+///
+/// The wait is a blocking thread's sleep, not a tokio timer: tokio's timer wheel has a
+/// resolution of 1 ms and rounds up, which made the model's 20 ms about 21 and charged the
+/// server for the model's lateness. The mean latency it really had is printed.
+async fn start_model(latency_ms: u64) -> Model {
+    let latency = Duration::from_millis(latency_ms);
+    let served = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let counters = served.clone();
     let app = Router::new().route(
         "/v1/chat/completions",
         post(move || {
-            let latency = latency.clone();
+            let counters = counters.clone();
             async move {
-                tokio::time::sleep(*latency).await;
+                let at = Instant::now();
+                let _ = tokio::task::spawn_blocking(move || {
+                    std::thread::sleep(latency.saturating_sub(at.elapsed()))
+                })
+                .await;
+                counters.0.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .1
+                    .fetch_add(at.elapsed().as_micros() as u64, Ordering::Relaxed);
                 axum::Json(json!({
                     "id": "cmpl",
                     "object": "chat.completion",
@@ -325,5 +399,5 @@ async fn start_model(latency_ms: u64) -> String {
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    url
+    Model { url, served }
 }

@@ -1,7 +1,8 @@
 //! The workers: claim queued runs from the store and drive them with the durable driver.
 //!
 //! One dispatcher task starts a claim whenever fewer than `max_concurrent_runs` runs (or
-//! claims) are in progress here; once a claim finds nothing, it waits to be woken by a
+//! claims) are in progress here ([`Slot`]: a run whose machine has finished frees its
+//! slot while its last commit lands); once a claim finds nothing, it waits to be woken by a
 //! submit in this process or, for runs submitted elsewhere and runs left by a dead
 //! worker, for [`IDLE_POLL`]. Each claimed run is a task of its own: it replays the
 //! run's journal (nothing for a new run), goes on live, and hands its events to the
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aplc_runtime::durable::{self, DurableError};
-use aplc_runtime::store::{Lease, QueueStatus, RunStore};
+use aplc_runtime::store::{Claim, Lease, QueueStatus, RunStore};
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
@@ -89,6 +90,7 @@ pub(crate) async fn dispatch(
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(max_concurrent));
+    let finishers = Arc::new(Semaphore::new(max_concurrent));
     let idle = Arc::new(AtomicBool::new(false));
     let mut running = JoinSet::new();
     loop {
@@ -111,7 +113,12 @@ pub(crate) async fn dispatch(
         // Each free slot claims on its own task: claims in flight together share one
         // commit (SQLite's group commit), where claiming one at a time would make the
         // claim's round trip the bound on how fast slots refill.
-        running.spawn(claim_and_execute(state.clone(), permit, idle.clone()));
+        let slot = Slot {
+            running: Some(permit),
+            finishing: None,
+            finishers: finishers.clone(),
+        };
+        running.spawn(claim_and_execute(state.clone(), slot, idle.clone()));
     }
     if !running.is_empty() {
         tracing::info!(
@@ -134,10 +141,36 @@ pub(crate) async fn dispatch(
     }
 }
 
-/// Claims a run for the free slot `permit` and drives it; sets `idle` when there was none.
-async fn claim_and_execute(state: AppState, permit: OwnedSemaphorePermit, idle: Arc<AtomicBool>) {
+/// One of the `max_concurrent_runs` places a run executes in.
+///
+/// A run holds its slot until its machine finishes; its last commit (the outcome, an
+/// fsync on PostgreSQL) runs on a place among as many again for finishing runs, so the
+/// slot claims the next run while the commit is under way. When those are all taken,
+/// the run keeps its slot to the end.
+struct Slot {
+    /// The slot, until the run finishes.
+    running: Option<OwnedSemaphorePermit>,
+    /// The place among the finishing runs, once it has one.
+    finishing: Option<OwnedSemaphorePermit>,
+    finishers: Arc<Semaphore>,
+}
+
+impl Slot {
+    /// The machine has finished: trade the slot for a place among the finishing runs.
+    fn finishing(&mut self) {
+        if self.finishing.is_none()
+            && let Ok(permit) = self.finishers.clone().try_acquire_owned()
+        {
+            self.finishing = Some(permit);
+            self.running = None;
+        }
+    }
+}
+
+/// Claims a run for the free slot `slot` and drives it; sets `idle` when there was none.
+async fn claim_and_execute(state: AppState, slot: Slot, idle: Arc<AtomicBool>) {
     match state.store.claim().await {
-        Ok(Some(lease)) => execute(state, lease, permit).await,
+        Ok(Some(claim)) => execute(state, claim, slot).await,
         Ok(None) => idle.store(true, Ordering::SeqCst),
         Err(e) => {
             tracing::error!(error = %e, "cannot claim a run from the store");
@@ -147,7 +180,13 @@ async fn claim_and_execute(state: AppState, permit: OwnedSemaphorePermit, idle: 
 }
 
 /// Drives one claimed run to its end (or until the task is dropped).
-async fn execute(state: AppState, lease: Box<dyn Lease>, _permit: OwnedSemaphorePermit) {
+async fn execute(state: AppState, claim: Claim, slot: Slot) {
+    let Claim {
+        lease,
+        agent,
+        cancel_requested,
+        traceparent,
+    } = claim;
     let id = lease.run_id().to_string();
     let interrupt = Interrupt::new();
     let (events, _) = broadcast::channel(LIVE_BUFFER);
@@ -165,11 +204,6 @@ async fn execute(state: AppState, lease: Box<dyn Lease>, _permit: OwnedSemaphore
     };
     state.metrics.runs_in_flight.fetch_add(1, Ordering::Relaxed);
     state.metrics.runs_started.fetch_add(1, Ordering::Relaxed);
-    let entry = state.store.queue_entry(&id).await;
-    let (agent, traceparent) = match &entry {
-        Ok(entry) => (entry.agent.clone(), entry.traceparent.clone()),
-        Err(_) => (String::new(), None),
-    };
     // The run's log lines carry the W3C trace context of the request that started it;
     // its OpenTelemetry spans join that trace (`run_trace`).
     let span = tracing::info_span!(
@@ -179,12 +213,12 @@ async fn execute(state: AppState, lease: Box<dyn Lease>, _permit: OwnedSemaphore
         traceparent = traceparent.as_deref().unwrap_or(""),
     );
     let claimed = Claimed {
-        cancel_requested: entry.as_ref().is_ok_and(|entry| entry.cancel_requested),
+        cancel_requested,
         id,
         agent,
         traceparent,
     };
-    drive(&state, lease, &claimed, interrupt, events)
+    drive(&state, lease, &claimed, interrupt, events, slot)
         .instrument(span)
         .await;
 }
@@ -205,6 +239,7 @@ async fn drive(
     claimed: &Claimed,
     interrupt: Interrupt,
     events: broadcast::Sender<LiveEvent>,
+    mut slot: Slot,
 ) {
     let Claimed {
         id,
@@ -256,7 +291,12 @@ async fn drive(
         deltas: DeltaRedactor::new(redactor.clone()),
         redactor,
     };
-    let mut listener = |event: &Event| relay.on_event(event);
+    let mut listener = |event: &Event| {
+        if matches!(event.kind, EventKind::RunFinished { .. }) {
+            slot.finishing();
+        }
+        relay.on_event(event)
+    };
     let finished = reopened
         .run(provider, &equipment.toolbox, Some(&mut listener))
         .await;

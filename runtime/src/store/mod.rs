@@ -231,7 +231,12 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
 
     /// Claims the oldest unfinished queued run no live worker holds, and takes its lease:
     /// a run never claimed, or one whose worker died. `None` when there is none.
-    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Box<dyn Lease>>, StoreError>> {
+    ///
+    /// Runs never claimed come first, found through an index without looking at anyone's
+    /// leases; the runs of dead workers are looked for when there is none, and at most
+    /// every [`TAKEOVER_SCAN`] besides, so a backlog of new runs never hides them for long
+    /// (spec/serve.md).
+    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Claim>, StoreError>> {
         Box::pin(async { Err(no_queue()) })
     }
 
@@ -363,6 +368,51 @@ impl QueueStatus {
         } else {
             QueueStatus::Queued
         }
+    }
+}
+
+/// How often a busy worker's claims also look for the runs of dead workers
+/// ([`RunStore::claim`]).
+pub const TAKEOVER_SCAN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A run [`RunStore::claim`] handed out: its lease, and what the queue says of it, read in
+/// the claim's own transaction.
+#[derive(Debug)]
+pub struct Claim {
+    /// The run's lease.
+    pub lease: Box<dyn Lease>,
+    /// The name the service knows the agent by.
+    pub agent: String,
+    /// A cancellation was asked for.
+    pub cancel_requested: bool,
+    /// The `traceparent` of the request that started it.
+    pub traceparent: Option<String>,
+}
+
+/// When a store's claims last looked for the runs of dead workers.
+#[derive(Debug)]
+pub(super) struct TakeoverClock(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl TakeoverClock {
+    pub(super) fn new() -> TakeoverClock {
+        TakeoverClock(std::sync::Mutex::new(None))
+    }
+
+    /// Whether a claim that found a new run should look for abandoned ones first: true at
+    /// most once per [`TAKEOVER_SCAN`]; the scan counts as done from here.
+    pub(super) fn due(&self) -> bool {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < TAKEOVER_SCAN) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
+    /// Records a scan made because no new run was found.
+    pub(super) fn scanned(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
     }
 }
 

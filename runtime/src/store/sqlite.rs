@@ -41,9 +41,9 @@ use rusqlite::{
 use tokio::sync::oneshot;
 
 use super::{
-    Batch, Enqueued, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun, MAGIC, NewRun, QueueCounts,
+    Batch, Claim, Enqueued, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun, MAGIC, NewRun, QueueCounts,
     QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary, SCHEMA_VERSION, StoreError,
-    StoredCheckpoint, count, db_int, json_column, now_ms,
+    StoredCheckpoint, TakeoverClock, count, db_int, json_column, now_ms,
 };
 use crate::driver::BoxFuture;
 
@@ -134,6 +134,8 @@ pub(super) struct SqliteStore {
     writer: Writer,
     writer_thread: Option<std::thread::JoinHandle<()>>,
     reader: Arc<Mutex<Connection>>,
+    /// When claims last looked for the runs of dead workers.
+    takeover: Arc<TakeoverClock>,
 }
 
 impl Drop for SqliteStore {
@@ -262,6 +264,7 @@ impl SqliteStore {
                 holder,
                 _holder_file: holder_file,
                 held: Arc::new(Mutex::new(HashSet::new())),
+                takeover: Arc::new(TakeoverClock::new()),
                 locks,
                 writer: Arc::new(Mutex::new(Some(tx))),
                 writer_thread: Some(writer_thread),
@@ -447,26 +450,42 @@ impl RunStore for SqliteStore {
         Box::pin(self.queue_write(move |c, now| enqueue_run(c, &run, now)))
     }
 
-    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Box<dyn Lease>>, StoreError>> {
+    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Claim>, StoreError>> {
         Box::pin(async move {
             let lessee = Lessee {
                 holder: self.holder.clone(),
                 locks: self.locks.clone(),
             };
             let held = self.held.clone();
-            let Some(id) = self
-                .queue_write(move |c, _| claim_run(c, &lessee, &held))
-                .await?
-            else {
-                return Ok(None);
-            };
+            let takeover_first = self.takeover.due();
+            let takeover = self.takeover.clone();
+            let claimed = self
+                .queue_write(move |c, _| {
+                    if takeover_first && let Some(run) = claim_run(c, &lessee, &held, true)? {
+                        return Ok(Some(run));
+                    }
+                    if let Some(run) = claim_run(c, &lessee, &held, false)? {
+                        return Ok(Some(run));
+                    }
+                    if takeover_first {
+                        return Ok(None);
+                    }
+                    takeover.scanned();
+                    claim_run(c, &lessee, &held, true)
+                })
+                .await?;
             // `claim_run` entered the run in `held`; from here the lease owns that entry.
-            Ok(Some(Box::new(SqliteLease {
-                run_id: id,
-                holder: self.holder.clone(),
-                held: self.held.clone(),
-                writer: self.writer.clone(),
-            }) as Box<dyn Lease>))
+            Ok(claimed.map(|run| Claim {
+                lease: Box::new(SqliteLease {
+                    run_id: run.id,
+                    holder: self.holder.clone(),
+                    held: self.held.clone(),
+                    writer: self.writer.clone(),
+                }),
+                agent: run.agent,
+                cancel_requested: run.cancel_requested,
+                traceparent: run.traceparent,
+            }))
         })
     }
 
@@ -603,18 +622,32 @@ fn enqueue_run(tx: &Connection, queued: &QueuedRun, now: i64) -> Result<Enqueued
 /// (`BEGIN IMMEDIATE` also excludes other processes' writers), and a run another live
 /// store holds has a lease row naming it, which `take_lease` refuses. Runs this store
 /// holds are skipped by name, without a file lock test.
+/// A run [`claim_run`] took, with its queue row.
+struct ClaimedRow {
+    id: String,
+    agent: String,
+    cancel_requested: bool,
+    traceparent: Option<String>,
+}
+
+/// Takes the lease of the oldest open run that is new (never claimed), or with
+/// `abandoned`, of the oldest claimed one whose holder is gone. New runs have no lease
+/// to look at, so that scan touches no holder file.
 fn claim_run(
     tx: &Connection,
     lessee: &Lessee,
     held: &Mutex<HashSet<String>>,
-) -> Result<Option<String>, StoreError> {
+    abandoned: bool,
+) -> Result<Option<ClaimedRow>, StoreError> {
     let mut stmt = tx
         .prepare_cached(
-            "SELECT q.run_id, l.holder FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
-             WHERE q.final_status IS NULL ORDER BY q.enqueued_at_ms, q.run_id",
+            "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
+             FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+             WHERE q.final_status IS NULL AND q.claimed = ?1
+             ORDER BY q.enqueued_at_ms, q.run_id",
         )
         .map_err(db_error)?;
-    let mut rows = stmt.query([]).map_err(db_error)?;
+    let mut rows = stmt.query(params![abandoned]).map_err(db_error)?;
     while let Some(row) = rows.next().map_err(db_error)? {
         let id: String = row.get(0).map_err(db_error)?;
         let holder: Option<String> = row.get(1).map_err(db_error)?;
@@ -630,16 +663,23 @@ fn claim_run(
         {
             continue;
         }
-        let taken = take_lease(tx, &id, lessee).and_then(|()| {
+        let claimed = (|| {
+            let row = ClaimedRow {
+                id: id.clone(),
+                agent: row.get(2).map_err(db_error)?,
+                cancel_requested: row.get::<_, i64>(3).map_err(db_error)? != 0,
+                traceparent: row.get(4).map_err(db_error)?,
+            };
+            take_lease(tx, &id, lessee)?;
             tx.prepare_cached("UPDATE run_queue SET claimed = 1 WHERE run_id = ?1")
                 .and_then(|mut s| s.execute(params![id]))
-                .map_err(db_error)
-        });
-        if let Err(e) = taken {
+                .map_err(db_error)?;
+            Ok(row)
+        })();
+        if claimed.is_err() {
             held.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-            return Err(e);
         }
-        return Ok(Some(id));
+        return claimed.map(Some);
     }
     Ok(None)
 }
