@@ -729,6 +729,32 @@ async fn concurrent_enqueues(backend: Backend) {
     assert_eq!(counts.get(QueueStatus::Queued), 58);
 }
 
+/// A claim never hands out a queued run that a lease holds, this store's own included
+/// (on PostgreSQL a session may take an advisory lock twice).
+async fn claims_pass_over_held_runs(backend: Backend) {
+    let store = backend.open().await;
+    for (at, id) in [(1, "held"), (2, "free")] {
+        store
+            .enqueue(queued(id, "greet", at, None))
+            .await
+            .expect("enqueue");
+    }
+    let held = store.acquire("held").await.expect("acquire");
+    let free = store.claim().await.expect("claim").expect("free");
+    assert_eq!(free.lease.run_id(), "free");
+    assert!(store.claim().await.expect("claim").is_none());
+    let other = backend.open().await;
+    assert!(other.claim().await.expect("claim").is_none());
+    // Still held here: a second lease is refused.
+    assert!(matches!(
+        store.acquire("held").await,
+        Err(StoreError::Locked(_))
+    ));
+    drop(held);
+    let taken = acquire_claim(&*other, "held").await;
+    drop((free, taken));
+}
+
 /// A dead worker's run is taken over even while new runs wait: a store's first claim,
 /// and then one claim per `TAKEOVER_SCAN`, looks for abandoned runs before new ones;
 /// a claim that finds no new run looks for them too.
@@ -795,6 +821,7 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    claims_pass_over_held_runs,
     takeover_comes_before_a_backlog,
     round_trip,
     sequence_gaps_are_refused,

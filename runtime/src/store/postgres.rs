@@ -5,8 +5,10 @@
 //! **Writes** go through one connection owned by a writer task, with group commit as in
 //! the SQLite store: every job queued when the task is free runs in its own savepoint of
 //! one transaction, so many runs appending at once share one commit (one fsync on the
-//! server). **Reads** use a second connection. The service's **queue** (enqueue, claim,
-//! cancel; spec/serve.md) writes on a fourth, in short transactions of its own.
+//! server). **Reads** use a second connection, each one statement (one snapshot, no
+//! transaction), so concurrent reads share it, pipelined. The service's **queue**
+//! (enqueue, cancel, takeover; spec/serve.md) writes on a fourth, in short transactions
+//! of its own.
 //!
 //! **Leases** are session-level advisory locks on a third connection, shared by the
 //! store's leases so a hundred runs do not need a hundred connections. The server
@@ -15,6 +17,8 @@
 //! set of run ids it holds, and refuses a second lease of one of them itself. One task
 //! owns the lock connection and runs every lock and unlock in the order asked, so an
 //! unlock queued by a dropped lease (`Drop` cannot await) never overtakes a later lock.
+//! The claim of a new run is one statement on that connection too, which finds the run,
+//! takes its lock and marks it claimed in one round trip.
 //!
 //! Every error message is passed through the URL's redaction: a password never leaves.
 
@@ -23,7 +27,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, GenericClient, NoTls, Transaction};
+use tokio_postgres::{Client, GenericClient, NoTls, Statement, Transaction};
 
 use super::{
     Batch, Claim, Enqueued, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun, MAGIC, NewRun, QueueCounts,
@@ -110,7 +114,11 @@ const MIGRATION_LOCK: i64 = 0x6170_6c63_0000_0001;
 pub(super) struct PgStore {
     url: Arc<str>,
     writer: mpsc::UnboundedSender<Job>,
-    reader: Mutex<Client>,
+    /// Reads: single statements, so they need no transaction and share the connection
+    /// (tokio-postgres pipelines the queries of concurrent callers).
+    reader: Client,
+    /// The reader's prepared statements.
+    reader_statements: Statements,
     /// The queue's writes (enqueue, claim, cancel): short transactions of their own, so
     /// a claim's row locks never wait behind a group commit.
     queue: Mutex<Client>,
@@ -143,6 +151,8 @@ struct Locks {
 enum LockOp {
     /// `pg_try_advisory_lock`: whether it was taken.
     Lock(String, oneshot::Sender<Result<bool, StoreError>>),
+    /// [`CLAIM_NEW`]: the oldest new run, marked claimed, and whether its lock was taken.
+    ClaimNew(oneshot::Sender<Result<Option<NewClaim>, StoreError>>),
     /// `pg_advisory_unlock`.
     Unlock(String),
 }
@@ -194,15 +204,70 @@ enum Work {
     Append(String, Batch),
 }
 
-/// Runs never claimed, oldest first: through the index of open runs, passing over the few
-/// running ones at its head, without looking at anyone's locks. `SKIP LOCKED` passes over
-/// the rows another claim is looking at this instant; the advisory lock taken next is
-/// what makes a claim exclusive: a row is only a candidate.
-const CLAIM_NEW: &str = "SELECT run_id FROM run_queue
-     WHERE final_status IS NULL AND NOT claimed
-     ORDER BY enqueued_at_ms, run_id
-     LIMIT 16
-     FOR UPDATE SKIP LOCKED";
+/// Claims the oldest run never claimed, in one statement on the lock connection (whose
+/// session then holds the run's advisory lock). The candidate is found through the index
+/// of open runs, passing over the few running ones at its head, without looking at
+/// anyone's locks; `SKIP LOCKED` passes over a row another claim is taking this instant.
+/// Its lock is tried on that one row (the `LIMIT` is applied before the lock function:
+/// the materialized CTE) and the row is marked claimed either way: a lock that another
+/// session holds means the run is someone's already (a `claimed` flag lost with an
+/// asynchronous commit), and the next claim passes over it.
+const CLAIM_NEW: &str = "WITH candidate AS (
+         SELECT run_id FROM run_queue
+         WHERE final_status IS NULL AND NOT claimed
+         ORDER BY enqueued_at_ms, run_id
+         LIMIT 1
+         FOR UPDATE SKIP LOCKED),
+     attempt AS MATERIALIZED (
+         SELECT run_id,
+                pg_try_advisory_lock(hashtextextended('aplc-run:' || run_id, 0)) AS locked
+         FROM candidate)
+     UPDATE run_queue q SET claimed = TRUE FROM attempt
+     WHERE q.run_id = attempt.run_id
+     RETURNING q.run_id, attempt.locked, q.agent, q.cancel_requested, q.traceparent";
+
+/// A connection's prepared statements, by text. A query given as text costs a Parse
+/// and its round trip on every call (tokio-postgres prepares it unnamed); a statement
+/// prepared once saves that round trip on the claim and load of every run.
+#[derive(Default)]
+struct Statements(std::sync::Mutex<std::collections::HashMap<String, Statement>>);
+
+impl Statements {
+    async fn get(&self, client: &Client, sql: &str) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(statement) = self.lock().get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = client.prepare(sql).await?;
+        self.lock().insert(sql.to_string(), statement.clone());
+        Ok(statement)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Statement>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A row [`CLAIM_NEW`] returned.
+struct NewClaim {
+    id: String,
+    locked: bool,
+    agent: String,
+    cancel_requested: bool,
+    traceparent: Option<String>,
+}
+
+impl NewClaim {
+    fn of_row(url: &str, row: &tokio_postgres::Row) -> Result<NewClaim, StoreError> {
+        let error = |e: tokio_postgres::Error| db_error(url, &e);
+        Ok(NewClaim {
+            id: row.try_get(0).map_err(error)?,
+            locked: row.try_get(1).map_err(error)?,
+            agent: row.try_get(2).map_err(error)?,
+            cancel_requested: row.try_get(3).map_err(error)?,
+            traceparent: row.try_get(4).map_err(error)?,
+        })
+    }
+}
 
 /// Claimed runs no live session holds the advisory lock of (a worker's locks vanish with
 /// its connection), oldest first.
@@ -231,6 +296,12 @@ impl PgStore {
         migrate(&url, &mut writer).await?;
         let reader = connect(&url).await?;
         let lock_client = connect(&url).await?;
+        // The lock connection's only writes are claims' `claimed` flags, which need no
+        // fsync: the advisory lock makes the claim (see `CLAIM_NEW`).
+        lock_client
+            .batch_execute("SET synchronous_commit = off")
+            .await
+            .map_err(|e| db_error(&url, &e))?;
         let queue = connect(&url).await?;
         let (jobs, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_loop(Arc::clone(&url), writer, rx));
@@ -243,7 +314,8 @@ impl PgStore {
         Ok(PgStore {
             url,
             writer: jobs,
-            reader: Mutex::new(reader),
+            reader,
+            reader_statements: Statements::default(),
             queue: Mutex::new(queue),
             enqueues: std::sync::Mutex::new(Vec::new()),
             locks,
@@ -358,8 +430,69 @@ impl PgStore {
         }
     }
 
-    /// Claims the first run `candidates` (one of the `CLAIM_*` queries) finds whose
-    /// advisory lock it can take.
+    /// The row `sql` (a statement on the reader, prepared once) returns for run `id`;
+    /// [`StoreError::NotFound`] when there is none.
+    async fn read_one(&self, sql: &str, id: &str) -> Result<tokio_postgres::Row, StoreError> {
+        let statement = self
+            .reader_statements
+            .get(&self.reader, sql)
+            .await
+            .map_err(|e| self.error(e))?;
+        self.reader
+            .query_opt(&statement, &[&id])
+            .await
+            .map_err(|e| self.error(e))?
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
+    /// Claims the oldest new run ([`CLAIM_NEW`]): one round trip on the lock connection.
+    async fn claim_new(&self) -> Result<Option<Claim>, StoreError> {
+        let stopped = || StoreError::Database("the store's lock task has stopped".into());
+        // Each pass marks a run claimed, so this ends; the bound only caps one call.
+        for _ in 0..64 {
+            let (reply, answer) = oneshot::channel();
+            self.locks
+                .ops
+                .send(LockOp::ClaimNew(reply))
+                .map_err(|_| stopped())?;
+            let Some(claim) = answer.await.map_err(|_| stopped())?? else {
+                return Ok(None);
+            };
+            if !claim.locked {
+                continue;
+            }
+            let fresh = self
+                .locks
+                .held
+                .lock()
+                .map_err(|_| {
+                    StoreError::Database("the store's table of leases was poisoned".into())
+                })?
+                .insert(claim.id.clone());
+            if !fresh {
+                // This store holds the run already (a lease of its own, so the lock is now
+                // taken twice): unlock once, which leaves that lease's lock.
+                let _ = self.locks.ops.send(LockOp::Unlock(claim.id));
+                continue;
+            }
+            // No await since the answer: from here the lease owns the lock and `held`.
+            let lease = PgLease {
+                run_id: claim.id.clone(),
+                locks: Arc::clone(&self.locks),
+                unlock_on_drop: true,
+            };
+            return Ok(Some(Claim {
+                lease: Box::new(lease),
+                agent: claim.agent,
+                cancel_requested: claim.cancel_requested,
+                traceparent: claim.traceparent,
+            }));
+        }
+        Ok(None)
+    }
+
+    /// Claims the first run `candidates` ([`CLAIM_ABANDONED`]) finds whose advisory lock
+    /// it can take.
     async fn claim_from(&self, candidates: &str) -> Result<Option<Claim>, StoreError> {
         let mut client = self.queue.lock().await;
         let tx = client.transaction().await.map_err(|e| self.error(e))?;
@@ -442,58 +575,54 @@ impl RunStore for PgStore {
 
     fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
         Box::pin(async move {
-            let mut client = self.reader.lock().await;
-            // One snapshot for every read of the run.
-            let tx = client
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(|e| self.error(e))?;
-            let summary = read_summary(&self.url, &tx, id).await?;
-            let row = tx
-                .query_opt(
-                    "SELECT b.bytes, r.options FROM runs r JOIN bundles b ON b.hash = r.bundle_hash
-                     WHERE r.id = $1",
-                    &[&id],
+            // One statement, so one snapshot and one round trip (a claim's load waits for
+            // no other read's transaction).
+            let row = self
+                .read_one(
+                    &format!(
+                        "SELECT {SUMMARY_COLUMNS}, b.bytes, runs.options,
+                                c.inputs, c.starts, c.histories, c.states,
+                                (SELECT array_agg(i.bytes ORDER BY i.seq) FROM inputs i
+                                 WHERE i.run_id = runs.id
+                                   AND i.seq >= COALESCE((SELECT k.inputs FROM checkpoints k
+                                                          WHERE k.run_id = runs.id
+                                                          ORDER BY k.seq DESC LIMIT 1), 0))
+                         FROM runs
+                         LEFT JOIN bundles b ON b.hash = runs.bundle_hash
+                         CROSS JOIN LATERAL (
+                             SELECT array_agg(k.inputs ORDER BY k.seq) AS inputs,
+                                    array_agg(k.history_start ORDER BY k.seq) AS starts,
+                                    array_agg(k.history ORDER BY k.seq) AS histories,
+                                    array_agg(k.state ORDER BY k.seq) AS states
+                             FROM checkpoints k WHERE k.run_id = runs.id) c
+                         WHERE runs.id = $1"
+                    ),
+                    id,
                 )
-                .await
-                .map_err(|e| self.error(e))?
-                .ok_or_else(|| {
-                    StoreError::Corrupt(format!("the bundle of run `{id}` is missing"))
-                })?;
-            let (bundle, options): (Vec<u8>, String) = (row.get(0), row.get(1));
-            let checkpoints = tx
-                .query(
-                    "SELECT inputs, history_start, history, state FROM checkpoints
-                     WHERE run_id = $1 ORDER BY seq",
-                    &[&id],
-                )
-                .await
-                .map_err(|e| self.error(e))?
+                .await?;
+            let summary = summary_row(&row)?;
+            let bundle: Vec<u8> = row.get::<_, Option<Vec<u8>>>(10).ok_or_else(|| {
+                StoreError::Corrupt(format!("the bundle of run `{id}` is missing"))
+            })?;
+            let options: String = row.get(11);
+            let counts: Vec<i64> = row.get::<_, Option<_>>(12).unwrap_or_default();
+            let starts: Vec<i64> = row.get::<_, Option<_>>(13).unwrap_or_default();
+            let histories: Vec<Vec<u8>> = row.get::<_, Option<_>>(14).unwrap_or_default();
+            let states: Vec<Option<Vec<u8>>> = row.get::<_, Option<_>>(15).unwrap_or_default();
+            let checkpoints = counts
                 .into_iter()
-                .map(|row| {
+                .zip(starts)
+                .zip(histories.into_iter().zip(states))
+                .map(|((inputs, start), (history, state))| {
                     Ok(StoredCheckpoint {
-                        inputs: count(row.get(0), "checkpoint input count")?,
-                        history_start: count(row.get(1), "checkpoint history start")?,
-                        history: row.get(2),
-                        state: row.get(3),
+                        inputs: count(inputs, "checkpoint input count")?,
+                        history_start: count(start, "checkpoint history start")?,
+                        history,
+                        state,
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
-            let after = db_int(checkpoints.last().map_or(0, |c| c.inputs));
-            let inputs = tx
-                .query(
-                    "SELECT bytes FROM inputs WHERE run_id = $1 AND seq >= $2 ORDER BY seq",
-                    &[&id, &after],
-                )
-                .await
-                .map_err(|e| self.error(e))?
-                .into_iter()
-                .map(|row| row.get(0))
-                .collect();
-            tx.commit().await.map_err(|e| self.error(e))?;
+            let inputs: Vec<Vec<u8>> = row.get::<_, Option<_>>(16).unwrap_or_default();
             Ok(LoadedRun {
                 events: summary.events,
                 options: json_column(&options, "the run options")?,
@@ -507,7 +636,7 @@ impl RunStore for PgStore {
 
     fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
         Box::pin(async move {
-            let client = self.reader.lock().await;
+            let client = &self.reader;
             client
                 .query(
                     &format!(
@@ -525,8 +654,8 @@ impl RunStore for PgStore {
 
     fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
         Box::pin(async move {
-            let client = self.reader.lock().await;
-            read_summary(&self.url, &*client, id).await
+            let client = &self.reader;
+            read_summary(&self.url, client, id).await
         })
     }
 
@@ -537,8 +666,8 @@ impl RunStore for PgStore {
         limit: u64,
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         Box::pin(async move {
-            let client = self.reader.lock().await;
-            read_summary(&self.url, &*client, id).await?;
+            let client = &self.reader;
+            read_summary(&self.url, client, id).await?;
             Ok(client
                 .query(
                     "SELECT json FROM events WHERE run_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
@@ -554,8 +683,8 @@ impl RunStore for PgStore {
 
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            let client = self.reader.lock().await;
-            read_summary(&self.url, &*client, id).await?;
+            let client = &self.reader;
+            read_summary(&self.url, client, id).await?;
             let row = client
                 .query_one(
                     "SELECT (
@@ -597,7 +726,7 @@ impl RunStore for PgStore {
             if takeover_first && let Some(claim) = self.claim_from(CLAIM_ABANDONED).await? {
                 return Ok(Some(claim));
             }
-            if let Some(claim) = self.claim_from(CLAIM_NEW).await? {
+            if let Some(claim) = self.claim_new().await? {
                 return Ok(Some(claim));
             }
             if takeover_first {
@@ -627,26 +756,19 @@ impl RunStore for PgStore {
 
     fn queue_entry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<QueueEntry, StoreError>> {
         Box::pin(async move {
-            let mut client = self.reader.lock().await;
-            let tx = client
-                .build_transaction()
-                .read_only(true)
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .start()
-                .await
-                .map_err(|e| self.error(e))?;
-            let summary = read_summary(&self.url, &tx, id).await?;
-            let row = tx
-                .query_opt(
-                    "SELECT agent, claimed, cancel_requested, traceparent FROM run_queue
-                     WHERE run_id = $1",
-                    &[&id],
+            // One statement: one snapshot of the run and its queue row.
+            let row = self
+                .read_one(
+                    &format!(
+                        "SELECT {SUMMARY_COLUMNS}, q.agent, q.claimed, q.cancel_requested,
+                                q.traceparent
+                         FROM runs JOIN run_queue q ON q.run_id = runs.id WHERE runs.id = $1"
+                    ),
+                    id,
                 )
-                .await
-                .map_err(|e| self.error(e))?
-                .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-            tx.commit().await.map_err(|e| self.error(e))?;
-            let claimed: bool = row.get(1);
+                .await?;
+            let summary = summary_row(&row)?;
+            let claimed: bool = row.get(11);
             let status = match &summary.outcome {
                 Some(outcome) if summary.state == RunState::Finished => {
                     QueueStatus::of_outcome(outcome)
@@ -654,10 +776,10 @@ impl RunStore for PgStore {
                 _ => QueueStatus::of_claimed(claimed),
             };
             Ok(QueueEntry {
-                agent: row.get(0),
+                agent: row.get(10),
                 status,
-                cancel_requested: row.get(2),
-                traceparent: row.get(3),
+                cancel_requested: row.get(12),
+                traceparent: row.get(13),
                 summary,
             })
         })
@@ -665,7 +787,7 @@ impl RunStore for PgStore {
 
     fn queue_counts<'a>(&'a self) -> BoxFuture<'a, Result<QueueCounts, StoreError>> {
         Box::pin(async move {
-            let client = self.reader.lock().await;
+            let client = &self.reader;
             let rows = client
                 .query(
                     "SELECT final_status, claimed, COUNT(*) FROM run_queue GROUP BY 1, 2",
@@ -1073,21 +1195,44 @@ async fn append_batch(
 /// The lock task: owns the lock connection and runs locks and unlocks in order. It ends
 /// when the store and all its leases are gone, and the connection closes with it.
 async fn lock_loop(url: Arc<str>, client: Client, mut ops: mpsc::UnboundedReceiver<LockOp>) {
+    let statements = Statements::default();
+    let lock = format!("SELECT pg_try_advisory_lock({LOCK_KEY})");
+    let unlock = format!("SELECT pg_advisory_unlock({LOCK_KEY})");
     while let Some(op) = ops.recv().await {
         match op {
+            LockOp::ClaimNew(reply) => {
+                let claimed = async {
+                    let statement = statements.get(&client, CLAIM_NEW).await?;
+                    client.query_opt(&statement, &[]).await
+                }
+                .await
+                .map_err(|e| db_error(&url, &e))
+                .and_then(|row| row.map(|row| NewClaim::of_row(&url, &row)).transpose());
+                if let Err(Ok(Some(claim))) = reply.send(claimed)
+                    && claim.locked
+                {
+                    // The claim was given up (its caller dropped): nobody will own the
+                    // lock. The run stays marked claimed: the takeover scan finds it.
+                    let _ = client.execute(&unlock, &[&claim.id]).await;
+                }
+            }
             LockOp::Lock(id, reply) => {
-                let taken = client
-                    .query_one(&format!("SELECT pg_try_advisory_lock({LOCK_KEY})"), &[&id])
-                    .await
-                    .and_then(|row| row.try_get::<_, bool>(0))
-                    .map_err(|e| db_error(&url, &e));
+                let taken = async {
+                    let statement = statements.get(&client, &lock).await?;
+                    client
+                        .query_one(&statement, &[&id])
+                        .await?
+                        .try_get::<_, bool>(0)
+                }
+                .await
+                .map_err(|e| db_error(&url, &e));
                 let _ = reply.send(taken);
             }
             LockOp::Unlock(id) => {
                 // A failure means the connection is gone, and the lock with it.
-                let _ = client
-                    .execute(&format!("SELECT pg_advisory_unlock({LOCK_KEY})"), &[&id])
-                    .await;
+                if let Ok(statement) = statements.get(&client, &unlock).await {
+                    let _ = client.execute(&statement, &[&id]).await;
+                }
             }
         }
     }
@@ -1341,8 +1486,8 @@ async fn enqueue_run(
 }
 
 /// The columns [`summary_row`] reads, in order.
-const SUMMARY_COLUMNS: &str = "id, agent, bundle_hash, state, steps, started_at_ms, updated_at_ms, \
-     input_count, event_count, outcome";
+const SUMMARY_COLUMNS: &str = "runs.id, runs.agent, runs.bundle_hash, runs.state, runs.steps, \
+     runs.started_at_ms, runs.updated_at_ms, runs.input_count, runs.event_count, runs.outcome";
 
 fn summary_row(row: &tokio_postgres::Row) -> Result<RunSummary, StoreError> {
     let state: String = row.get(3);
