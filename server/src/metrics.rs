@@ -9,7 +9,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aplc_runtime::store::{QueueCounts, QueueStatus};
-use serde_json::Value as Json;
+use aplc_vm::{Event, EventKind};
 
 /// Upper bounds of the provider latency histogram, in seconds.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -34,39 +34,39 @@ pub(crate) struct Metrics {
 
 impl Metrics {
     /// Counts what an event (its JSON form, spec/events.md) says.
-    pub(crate) fn on_event(&self, event: &Json) {
-        match event.get("type").and_then(Json::as_str) {
-            Some("step_started") => {
+    pub(crate) fn on_event(&self, event: &Event) {
+        match &event.kind {
+            EventKind::StepStarted { .. } => {
                 self.steps.fetch_add(1, Ordering::Relaxed);
             }
-            Some("tool_call") => {
+            EventKind::ToolCall { .. } => {
                 self.tool_calls.fetch_add(1, Ordering::Relaxed);
             }
-            Some("provider_result") => {
+            EventKind::ProviderResult {
+                usage,
+                latency_ms,
+                error,
+                ..
+            } => {
                 self.provider_calls.fetch_add(1, Ordering::Relaxed);
-                if event.get("error").is_some_and(|e| !e.is_null()) {
+                if error.is_some() {
                     self.provider_errors.fetch_add(1, Ordering::Relaxed);
                 }
-                let usage = event.get("usage");
-                let tokens = |key: &str| usage.and_then(|u| u.get(key)).and_then(Json::as_u64);
-                if let Some(n) = tokens("input_tokens") {
-                    self.input_tokens.fetch_add(n, Ordering::Relaxed);
+                if let Some(usage) = usage {
+                    self.input_tokens
+                        .fetch_add(usage.input_tokens, Ordering::Relaxed);
+                    self.output_tokens
+                        .fetch_add(usage.output_tokens, Ordering::Relaxed);
                 }
-                if let Some(n) = tokens("output_tokens") {
-                    self.output_tokens.fetch_add(n, Ordering::Relaxed);
-                }
-                // A float of milliseconds (spec/events.md).
-                if let Some(ms) = event.get("latency_ms").and_then(Json::as_f64) {
-                    let seconds = ms / 1000.0;
-                    let bucket = LATENCY_BUCKETS
-                        .iter()
-                        .position(|bound| seconds <= *bound)
-                        .unwrap_or(LATENCY_BUCKETS.len());
-                    self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
-                    // Microseconds, so that an atomic integer keeps the sum.
-                    self.latency_sum_us
-                        .fetch_add((ms * 1000.0) as u64, Ordering::Relaxed);
-                }
+                let seconds = latency_ms / 1000.0;
+                let bucket = LATENCY_BUCKETS
+                    .iter()
+                    .position(|bound| seconds <= *bound)
+                    .unwrap_or(LATENCY_BUCKETS.len());
+                self.latency_buckets[bucket].fetch_add(1, Ordering::Relaxed);
+                // Microseconds, so that an atomic integer keeps the sum.
+                self.latency_sum_us
+                    .fetch_add((latency_ms * 1000.0) as u64, Ordering::Relaxed);
             }
             _ => {}
         }
@@ -197,14 +197,21 @@ mod tests {
     #[test]
     fn counts_provider_results_into_the_histogram() {
         let metrics = Metrics::default();
-        metrics.on_event(&json!({"type": "step_started"}));
-        metrics.on_event(&json!({
-            "type": "provider_result", "latency_ms": 30.5, "error": null,
+        let event =
+            |json: serde_json::Value| -> Event { serde_json::from_value(json).expect("an event") };
+        metrics.on_event(&event(
+            json!({"seq": 1, "t_ms": 0.0, "type": "step_started", "step": "a", "runs": 0}),
+        ));
+        metrics.on_event(&event(json!({
+            "seq": 2, "t_ms": 1.0, "type": "provider_result", "step": "a",
+            "latency_ms": 30.5, "error": null, "finish_reason": "stop",
             "usage": {"input_tokens": 7, "output_tokens": 3}
-        }));
-        metrics.on_event(
-            &json!({"type": "provider_result", "latency_ms": 60000.0, "error": {"kind": "server"}}),
-        );
+        })));
+        metrics.on_event(&event(json!({
+            "seq": 3, "t_ms": 2.0, "type": "provider_result", "step": "a", "usage": null,
+            "finish_reason": null, "latency_ms": 60000.0,
+            "error": {"kind": "server", "message": "down"}
+        })));
         let mut queue = QueueCounts::default();
         queue.by_status.push((QueueStatus::Queued, 4));
         let text = metrics.render(Some(&queue));

@@ -1333,10 +1333,6 @@ async fn append_rows(
     Ok(())
 }
 
-/// Stores a queued run, or finds the run its idempotency key started (spec/serve.md).
-///
-/// Two requests with one new key at once: the second `INSERT … ON CONFLICT DO NOTHING`
-/// waits for the first's row, then finds it, so one run is stored.
 /// Stores `runs` (distinct ids, no idempotency key) with their bundles and queue rows;
 /// returns the ids stored: an id that exists already is not.
 async fn enqueue_runs(
@@ -1404,6 +1400,10 @@ async fn enqueue_runs(
     Ok(rows.into_iter().map(|row| row.get(0)).collect())
 }
 
+/// Stores a queued run, or finds the run its idempotency key started (spec/serve.md).
+///
+/// Two requests with one new key at once: the second `INSERT … ON CONFLICT DO NOTHING`
+/// waits for the first's row, then finds it, so one run is stored.
 async fn enqueue_run(
     url: &str,
     tx: &Transaction<'_>,
