@@ -46,6 +46,25 @@ impl Backend {
         }
     }
 
+    /// Runs `sql` on the store's database directly; the first column of each row, a
+    /// line each.
+    fn sql(&self, sql: &str) -> String {
+        if let Some(path) = self.url.strip_prefix("sqlite:") {
+            let conn = rusqlite::Connection::open(path).expect("sqlite");
+            let mut stmt = conn.prepare(sql).expect("prepare");
+            let mut rows = stmt.query([]).expect("query");
+            let mut out = String::new();
+            while let Some(row) = rows.next().expect("row") {
+                let value: rusqlite::types::Value = row.get(0).expect("column");
+                out.push_str(&format!("{value:?}\n"));
+            }
+            out
+        } else {
+            let db = self.url.rsplit('/').next().expect("database");
+            pg::shared().psql(db, sql).expect("psql")
+        }
+    }
+
     async fn open(&self) -> Arc<dyn RunStore> {
         let url = StoreUrl::parse(&self.url).expect("store URL");
         store::open(&url)
@@ -729,6 +748,53 @@ async fn concurrent_enqueues(backend: Backend) {
     assert_eq!(counts.get(QueueStatus::Queued), 58);
 }
 
+/// Idempotency keys older than the window are deleted by the first enqueue of a store
+/// (then once an hour); keys still in the window stay.
+async fn expired_idempotency_keys_are_purged(backend: Backend) {
+    let store = backend.open().await;
+    for (id, key) in [("a", "old-key"), ("b", "fresh-key")] {
+        store
+            .enqueue(queued(id, "greet", 1, Some(key)))
+            .await
+            .expect("enqueue");
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let day_ago = now_ms - 25 * 60 * 60 * 1000;
+    backend.sql(&format!(
+        "UPDATE idempotency_keys SET created_at_ms = {day_ago} WHERE key = 'old-key'"
+    ));
+    assert_eq!(
+        backend
+            .sql("SELECT key FROM idempotency_keys ORDER BY key")
+            .lines()
+            .count(),
+        2
+    );
+    // This store purged at its first enqueue, before the key aged: not due again.
+    store
+        .enqueue(queued("c", "greet", 2, None))
+        .await
+        .expect("enqueue");
+    assert_eq!(
+        backend
+            .sql("SELECT key FROM idempotency_keys")
+            .lines()
+            .count(),
+        2
+    );
+    let restarted = backend.open().await;
+    restarted
+        .enqueue(queued("d", "greet", 3, None))
+        .await
+        .expect("enqueue");
+    let keys = backend.sql("SELECT key FROM idempotency_keys");
+    assert_eq!(keys.lines().count(), 1, "{keys}");
+    assert!(keys.contains("fresh-key"), "{keys}");
+}
+
 /// A claim never hands out a queued run that a lease holds, this store's own included
 /// (on PostgreSQL a session may take an advisory lock twice).
 async fn claims_pass_over_held_runs(backend: Backend) {
@@ -821,6 +887,7 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    expired_idempotency_keys_are_purged,
     claims_pass_over_held_runs,
     takeover_comes_before_a_backlog,
     round_trip,

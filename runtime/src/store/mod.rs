@@ -389,30 +389,40 @@ pub struct Claim {
     pub traceparent: Option<String>,
 }
 
-/// When a store's claims last looked for the runs of dead workers.
-#[derive(Debug)]
-pub(super) struct TakeoverClock(std::sync::Mutex<Option<std::time::Instant>>);
+/// How often a store deletes the idempotency keys older than [`IDEMPOTENCY_WINDOW_MS`]
+/// (the first enqueue after an hour does it, in its own transaction).
+pub const IDEMPOTENCY_PURGE: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
-impl TakeoverClock {
-    pub(super) fn new() -> TakeoverClock {
-        TakeoverClock(std::sync::Mutex::new(None))
+/// Something a store does at most once per period: the takeover scan of claims, the
+/// purge of expired idempotency keys. Due at first.
+#[derive(Debug)]
+pub(super) struct Every {
+    period: std::time::Duration,
+    last: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Every {
+    pub(super) fn new(period: std::time::Duration) -> Every {
+        Every {
+            period,
+            last: std::sync::Mutex::new(None),
+        }
     }
 
-    /// Whether a claim that found a new run should look for abandoned ones first: true at
-    /// most once per [`TAKEOVER_SCAN`]; the scan counts as done from here.
+    /// Whether it is due; if so, it counts as done from now.
     pub(super) fn due(&self) -> bool {
-        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let now = std::time::Instant::now();
-        if last.is_some_and(|at| now.duration_since(at) < TAKEOVER_SCAN) {
+        if last.is_some_and(|at| now.duration_since(at) < self.period) {
             return false;
         }
         *last = Some(now);
         true
     }
 
-    /// Records a scan made because no new run was found.
-    pub(super) fn scanned(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
+    /// Records that it was done now, due or not.
+    pub(super) fn done(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
     }
 }
 

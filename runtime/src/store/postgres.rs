@@ -30,9 +30,10 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, NoTls, Statement, Transaction};
 
 use super::{
-    Batch, Claim, Enqueued, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun, MAGIC, NewRun, QueueCounts,
-    QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary, SCHEMA_VERSION, StoreError,
-    StoredCheckpoint, TakeoverClock, count, db_int, json_column, now_ms, redact_url, redact_with,
+    Batch, Claim, Enqueued, Every, IDEMPOTENCY_PURGE, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun,
+    MAGIC, NewRun, QueueCounts, QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary,
+    SCHEMA_VERSION, StoreError, StoredCheckpoint, TAKEOVER_SCAN, count, db_int, json_column,
+    now_ms, redact_url, redact_with,
 };
 use crate::driver::BoxFuture;
 
@@ -127,7 +128,9 @@ pub(super) struct PgStore {
     enqueues: std::sync::Mutex<Vec<PendingEnqueue>>,
     locks: Arc<Locks>,
     /// When claims last looked for the runs of dead workers.
-    takeover: TakeoverClock,
+    takeover: Every,
+    /// When the expired idempotency keys were last deleted.
+    purge: Every,
 }
 
 /// An enqueue waiting for a group commit, and where its result goes.
@@ -319,7 +322,8 @@ impl PgStore {
             queue: Mutex::new(queue),
             enqueues: std::sync::Mutex::new(Vec::new()),
             locks,
-            takeover: TakeoverClock::new(),
+            takeover: Every::new(TAKEOVER_SCAN),
+            purge: Every::new(IDEMPOTENCY_PURGE),
         })
     }
 
@@ -713,6 +717,17 @@ impl RunStore for PgStore {
                 if !batch.is_empty() {
                     self.enqueue_batch(&mut client, batch).await;
                 }
+                if self.purge.due() {
+                    // On its own, after the batch: a failure leaves the keys for the next
+                    // purge, an hour on, and fails no submit. An expired key is replaced
+                    // when reused anyway; the purge only bounds the table.
+                    let _ = client
+                        .execute(
+                            "DELETE FROM idempotency_keys WHERE created_at_ms < $1",
+                            &[&(now_ms() - IDEMPOTENCY_WINDOW_MS)],
+                        )
+                        .await;
+                }
             }
             result
                 .await
@@ -732,7 +747,7 @@ impl RunStore for PgStore {
             if takeover_first {
                 return Ok(None);
             }
-            self.takeover.scanned();
+            self.takeover.done();
             self.claim_from(CLAIM_ABANDONED).await
         })
     }

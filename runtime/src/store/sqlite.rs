@@ -41,9 +41,10 @@ use rusqlite::{
 use tokio::sync::oneshot;
 
 use super::{
-    Batch, Claim, Enqueued, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun, MAGIC, NewRun, QueueCounts,
-    QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary, SCHEMA_VERSION, StoreError,
-    StoredCheckpoint, TakeoverClock, count, db_int, json_column, now_ms,
+    Batch, Claim, Enqueued, Every, IDEMPOTENCY_PURGE, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun,
+    MAGIC, NewRun, QueueCounts, QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary,
+    SCHEMA_VERSION, StoreError, StoredCheckpoint, TAKEOVER_SCAN, count, db_int, json_column,
+    now_ms,
 };
 use crate::driver::BoxFuture;
 
@@ -135,7 +136,9 @@ pub(super) struct SqliteStore {
     writer_thread: Option<std::thread::JoinHandle<()>>,
     reader: Arc<Mutex<Connection>>,
     /// When claims last looked for the runs of dead workers.
-    takeover: Arc<TakeoverClock>,
+    takeover: Arc<Every>,
+    /// When the expired idempotency keys were last deleted.
+    purge: Every,
 }
 
 impl Drop for SqliteStore {
@@ -264,7 +267,8 @@ impl SqliteStore {
                 holder,
                 _holder_file: holder_file,
                 held: Arc::new(Mutex::new(HashSet::new())),
-                takeover: Arc::new(TakeoverClock::new()),
+                takeover: Arc::new(Every::new(TAKEOVER_SCAN)),
+                purge: Every::new(IDEMPOTENCY_PURGE),
                 locks,
                 writer: Arc::new(Mutex::new(Some(tx))),
                 writer_thread: Some(writer_thread),
@@ -447,7 +451,24 @@ impl RunStore for SqliteStore {
     }
 
     fn enqueue<'a>(&'a self, run: QueuedRun) -> BoxFuture<'a, Result<Enqueued, StoreError>> {
-        Box::pin(self.queue_write(move |c, now| enqueue_run(c, &run, now)))
+        Box::pin(async move {
+            let enqueued = self
+                .queue_write(move |c, now| enqueue_run(c, &run, now))
+                .await;
+            if self.purge.due() {
+                // A write of its own: a failure leaves the keys for the next purge, an
+                // hour on, and fails no submit. An expired key is replaced when reused
+                // anyway; the purge only bounds the table.
+                let _ = self
+                    .queue_write(|c, now| {
+                        c.prepare_cached("DELETE FROM idempotency_keys WHERE created_at_ms < ?1")
+                            .and_then(|mut s| s.execute(params![now - IDEMPOTENCY_WINDOW_MS]))
+                            .map_err(db_error)
+                    })
+                    .await;
+            }
+            enqueued
+        })
     }
 
     fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Claim>, StoreError>> {
@@ -470,7 +491,7 @@ impl RunStore for SqliteStore {
                     if takeover_first {
                         return Ok(None);
                     }
-                    takeover.scanned();
+                    takeover.done();
                     claim_run(c, &lessee, &held, true)
                 })
                 .await?;
