@@ -396,6 +396,10 @@ async fn start_model(latency_ms: u64) -> Model {
         .await
         .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("address"));
+    // As a model server would: no Nagle delay on the answers.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |stream| {
+        let _ = stream.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aplc_runtime::store::{self, RunStore, StoreUrl};
+use axum::serve::ListenerExt as _;
 
 mod agents;
 mod api;
@@ -151,6 +152,14 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
     tracing::info!(%address, "listening");
     ready(address);
     let mut stopped = stop.clone();
+    // TCP_NODELAY on every connection: an SSE stream writes each event (a token delta)
+    // as a small segment of its own, and with Nagle's algorithm each one after the first
+    // would wait for the reader's delayed ACK (up to 40 ms on Linux).
+    let listener = listener.tap_io(|stream| {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     });
