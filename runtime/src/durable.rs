@@ -436,26 +436,44 @@ pub async fn reopen<'s>(
     config: &DurableOptions,
 ) -> Result<Reopened<'s>, DurableError> {
     let lease = store.acquire(id).await?;
-    reopen_leased(store, lease, expected, toolbox, config, Interrupt::new()).await
+    let loaded = store.load(id).await?;
+    reopen_leased(
+        store,
+        lease,
+        loaded,
+        expected,
+        toolbox,
+        config,
+        Interrupt::new(),
+    )
+    .await
 }
 
 /// [`reopen`] for a run a service's worker claimed ([`RunStore::claim`]) with its lease:
 /// a queued run never started (its journal is empty: it starts from the beginning) or
-/// one whose worker died. `interrupt` becomes the run's cancel flag: set it only once
-/// this returns, since a flag set during the replay would stop the replay itself.
+/// one whose worker died. `loaded` is the run as the claim read it, if it did
+/// ([`Claim::loaded`](crate::store::Claim::loaded)); otherwise it is loaded here.
+/// `interrupt` becomes the run's cancel flag: set it only once this returns, since a
+/// flag set during the replay would stop the replay itself.
 pub async fn reopen_claimed<'s>(
     store: &'s dyn RunStore,
     lease: Box<dyn Lease>,
+    loaded: Option<LoadedRun>,
     toolbox: &Toolbox,
     config: &DurableOptions,
     interrupt: Interrupt,
 ) -> Result<Reopened<'s>, DurableError> {
-    reopen_leased(store, lease, None, toolbox, config, interrupt).await
+    let loaded = match loaded {
+        Some(loaded) => loaded,
+        None => store.load(lease.run_id()).await?,
+    };
+    reopen_leased(store, lease, loaded, None, toolbox, config, interrupt).await
 }
 
 async fn reopen_leased<'s>(
     store: &'s dyn RunStore,
     lease: Box<dyn Lease>,
+    loaded: LoadedRun,
     expected: Option<&Program>,
     toolbox: &Toolbox,
     config: &DurableOptions,
@@ -463,7 +481,6 @@ async fn reopen_leased<'s>(
 ) -> Result<Reopened<'s>, DurableError> {
     let id = lease.run_id().to_owned();
     let id = id.as_str();
-    let loaded = store.load(id).await?;
     let corrupt = |message: String| DurableError::Journal {
         id: id.to_owned(),
         message,

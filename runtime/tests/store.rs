@@ -849,11 +849,20 @@ async fn takeover_comes_before_a_backlog(backend: Backend) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let first = other.claim().await.expect("claim").expect("old").lease;
-    assert_eq!(first.run_id(), "old");
-    // New runs next, oldest first; then none.
+    let first = other.claim().await.expect("claim").expect("old");
+    assert_eq!(first.lease.run_id(), "old");
+    // A run taken over is loaded by its new worker, not by the claim.
+    assert!(first.loaded.is_none());
+    let first = first.lease;
+    // New runs next, oldest first; then none. A new run comes loaded: what `load` gives.
     let second = other.claim().await.expect("claim").expect("new-1");
     assert_eq!(second.lease.run_id(), "new-1");
+    let loaded = second.loaded.as_ref().expect("a new run comes loaded");
+    let stored = other.load("new-1").await.expect("load");
+    assert_eq!(loaded.summary, stored.summary);
+    assert_eq!(loaded.bundle, stored.bundle);
+    assert_eq!(loaded.options, stored.options);
+    assert!(loaded.inputs.is_empty() && loaded.checkpoints.is_empty() && loaded.events == 0);
     let third = other.claim().await.expect("claim").expect("new-2");
     assert_eq!(third.lease.run_id(), "new-2");
     assert!(other.claim().await.expect("claim").is_none());

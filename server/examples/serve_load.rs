@@ -120,6 +120,7 @@ async fn main() {
     // A store used before holds other runs: count from here.
     let baseline = completed_runs(&http, &servers[0].1).await;
 
+    let machine_before = machine_ticks();
     let started = Instant::now();
     let submits: Vec<_> = (0..options.runs)
         .map(|i| {
@@ -151,9 +152,11 @@ async fn main() {
             started.elapsed() < Duration::from_secs(600),
             "only {completed} completed"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Polled often: the end is seen at most this late.
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
+    let machine = machine_busy(&machine_before);
     let peak: Vec<u64> = servers.iter().map(|s| rss_kib(s.0.id(), "VmHWM")).collect();
     let server_cpu: f64 = servers
         .iter()
@@ -233,6 +236,41 @@ async fn main() {
         "fake model: {calls} calls, mean {mean_latency:.2} ms from request to answer (nominal {} ms)",
         options.latency_ms
     );
+    println!(
+        "machine: {:.0} % of its {} cores busy from the first submit to the last run's end \
+         (servers, store, this harness and anything else running)",
+        machine.0 * 100.0,
+        machine.1
+    );
+}
+
+/// The `cpu` line of /proc/stat: busy and total ticks, and the number of cores.
+fn machine_ticks() -> (u64, u64, usize) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cores = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .count();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    // idle and iowait are the fourth and fifth.
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total, cores)
+}
+
+/// The share of the machine's CPU time that was busy since `before`, and its cores.
+fn machine_busy(before: &(u64, u64, usize)) -> (f64, usize) {
+    let now = machine_ticks();
+    let busy = now.0.saturating_sub(before.0) as f64;
+    let total = now.1.saturating_sub(before.1).max(1) as f64;
+    (busy / total, now.2)
 }
 
 /// The CPU time (user + system) process `pid` has used so far, in ms.

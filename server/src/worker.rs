@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aplc_runtime::durable::{self, DurableError};
-use aplc_runtime::store::{Claim, Lease, QueueStatus, RunStore};
+use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunStore};
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
@@ -210,6 +210,7 @@ async fn execute(state: AppState, claim: Claim, slot: Slot) {
         agent,
         cancel_requested,
         traceparent,
+        loaded,
     } = claim;
     let id = lease.run_id().to_string();
     let interrupt = Interrupt::new();
@@ -242,7 +243,7 @@ async fn execute(state: AppState, claim: Claim, slot: Slot) {
         agent,
         traceparent,
     };
-    drive(&state, lease, &claimed, interrupt, events, slot)
+    drive(&state, (lease, loaded), &claimed, interrupt, events, slot)
         .instrument(span)
         .await;
 }
@@ -259,7 +260,7 @@ struct Claimed {
 /// Resumes (or starts) the claimed run and drives it to its end.
 async fn drive(
     state: &AppState,
-    lease: Box<dyn Lease>,
+    (lease, loaded): (Box<dyn Lease>, Option<LoadedRun>),
     claimed: &Claimed,
     interrupt: Interrupt,
     events: LiveEvents,
@@ -278,6 +279,7 @@ async fn drive(
     let reopened = durable::reopen_claimed(
         store,
         lease,
+        loaded,
         &equipment.toolbox,
         &equipment.durable,
         interrupt.clone(),

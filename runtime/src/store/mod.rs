@@ -387,6 +387,10 @@ pub struct Claim {
     pub cancel_requested: bool,
     /// The `traceparent` of the request that started it.
     pub traceparent: Option<String>,
+    /// The run as stored, read with the claim when it is a new run (nothing journaled),
+    /// so starting it needs no [`RunStore::load`]; `None` for a run taken over, which
+    /// the caller loads.
+    pub loaded: Option<LoadedRun>,
 }
 
 /// How often a store deletes the idempotency keys older than [`IDEMPOTENCY_WINDOW_MS`]

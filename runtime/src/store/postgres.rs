@@ -225,9 +225,15 @@ const CLAIM_NEW: &str = "WITH candidate AS (
          SELECT run_id,
                 pg_try_advisory_lock(hashtextextended('aplc-run:' || run_id, 0)) AS locked
          FROM candidate)
-     UPDATE run_queue q SET claimed = TRUE FROM attempt
+     UPDATE run_queue q SET claimed = TRUE
+     FROM attempt
+     LEFT JOIN runs ON runs.id = attempt.run_id
+     LEFT JOIN bundles b ON b.hash = runs.bundle_hash
      WHERE q.run_id = attempt.run_id
-     RETURNING q.run_id, attempt.locked, q.agent, q.cancel_requested, q.traceparent";
+     RETURNING q.run_id, attempt.locked, q.agent, q.cancel_requested, q.traceparent,
+               runs.id, runs.agent, runs.bundle_hash, runs.state, runs.steps,
+               runs.started_at_ms, runs.updated_at_ms, runs.input_count, runs.event_count,
+               runs.outcome, b.bytes, runs.options";
 
 /// A connection's prepared statements, by text. A query given as text costs a Parse
 /// and its round trip on every call (tokio-postgres prepares it unnamed); a statement
@@ -236,7 +242,11 @@ const CLAIM_NEW: &str = "WITH candidate AS (
 struct Statements(std::sync::Mutex<std::collections::HashMap<String, Statement>>);
 
 impl Statements {
-    async fn get(&self, client: &Client, sql: &str) -> Result<Statement, tokio_postgres::Error> {
+    async fn get(
+        &self,
+        client: &impl GenericClient,
+        sql: &str,
+    ) -> Result<Statement, tokio_postgres::Error> {
         if let Some(statement) = self.lock().get(sql) {
             return Ok(statement.clone());
         }
@@ -257,6 +267,9 @@ struct NewClaim {
     agent: String,
     cancel_requested: bool,
     traceparent: Option<String>,
+    /// The run as stored, when nothing is journaled (the statement read its row: a run
+    /// with a journal is loaded afterwards).
+    loaded: Option<LoadedRun>,
 }
 
 impl NewClaim {
@@ -268,8 +281,36 @@ impl NewClaim {
             agent: row.try_get(2).map_err(error)?,
             cancel_requested: row.try_get(3).map_err(error)?,
             traceparent: row.try_get(4).map_err(error)?,
+            loaded: unstarted_run(row)?,
         })
     }
+}
+
+/// The run [`CLAIM_NEW`] read (its columns from the sixth on), if it has nothing
+/// journaled: its load is its row, its bundle and its options.
+fn unstarted_run(row: &tokio_postgres::Row) -> Result<Option<LoadedRun>, StoreError> {
+    // No run row (a damaged store): `RunStore::load` reports it.
+    if row.get::<_, Option<String>>(5).is_none() {
+        return Ok(None);
+    }
+    let summary = summary_row_at(row, 5)?;
+    if summary.inputs > 0 || summary.events > 0 {
+        return Ok(None);
+    }
+    let (Some(bundle), Some(options)) = (
+        row.get::<_, Option<Vec<u8>>>(15),
+        row.get::<_, Option<String>>(16),
+    ) else {
+        return Ok(None);
+    };
+    Ok(Some(LoadedRun {
+        events: 0,
+        options: json_column(&options, "the run options")?,
+        summary,
+        bundle,
+        checkpoints: Vec::new(),
+        inputs: Vec::new(),
+    }))
 }
 
 /// Claimed runs no live session holds the advisory lock of (a worker's locks vanish with
@@ -490,6 +531,7 @@ impl PgStore {
                 agent: claim.agent,
                 cancel_requested: claim.cancel_requested,
                 traceparent: claim.traceparent,
+                loaded: claim.loaded,
             }));
         }
         Ok(None)
@@ -531,6 +573,7 @@ impl PgStore {
                 agent: open.get(0),
                 cancel_requested: open.get(1),
                 traceparent: open.get(2),
+                loaded: None,
             }));
         }
         tx.commit().await.map_err(|e| self.error(e))?;
@@ -830,6 +873,7 @@ impl RunStore for PgStore {
 
 /// The writer task: takes every queued job, commits them together, answers each.
 async fn write_loop(url: Arc<str>, mut client: Client, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    let st = Statements::default();
     while let Some(first) = jobs.recv().await {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -838,19 +882,19 @@ async fn write_loop(url: Arc<str>, mut client: Client, mut jobs: mpsc::Unbounded
                 Err(_) => break,
             }
         }
-        commit_group(&url, &mut client, group).await;
+        commit_group(&url, &mut client, &st, group).await;
     }
 }
 
 /// The most jobs committed in one transaction (bounds the latency of the first).
 const MAX_GROUP: usize = 512;
 
-async fn commit_group(url: &str, client: &mut Client, group: Vec<Job>) {
+async fn commit_group(url: &str, client: &mut Client, st: &Statements, group: Vec<Job>) {
     // Most groups commit in a handful of statements for every job at once; a group the
     // fast path cannot take (a run twice in it, a write the checks did not foresee) runs
     // job by job, each in a savepoint, as below.
     if group.len() > 1
-        && let Some(results) = commit_together(client, &group).await
+        && let Some(results) = commit_together(client, st, &group).await
     {
         for (job, result) in group.into_iter().zip(results) {
             let _ = job.reply.send(result);
@@ -861,7 +905,7 @@ async fn commit_group(url: &str, client: &mut Client, group: Vec<Job>) {
     let committed = match client.transaction().await {
         Ok(mut tx) => {
             for job in group {
-                let result = run_job(url, &mut tx, &job.work).await;
+                let result = run_job(url, &mut tx, st, &job.work).await;
                 answers.push((job.reply, result));
             }
             tx.commit().await.map_err(|e| db_error(url, &e))
@@ -889,6 +933,7 @@ async fn commit_group(url: &str, client: &mut Client, group: Vec<Job>) {
 /// 100 runs at once that held durable runs to 46 % of in-memory throughput.
 async fn commit_together(
     client: &mut Client,
+    st: &Statements,
     group: &[Job],
 ) -> Option<Vec<Result<(), StoreError>>> {
     let mut ids: Vec<&str> = group
@@ -904,11 +949,12 @@ async fn commit_together(
         return None;
     }
     ids.sort_unstable();
-    write_together(client, group, &ids).await.ok()
+    write_together(client, st, group, &ids).await.ok()
 }
 
 async fn write_together(
     client: &mut Client,
+    st: &Statements,
     group: &[Job],
     ids: &[&str],
 ) -> Result<Vec<Result<(), StoreError>>, tokio_postgres::Error> {
@@ -1022,8 +1068,12 @@ async fn write_together(
             }
         }
         tx.execute(
-            "INSERT INTO bundles (hash, bytes) SELECT * FROM UNNEST($1::TEXT[], $2::BYTEA[])
+            &st.get(
+                &tx,
+                "INSERT INTO bundles (hash, bytes) SELECT * FROM UNNEST($1::TEXT[], $2::BYTEA[])
              ON CONFLICT (hash) DO NOTHING",
+            )
+            .await?,
             &[&hashes, &bundles],
         )
         .await?;
@@ -1033,11 +1083,15 @@ async fn write_together(
         let started: Vec<i64> = new_runs.iter().map(|r| r.started_at_ms).collect();
         let options: Vec<String> = new_runs.iter().map(|r| r.options.to_string()).collect();
         tx.execute(
-            "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
+            &st.get(
+                &tx,
+                "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
                                updated_at_ms, options, outcome, input_count, event_count)
              SELECT t.id, t.agent, t.hash, $6, 0, t.started, t.started, t.options, NULL, 0, 0
              FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[])
                   AS t(id, agent, hash, started, options)",
+            )
+            .await?,
             &[
                 &ids,
                 &agents,
@@ -1051,16 +1105,24 @@ async fn write_together(
     }
     if !in_run.is_empty() {
         tx.execute(
-            "INSERT INTO inputs (run_id, seq, bytes)
+            &st.get(
+                &tx,
+                "INSERT INTO inputs (run_id, seq, bytes)
              SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BYTEA[])",
+            )
+            .await?,
             &[&in_run, &in_seq, &in_bytes],
         )
         .await?;
     }
     if !ev_run.is_empty() {
         tx.execute(
-            "INSERT INTO events (run_id, seq, json)
+            &st.get(
+                &tx,
+                "INSERT INTO events (run_id, seq, json)
              SELECT * FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::TEXT[])",
+            )
+            .await?,
             &[&ev_run, &ev_seq, &ev_json],
         )
         .await?;
@@ -1068,29 +1130,37 @@ async fn write_together(
     if !ck_run.is_empty() {
         // The previous newest states go first, or the new ones would go with them.
         tx.execute(
-            "UPDATE checkpoints SET state = NULL WHERE run_id = ANY($1) AND state IS NOT NULL",
+            &st.get(
+                &tx,
+                "UPDATE checkpoints SET state = NULL WHERE run_id = ANY($1) AND state IS NOT NULL",
+            )
+            .await?,
             &[&ck_run],
         )
         .await?;
         tx.execute(
-            "INSERT INTO checkpoints (run_id, seq, inputs, history_start, history, state)
+            &st.get(&tx, "INSERT INTO checkpoints (run_id, seq, inputs, history_start, history, state)
              SELECT t.run_id,
                     (SELECT COALESCE(MAX(c.seq) + 1, 0) FROM checkpoints c WHERE c.run_id = t.run_id),
                     t.inputs, t.history_start, t.history, t.state
              FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BYTEA[], $5::BYTEA[])
-                  AS t(run_id, inputs, history_start, history, state)",
+                  AS t(run_id, inputs, history_start, history, state)").await?,
             &[&ck_run, &ck_inputs, &ck_start, &ck_history, &ck_state],
         )
         .await?;
     }
     if !up_id.is_empty() {
         tx.execute(
-            "UPDATE runs r SET steps = t.steps, updated_at_ms = $7, input_count = t.inputs,
+            &st.get(
+                &tx,
+                "UPDATE runs r SET steps = t.steps, updated_at_ms = $7, input_count = t.inputs,
                                event_count = t.events, state = t.state,
                                outcome = COALESCE(t.outcome, r.outcome)
              FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[],
                          $6::TEXT[]) AS t(id, steps, inputs, events, state, outcome)
              WHERE r.id = t.id",
+            )
+            .await?,
             &[
                 &up_id,
                 &up_steps,
@@ -1106,8 +1176,12 @@ async fn write_together(
     if !fin_id.is_empty() {
         // A queued run leaves the claimable set (no row for a run `create` made).
         tx.execute(
-            "UPDATE run_queue q SET final_status = t.status
+            &st.get(
+                &tx,
+                "UPDATE run_queue q SET final_status = t.status
              FROM UNNEST($1::TEXT[], $2::TEXT[]) AS t(id, status) WHERE q.run_id = t.id",
+            )
+            .await?,
             &[&fin_id, &fin_status],
         )
         .await?;
@@ -1118,17 +1192,27 @@ async fn write_together(
 
 /// Runs one job in a savepoint of the group's transaction: undone alone if it fails
 /// (dropping an uncommitted savepoint rolls it back).
-async fn run_job(url: &str, tx: &mut Transaction<'_>, work: &Work) -> Result<(), StoreError> {
+async fn run_job(
+    url: &str,
+    tx: &mut Transaction<'_>,
+    st: &Statements,
+    work: &Work,
+) -> Result<(), StoreError> {
     let error = |e: tokio_postgres::Error| db_error(url, &e);
     let savepoint = tx.savepoint("job").await.map_err(error)?;
     match work {
-        Work::Create(run) => insert_run(url, &savepoint, run).await?,
-        Work::Append(id, batch) => append_batch(url, &savepoint, id, batch).await?,
+        Work::Create(run) => insert_run(url, &savepoint, st, run).await?,
+        Work::Append(id, batch) => append_batch(url, &savepoint, st, id, batch).await?,
     }
     savepoint.commit().await.map_err(error)
 }
 
-async fn insert_run(url: &str, tx: &Transaction<'_>, run: &NewRun) -> Result<(), StoreError> {
+async fn insert_run(
+    url: &str,
+    tx: &Transaction<'_>,
+    st: &Statements,
+    run: &NewRun,
+) -> Result<(), StoreError> {
     let error = |e: tokio_postgres::Error| db_error(url, &e);
     let exists = tx
         .query_opt("SELECT 1 FROM runs WHERE id = $1", &[&run.id])
@@ -1141,16 +1225,24 @@ async fn insert_run(url: &str, tx: &Transaction<'_>, run: &NewRun) -> Result<(),
     let running = RunState::Running.as_str();
     let insert_bundle = async {
         tx.execute(
-            "INSERT INTO bundles (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
+            &st.get(
+                tx,
+                "INSERT INTO bundles (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
+            )
+            .await?,
             &[&run.bundle_hash, &run.bundle],
         )
         .await
     };
     let insert_run = async {
         tx.execute(
-            "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
+            &st.get(
+                tx,
+                "INSERT INTO runs (id, agent, bundle_hash, state, steps, started_at_ms,
                                updated_at_ms, options, outcome, input_count, event_count)
              VALUES ($1, $2, $3, $4, 0, $5, $5, $6, NULL, 0, 0)",
+            )
+            .await?,
             &[
                 &run.id,
                 &run.agent,
@@ -1177,6 +1269,7 @@ async fn insert_run(url: &str, tx: &Transaction<'_>, run: &NewRun) -> Result<(),
 async fn append_batch(
     url: &str,
     tx: &Transaction<'_>,
+    st: &Statements,
     id: &str,
     batch: &Batch,
 ) -> Result<(), StoreError> {
@@ -1202,7 +1295,7 @@ async fn append_batch(
             got: batch.first_input,
         });
     }
-    append_rows(tx, id, batch, input_count, event_count)
+    append_rows(tx, st, id, batch, input_count, event_count)
         .await
         .map_err(error)
 }
@@ -1257,6 +1350,7 @@ async fn lock_loop(url: Arc<str>, client: Client, mut ops: mpsc::UnboundedReceiv
 /// together and answered together).
 async fn append_rows(
     tx: &tokio_postgres::Transaction<'_>,
+    st: &Statements,
     id: &str,
     batch: &Batch,
     input_count: i64,
@@ -1275,8 +1369,8 @@ async fn append_rows(
             return Ok(0);
         }
         tx.execute(
-            "INSERT INTO inputs (run_id, seq, bytes)
-             SELECT $1, $2 + t.ord - 1, t.bytes FROM UNNEST($3::BYTEA[]) WITH ORDINALITY AS t(bytes, ord)",
+            &st.get(tx, "INSERT INTO inputs (run_id, seq, bytes)
+             SELECT $1, $2 + t.ord - 1, t.bytes FROM UNNEST($3::BYTEA[]) WITH ORDINALITY AS t(bytes, ord)").await?,
             &[&id, &input_count, &batch.inputs],
         )
         .await
@@ -1286,8 +1380,8 @@ async fn append_rows(
             return Ok(0);
         }
         tx.execute(
-            "INSERT INTO events (run_id, seq, json)
-             SELECT $1, $2 + t.ord - 1, t.json FROM UNNEST($3::TEXT[]) WITH ORDINALITY AS t(json, ord)",
+            &st.get(tx, "INSERT INTO events (run_id, seq, json)
+             SELECT $1, $2 + t.ord - 1, t.json FROM UNNEST($3::TEXT[]) WITH ORDINALITY AS t(json, ord)").await?,
             &[&id, &event_count, &batch.events],
         )
         .await
@@ -1297,7 +1391,11 @@ async fn append_rows(
             return Ok(0);
         };
         tx.execute(
-            "UPDATE checkpoints SET state = NULL WHERE run_id = $1 AND state IS NOT NULL",
+            &st.get(
+                tx,
+                "UPDATE checkpoints SET state = NULL WHERE run_id = $1 AND state IS NOT NULL",
+            )
+            .await?,
             &[&id],
         )
         .await?;
@@ -1309,31 +1407,38 @@ async fn append_rows(
             &checkpoint.state,
         ];
         tx.execute(
-            "INSERT INTO checkpoints (run_id, seq, inputs, history_start, history, state)
+            &st.get(
+                tx,
+                "INSERT INTO checkpoints (run_id, seq, inputs, history_start, history, state)
              VALUES ($1, (SELECT COALESCE(MAX(seq) + 1, 0) FROM checkpoints WHERE run_id = $1),
                      $2, $3, $4, $5)",
+            )
+            .await?,
             &params,
         )
         .await
     };
     let state = state.as_str();
-    let run =
-        async {
-            tx.execute(
-        "UPDATE runs SET steps = $2, updated_at_ms = $3, input_count = $4, event_count = $5,
+    let run = async {
+        tx.execute(
+        &st.get(tx, "UPDATE runs SET steps = $2, updated_at_ms = $3, input_count = $4, event_count = $5,
                          state = $6, outcome = COALESCE($7, outcome)
-         WHERE id = $1",
+         WHERE id = $1").await?,
         &[&id, &steps, &now, &new_inputs, &new_events, &state, &outcome],
     )
         .await
-        };
+    };
     let finished = async {
         let Some(outcome) = &batch.outcome else {
             return Ok(0);
         };
         let status = QueueStatus::of_outcome(outcome).as_str();
         tx.execute(
-            "UPDATE run_queue SET final_status = $2 WHERE run_id = $1",
+            &st.get(
+                tx,
+                "UPDATE run_queue SET final_status = $2 WHERE run_id = $1",
+            )
+            .await?,
             &[&id, &status],
         )
         .await
@@ -1500,23 +1605,28 @@ async fn enqueue_run(
     Ok(Enqueued::New(run.id.clone()))
 }
 
-/// The columns [`summary_row`] reads, in order.
+/// The columns [`summary_row`] reads, in order (`CLAIM_NEW` writes them out again).
 const SUMMARY_COLUMNS: &str = "runs.id, runs.agent, runs.bundle_hash, runs.state, runs.steps, \
      runs.started_at_ms, runs.updated_at_ms, runs.input_count, runs.event_count, runs.outcome";
 
 fn summary_row(row: &tokio_postgres::Row) -> Result<RunSummary, StoreError> {
-    let state: String = row.get(3);
-    let outcome: Option<String> = row.get(9);
+    summary_row_at(row, 0)
+}
+
+/// The summary in the columns of [`SUMMARY_COLUMNS`], starting at column `at`.
+fn summary_row_at(row: &tokio_postgres::Row, at: usize) -> Result<RunSummary, StoreError> {
+    let state: String = row.get(at + 3);
+    let outcome: Option<String> = row.get(at + 9);
     Ok(RunSummary {
-        id: row.get(0),
-        agent: row.get(1),
-        bundle_hash: row.get(2),
+        id: row.get(at),
+        agent: row.get(at + 1),
+        bundle_hash: row.get(at + 2),
         state: RunState::from_column(&state)?,
-        steps: count(row.get(4), "step count")?,
-        started_at_ms: row.get(5),
-        updated_at_ms: row.get(6),
-        inputs: count(row.get(7), "input count")?,
-        events: count(row.get(8), "event count")?,
+        steps: count(row.get(at + 4), "step count")?,
+        started_at_ms: row.get(at + 5),
+        updated_at_ms: row.get(at + 6),
+        inputs: count(row.get(at + 7), "input count")?,
+        events: count(row.get(at + 8), "event count")?,
         outcome: outcome
             .as_deref()
             .map(|o| json_column(o, "the outcome"))

@@ -506,6 +506,7 @@ impl RunStore for SqliteStore {
                 agent: run.agent,
                 cancel_requested: run.cancel_requested,
                 traceparent: run.traceparent,
+                loaded: run.loaded,
             }))
         })
     }
@@ -649,6 +650,8 @@ struct ClaimedRow {
     agent: String,
     cancel_requested: bool,
     traceparent: Option<String>,
+    /// A new run as stored, read in the claim's transaction.
+    loaded: Option<LoadedRun>,
 }
 
 /// Takes the lease of the oldest open run that is new (never claimed), or with
@@ -690,12 +693,21 @@ fn claim_run(
                 agent: row.get(2).map_err(db_error)?,
                 cancel_requested: row.get::<_, i64>(3).map_err(db_error)? != 0,
                 traceparent: row.get(4).map_err(db_error)?,
+                loaded: None,
             };
             take_lease(tx, &id, lessee)?;
             tx.prepare_cached("UPDATE run_queue SET claimed = 1 WHERE run_id = ?1")
                 .and_then(|mut s| s.execute(params![id]))
                 .map_err(db_error)?;
-            Ok(row)
+            // A new run's journal is empty: reading it here, under the write lock, costs
+            // less than a load on the reader afterwards. A run taken over may have a long
+            // journal, which the writer must not spend its time reading.
+            let loaded = if abandoned {
+                None
+            } else {
+                Some(load_run(tx, &id)?)
+            };
+            Ok(ClaimedRow { loaded, ..row })
         })();
         if claimed.is_err() {
             held.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
