@@ -83,8 +83,8 @@ def check(source: str, relaxed: bool = False, dialect: str = "spec") -> bool:
 
 def compile(source: str, relaxed: bool = False, dialect: str = "spec") -> bytes:  # noqa: A001 (the API's name)
     """The bundle of ``source`` (what ``aplc build`` writes); raises
-    :class:`ValidationError` on invalid source. A bundle does not record its dialect:
-    load it with the same one."""
+    :class:`ValidationError` on invalid source. The bundle records ``dialect`` and
+    runs in it."""
     bundle, (rows, rendered) = _aplc.build_bundle(_source_text(source, "compile"), bool(relaxed), dialect)
     if bundle is None:
         raise ValidationError(rendered, _diagnostics(rows))
@@ -103,7 +103,9 @@ class Program:
     @classmethod
     def load(cls, bundle: Union[bytes, bytearray, memoryview], dialect: str = "spec") -> "Program":
         """Loads bundle bytes (from :func:`compile` or ``aplc build``). Raises
-        ``ValueError`` for bytes that are not a valid bundle."""
+        ``ValueError`` for bytes that are not a valid bundle. A bundle runs in the dialect
+        it records; ``dialect`` is for bundles that record the spec's (those built before
+        bundles recorded it)."""
         if not isinstance(bundle, (bytes, bytearray, memoryview)):
             raise TypeError(f"Program.load takes bundle bytes, found {type(bundle).__name__}")
         return cls(_aplc.NativeProgram.load(bytes(bundle), dialect))

@@ -47,6 +47,30 @@ impl Dialect {
         Dialect::ALL.into_iter().find(|d| d.as_str() == name)
     }
 
+    /// The bundle header's flags for a program of this dialect
+    /// (`spec/bundle-format.md`): its number in the low byte, the spec's being 0.
+    pub fn bundle_flags(self) -> u16 {
+        match self {
+            Dialect::Spec => 0,
+            Dialect::Defuss11 => 1,
+        }
+    }
+
+    /// The dialect a bundle header's flags name; `None` for flags no dialect has (a
+    /// bundle from a later aplc, or damaged).
+    pub fn from_bundle_flags(flags: u16) -> Option<Dialect> {
+        Dialect::ALL.into_iter().find(|d| d.bundle_flags() == flags)
+    }
+
+    /// The variables the dialect's executor maintains beyond the spec's: defuss-apl's
+    /// `current_step`, the step being run, set when a step is entered.
+    pub fn variables(self) -> &'static [&'static str] {
+        match self {
+            Dialect::Spec => &[],
+            Dialect::Defuss11 => &[CURRENT_STEP],
+        }
+    }
+
     /// The helpers the dialect adds to the spec's.
     pub fn helpers(self) -> &'static [Helper] {
         match self {
@@ -80,6 +104,8 @@ pub const NEXT: &str = "next";
 pub const PREV: &str = "prev";
 /// `result(kind=None)`: `result_text`, or `result_<kind>`.
 pub const RESULT: &str = "result";
+/// The variable holding the name of the step being run.
+pub const CURRENT_STEP: &str = "current_step";
 
 /// defuss-apl 1.1.0's helpers. The first argument of the accumulators and `set` is a
 /// dotted path whose first segment is the variable written.
