@@ -119,3 +119,39 @@ step {{ current_step }}
     # Not a variable of the spec.
     status = aplc.start_sync("# prompt: s\n## user\nx\n", {"with_providers": {"gpt-4o": echo}})
     assert "current_step" not in status
+
+
+def test_set_json_path_as_defuss_apl_gives_it():
+    # The expected values are what defuss-apl 1.1.0 gives for this agent.
+    agent = """
+# pre: s
+{{ set('data', {'a': {'b': [1, 2]}, 'l': [{'x': 1}]}) }}
+
+# prompt: s
+## user
+x
+
+# post: s
+{{ set('r1', set_json_path(data, 'a.b.0', 7)) }}
+{{ set('r2', set_json_path(data, 'a.c', 'x')) }}
+{{ set('r3', set_json_path(data, 'a.b[1]', 8)) }}
+{{ set('r5', set_json_path(data, 'l.0.x', 5)) }}
+{{ set('r6', set_json_path(data, 'new.deep.path', 5)) }}
+{{ set('r7', set_json_path(data, 'a.b.5', 5)) }}
+{{ set('r8', set_json_path(3, 'a', 5)) }}
+{{ set('r9', set_json_path(data, '', 5)) }}
+{{ set('r10', set_json_path(data, 'a.b.-1', 5)) }}
+{{ set('r11', set_json_path(data, 'new2.0.x', 1)) }}
+"""
+    status = aplc.start_sync(agent, {"with_providers": {"gpt-4o": echo}, "dialect": "defuss-1.1"})
+    assert status["errors"] == []
+    assert status["data"] == {
+        "a": {"b": [7, 2, None, None, None, 5], "c": "x", "b[1]": 8},
+        "l": [{"x": 5}],
+        "new": {"deep": {"path": 5}},
+        "": 5,
+        "new2": [{"x": 1}],
+    }
+    assert [status[f"r{i}"] for i in (1, 2, 3, 5, 6, 7, 8, 9, 10, 11)] == [
+        True, True, True, True, True, True, False, True, False, True,
+    ]

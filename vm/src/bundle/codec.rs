@@ -502,10 +502,10 @@ mod tests {
             Err(BundleError::UnsupportedVersion { found: newer })
         );
         let mut flagged = bytes;
-        flagged[10] = 1;
+        flagged[10] = 2;
         assert_eq!(
             Bundle::read_header(&flagged),
-            Err(BundleError::UnknownFlags { found: 1 })
+            Err(BundleError::UnknownFlags { found: 2 })
         );
     }
 
