@@ -112,8 +112,9 @@ pub(crate) struct CompileArgs {
     #[arg(long)]
     pub relaxed: bool,
     /// Template helpers beyond the spec's: `defuss-1.1` adds defuss-apl 1.1.0's `set`,
-    /// `get`, `add`, `inc`, `dec`, `rem`, `next`, `prev` and `result`
-    /// (spec/dialects.md). A bundle does not record it: run it with the same flag.
+    /// `get`, `add`, `inc`, `dec`, `rem`, `next`, `prev`, `result`, `set_json_path` and
+    /// `current_step` (spec/dialects.md). A bundle records the dialect it was built in
+    /// and runs in it.
     #[arg(long, value_name = "DIALECT", default_value = "spec", value_parser = parse_dialect)]
     pub dialect: aplc_vm::Dialect,
 }

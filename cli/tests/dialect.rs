@@ -97,6 +97,12 @@ fn defuss_agents_run_with_the_dialect_and_are_refused_without_it() {
             "Previous: count, result c"
         );
     }
+    // The bundle records its dialect: it runs in it without the flag.
+    let o = aplc(&["run", &bundle, "--mock", &mock, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let context: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(context["counter"], 3);
+    assert_eq!(context["result_text"], "d");
 }
 
 #[test]

@@ -114,6 +114,8 @@ pub(crate) fn encode(ir: &Ir, source: &str, file_name: &str) -> Bundle {
         code,
         code_spans,
         edges,
+        // `compile` sets the dialect it compiled in.
+        dialect: aplc_vm::Dialect::Spec,
     }
 }
 

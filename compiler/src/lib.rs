@@ -61,7 +61,7 @@ pub struct Options {
     /// file declares with `{# inputs: … #}`; they are defined for APL0018.
     pub inputs: Vec<String>,
     /// The helpers beyond the spec's that templates may call (`spec/dialects.md`); the
-    /// bundle does not record it, so a run loads the bundle in the same dialect.
+    /// bundle records it, and a run loads the bundle in the same dialect.
     pub dialect: aplc_vm::Dialect,
 }
 
@@ -149,7 +149,9 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     let bundle = if diagnostics.iter().any(Diagnostic::is_error) {
         None
     } else {
-        Some(codegen::encode(&ir, source, file_name))
+        let mut bundle = codegen::encode(&ir, source, file_name);
+        bundle.dialect = options.dialect;
+        Some(bundle)
     };
     Compilation {
         bundle,

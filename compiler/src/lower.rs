@@ -45,6 +45,8 @@ pub(crate) fn lower(
     // the file's own declaration goes into the bundle and is required at run time.
     let mut inputs = declared.clone();
     inputs.extend(options.inputs.iter().cloned());
+    // The dialect's executor defines its own variables (defuss-1.1's `current_step`).
+    inputs.extend(options.dialect.variables().iter().map(|v| v.to_string()));
 
     let mut lowerer = Lowerer {
         source,

@@ -83,8 +83,8 @@ def check(source: str, relaxed: bool = False, dialect: str = "spec") -> bool:
 
 def compile(source: str, relaxed: bool = False, dialect: str = "spec") -> bytes:  # noqa: A001 (the API's name)
     """The bundle of ``source`` (what ``aplc build`` writes); raises
-    :class:`ValidationError` on invalid source. A bundle does not record its dialect:
-    load it with the same one."""
+    :class:`ValidationError` on invalid source. The bundle records ``dialect`` and
+    runs in it."""
     bundle, (rows, rendered) = _aplc.build_bundle(_source_text(source, "compile"), bool(relaxed), dialect)
     if bundle is None:
         raise ValidationError(rendered, _diagnostics(rows))
@@ -103,7 +103,9 @@ class Program:
     @classmethod
     def load(cls, bundle: Union[bytes, bytearray, memoryview], dialect: str = "spec") -> "Program":
         """Loads bundle bytes (from :func:`compile` or ``aplc build``). Raises
-        ``ValueError`` for bytes that are not a valid bundle."""
+        ``ValueError`` for bytes that are not a valid bundle. A bundle runs in the dialect
+        it records; ``dialect`` is for bundles that record the spec's (those built before
+        bundles recorded it)."""
         if not isinstance(bundle, (bytes, bytearray, memoryview)):
             raise TypeError(f"Program.load takes bundle bytes, found {type(bundle).__name__}")
         return cls(_aplc.NativeProgram.load(bytes(bundle), dialect))
@@ -178,16 +180,14 @@ class _Options:
         if not isinstance(providers, Mapping) or not all(callable(p) for p in providers.values()):
             raise TypeError("with_providers must be a dict of model name to callable")
         self.providers: Dict[str, Callable[..., Any]] = {str(k): v for k, v in providers.items()}
+        #: The providers awaited on the loop; the others run in a thread.
+        self.async_providers = frozenset(k for k, v in self.providers.items() if inspect.iscoroutinefunction(v))
         self.raw_tools = options.get("with_tools") or {}
         self.tools: Dict[str, ToolEntry] = tool_entries(self.raw_tools)
         context = options.get("with_context") or {}
         if not isinstance(context, Mapping):
             raise TypeError("with_context must be a dict")
         self.context: Dict[str, Any] = dict(context)
-        try:
-            self.context_json = json.dumps(self.context)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"with_context must hold JSON values only: {e}") from None
         self.timeout = _int_option(options, "timeout", DEFAULT_TIMEOUT_MS, 0)
         self.max_runs = _int_option(options, "max_runs", None, 0)
         self.max_steps = _int_option(options, "max_steps", DEFAULT_MAX_STEPS, 1)
@@ -220,54 +220,94 @@ def _str_option(options: Mapping[str, Any], name: str) -> Optional[str]:
 
 
 class _Run:
-    """One run: the callbacks the native run calls on this event loop, and the tasks they
-    started (cancelled when the run ends, so a cancelled run leaves nothing behind)."""
+    """One run, driven on the caller's event loop: the native run polls the machine (in
+    Rust, GIL released) to its next action; this coroutine performs it (awaits a Python
+    provider or tool, or a Rust provider's awaitable) and hands the answer back. No
+    thread hop and no JSON text per step: contexts and answers cross as Python objects.
+    Sync providers and tools run in a thread (``asyncio.to_thread``), as the issue asks:
+    one that blocks must not block the loop."""
 
     def __init__(self, options: _Options) -> None:
         self.options = options
-        self.tasks: set = set()
         self.tool_table = ToolTable(options.raw_tools, options.tools)
 
     async def run(self, native: Any) -> Dict[str, Any]:
         o = self.options
+        listening = o.on_event is not None or o.debug
         config = {
-            "context_json": o.context_json,
+            "context": o.context,
             "timeout_ms": o.timeout,
             "max_runs": o.max_runs,
             "max_steps": o.max_steps,
             "models": list(o.providers),
-            "call_provider": self.call_provider,
-            "tools": [(json.dumps(t.descriptor), t.with_context) for t in o.tools.values()],
-            "call_tool": self.call_tool,
-            "on_event": self.on_event if (o.on_event is not None or o.debug) else None,
+            "tools": [(t.descriptor, t.with_context) for t in o.tools.values()],
+            "events": listening,
+            "on_delta": self.on_event if listening else None,
             "base_url": o.base_url,
             "api_key": o.api_key,
             "providers_json": o.providers_json,
         }
+        run = native.begin(config)
         try:
-            context_json, error = await native.run(config)
+            action = await self._drive(run)
         finally:
-            for task in list(self.tasks):
-                task.cancel()
-        context = json.loads(context_json)
+            # A no-op for a finished run; for a cancelled one, stops the machine and a
+            # Rust provider call in flight.
+            run.cancel()
+        _, events, context, error = action
+        if events:
+            self._deliver(events)
         if error is not None:
             kind, message, step = error
             raise RunError(message, context, kind, step)
         return context
 
-    def _track(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+    async def _drive(self, run: Any) -> Tuple[Any, ...]:
+        """Performs the run's actions until it is done; returns the ``done`` action."""
+        action = run.advance()
+        if _timeout_at is None:  # Python < 3.11: a timer per call
+            while action[0] != "done":
+                if action[1]:
+                    self._deliver(action[1])
+                try:
+                    kind, payload = await asyncio.wait_for(self._perform(action), run.remaining())
+                except asyncio.TimeoutError:
+                    action = run.timed_out()
+                    continue
+                action = run.answer(kind, payload)
+            return action
+        # One timer for the whole run. Only the timer's own expiry ends the block with
+        # TimeoutError: the wrappers catch whatever a provider or tool raises.
+        loop = asyncio.get_running_loop()
+        try:
+            async with _timeout_at(loop.time() + run.remaining()):
+                while action[0] != "done":
+                    if action[1]:
+                        self._deliver(action[1])
+                    kind, payload = await self._perform(action)
+                    action = run.answer(kind, payload)
+                return action
+        except TimeoutError:
+            action = run.timed_out()
+            while action[0] != "done":  # the machine ends a timed-out run at once
+                if action[1]:
+                    self._deliver(action[1])
+                action = run.timed_out()
+            return action
 
-    async def call_provider(self, model: str, context_json: str) -> Tuple[str, str]:
-        self._track()
+    async def _perform(self, action: Tuple[Any, ...]) -> Tuple[str, Any]:
+        what = action[0]
+        if what == "provider":
+            return await self.call_provider(action[2], action[3])
+        if what == "tool":
+            return await self.call_tool(action[2], action[3], action[4])
+        return ("rust", await action[2])
+
+    async def call_provider(self, model: str, context: Dict[str, Any]) -> Tuple[str, Any]:
         fn = self.options.providers[model]
-        context = json.loads(context_json)
         context["with_tools"] = self.tool_table
         try:
-            if inspect.iscoroutinefunction(fn):
+            if model in self.options.async_providers:
                 result = await fn(context)
             else:
                 result = await asyncio.to_thread(fn, context)
@@ -275,39 +315,40 @@ class _Run:
                     result = await result
         except Exception as e:  # §2.2.1: the executor catches it and the run goes on
             return ("raised", _exception_text(e))
+        if type(result) is dict:
+            return ("ok", result)
         if not isinstance(result, Mapping):
             return (
                 "invalid",
                 f"invalid provider response: the provider for {model!r} returned "
                 f"{type(result).__name__}, expected a dict (an OpenAI-style response)",
             )
-        try:
-            return ("ok", json.dumps(result))
-        except (TypeError, ValueError) as e:
-            return ("invalid", f"invalid provider response: not JSON-serialisable: {e}")
+        return ("ok", dict(result))
 
-    async def call_tool(self, name: str, arguments_json: str, context_json: Optional[str]) -> Tuple[str, str]:
-        self._track()
+    async def call_tool(self, name: str, arguments: Dict[str, Any], context: Optional[Dict[str, Any]]) -> Tuple[str, Any]:
         entry = self.options.tools[name]
-        context = json.loads(context_json) if context_json is not None else None
         try:
-            result = await entry.invoke(json.loads(arguments_json), context)
+            result = await entry.invoke(arguments, context)
         except Exception as e:  # §2.2.2: a failed tool call is a result with_error
             return ("raised", _exception_text(e))
-        try:
-            return ("ok", json.dumps(result))
-        except (TypeError, ValueError) as e:
-            return ("invalid", f"the tool's result is not JSON-serialisable: {e}")
+        return ("ok", result)
 
-    def on_event(self, event_json: str) -> None:
-        event = json.loads(event_json)
+    def _deliver(self, events: List[Dict[str, Any]]) -> None:
+        for event in events:
+            self.on_event(event)
+
+    def on_event(self, event: Dict[str, Any]) -> None:
         if self.options.debug:
-            print(f"aplc: {event_json}", file=sys.stderr)
+            print(f"aplc: {json.dumps(event)}", file=sys.stderr)
         if self.options.on_event is not None:
             try:
                 self.options.on_event(event)
             except Exception as e:  # a listener's bug must not stop the run or the loop
                 print(f"aplc: on_event raised {_exception_text(e)}", file=sys.stderr)
+
+
+#: ``asyncio.timeout_at`` (Python 3.11 on); older versions time each call instead.
+_timeout_at = getattr(asyncio, "timeout_at", None)
 
 
 def _exception_text(e: BaseException) -> str:

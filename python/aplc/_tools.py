@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import sys
 import typing
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -45,7 +46,7 @@ def infer_descriptor(fn: Callable[..., Any], name: Optional[str] = None) -> Dict
             inspect.Parameter.VAR_KEYWORD,
         ):
             continue
-        schema = _schema_of(hints.get(param.name, inspect.Parameter.empty))
+        schema = _schema_of(_hint(fn, hints, param))
         schema["description"] = f"{param.name} parameter"
         properties[param.name] = schema
         if param.default is inspect.Parameter.empty:
@@ -60,6 +61,21 @@ def infer_descriptor(fn: Callable[..., Any], name: Optional[str] = None) -> Dict
             "additionalProperties": False,
         },
     }
+
+
+def _hint(fn: Any, hints: Dict[str, Any], param: inspect.Parameter) -> Any:
+    """The type hint of ``param``, the same on every Python: before 3.11,
+    ``typing.get_type_hints`` makes ``x: T = None`` ``Optional[T]``; 3.11 on, it does not."""
+    hint = hints.get(param.name, inspect.Parameter.empty)
+    if sys.version_info >= (3, 11) or param.default is not None:
+        return hint
+    raw = getattr(fn, "__annotations__", {}).get(param.name, inspect.Parameter.empty)
+    if not isinstance(raw, str):
+        return raw
+    if typing.get_origin(hint) is typing.Union and not any(w in raw for w in ("Optional", "None", "|")):
+        rest = tuple(a for a in typing.get_args(hint) if a is not type(None))
+        return rest[0] if len(rest) == 1 else typing.Union[rest]
+    return hint
 
 
 def _schema_of(annotation: Any) -> Dict[str, Any]:

@@ -1,14 +1,16 @@
 //! `aplc._aplc`, the native half of the `aplc` Python package: the compiler's checks and
-//! bundles, and runs of the VM on tokio with Python providers and tools.
+//! bundles, and runs of the VM driven from the caller's event loop with Python providers
+//! and tools.
 //!
 //! The Python facade (`python/aplc/`) owns the public API, option parsing, descriptor
-//! inference and the exception classes; this module only moves data across the boundary,
-//! as JSON text (one `json.loads` on the Python side, no per-value FFI walk). Every run
-//! happens with the GIL released; Python code runs on the caller's event loop.
+//! inference and the exception classes; this module moves data across the boundary as
+//! Python objects built directly (`convert`), and polls the machine with the GIL
+//! released, on the loop's thread (`run`).
 
 use pyo3::prelude::*;
 
 mod check;
+mod convert;
 mod run;
 
 /// The module: functions for the facade, never called by users directly.
@@ -18,6 +20,8 @@ fn _aplc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check::build_bundle, m)?)?;
     m.add_function(wrap_pyfunction!(check::schema_errors, m)?)?;
     m.add_class::<run::NativeProgram>()?;
+    m.add_class::<run::NativeRun>()?;
+    m.add_class::<run::RustAnswer>()?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_STEPS", aplc_vm::DEFAULT_MAX_STEPS)?;
     m.add(

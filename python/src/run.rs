@@ -1,33 +1,38 @@
-//! Runs: a loaded program, and one run of it driven by `aplc-runtime`'s tokio driver with
-//! Python providers and tools.
+//! Runs: a loaded program, and one run of it driven from the caller's event loop.
 //!
-//! The run is a tokio task (pyo3-async-runtimes' runtime) that never holds the GIL while
-//! the VM works. A Python provider or tool call is a coroutine scheduled on the caller's
-//! event loop (`into_future_with_locals`); its answer comes back as a `(kind, payload)`
-//! pair, the payload JSON text, so the facade's wrappers decide what is an error and this
-//! side never branches on message text. Events go to the loop too, in order, with
-//! `call_soon_threadsafe`. Cancelling the awaiting task drops the run's future, which
-//! cancels the run's [`Interrupt`] on the way out.
+//! The facade (`_runtime.py`) drives a [`NativeRun`]: it asks for the next action,
+//! performs it (awaits a Python provider or tool, or a Rust provider's awaitable), and
+//! hands the answer back, which also polls the machine to the next action. The machine
+//! runs on the loop's own thread with the GIL released, and answers and contexts cross
+//! as Python objects ([`crate::convert`]): no thread hop, channel or JSON text per step.
+//! Models without a Python provider (the `base_url` HTTP provider, the `providers`
+//! router) still run in Rust, on pyo3-async-runtimes' tokio runtime, one awaitable per
+//! call; their streamed deltas reach the loop with `call_soon_threadsafe`. The run's
+//! timeout holds mid-render through the runtime's watchdog, and at a call through the
+//! facade's timer (`handle_timeout`). Cancelling the awaiting task cancels the run's
+//! [`Interrupt`] and drops a Rust call in flight.
 
 use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Tool, Toolbox};
+use aplc_runtime::driver::{BoxFuture, CallContext, DeltaSink, Provider};
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
 use aplc_runtime::{DeltaRedactor, Redactor};
-use aplc_vm::tools::{ToolInvocation, ToolSpec};
+use aplc_vm::tools::{ToolRegistry, ToolSpec};
 use aplc_vm::{
-    Completion, Event, Interrupt, Program, ProviderError, ProviderErrorKind, ProviderRequest,
-    RunOptions, RunOutcome,
+    Action, Completion, Event, EventKind, Interrupt, Machine, Program, ProviderError,
+    ProviderErrorKind, ProviderRequest, RunOptions, RunOutcome,
 };
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use pyo3_async_runtimes::TaskLocals;
 use serde_json::Value as Json;
 
 use crate::check::{Report, SOURCE_NAME, dialect_named, report};
+use crate::convert::{json_to_py, py_to_json, value_to_py};
 
 /// A loaded program: compiled once, run any number of times, from any thread.
 #[pyclass(frozen, name = "NativeProgram", module = "aplc._aplc")]
@@ -35,35 +40,30 @@ pub(crate) struct NativeProgram {
     program: Arc<Program>,
 }
 
-/// What the facade passes to [`NativeProgram::run`]: the options, already checked and
-/// turned into plain values (a dict with exactly these keys).
+/// What the facade passes to [`NativeProgram::begin`]: the options, already checked
+/// (a dict with exactly these keys).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 struct RunConfig {
-    /// `with_context`, as a JSON object.
-    context_json: String,
+    /// `with_context`: a dict of JSON values.
+    context: Py<PyAny>,
     timeout_ms: u64,
     max_runs: Option<u64>,
     max_steps: u64,
-    /// The models `call_provider` answers for (`with_providers`' keys).
+    /// The models the facade answers for (`with_providers`' keys).
     models: Vec<String>,
-    /// `async (model, context_json) -> (kind, payload)`.
-    call_provider: Py<PyAny>,
-    /// `(descriptor_json, with_context)` for each tool of `with_tools`.
-    tools: Vec<(String, bool)>,
-    /// `async (name, arguments_json, context_json | None) -> (kind, payload)`.
-    call_tool: Py<PyAny>,
-    /// `(event_json) -> None`, called on the event loop; `None` when nobody listens.
-    on_event: Option<Py<PyAny>>,
+    /// `(descriptor, with_context)` for each tool of `with_tools`.
+    tools: Vec<(Py<PyAny>, bool)>,
+    /// Whether the facade wants the run's events (`on_event` or `debug`).
+    events: bool,
+    /// `(event) -> None`, called on the loop for each streamed delta of a Rust provider
+    /// (the other events come back with each action).
+    on_delta: Option<Py<PyAny>>,
     base_url: Option<String>,
     api_key: Option<String>,
     /// A providers config (spec/providers.md), as JSON.
     providers_json: Option<String>,
 }
-
-/// How a run ends, for the facade: the final context as JSON, and the failure if any as
-/// `(kind, message, step)`.
-type Finished = (String, Option<(String, String, Option<String>)>);
 
 #[pymethods]
 impl NativeProgram {
@@ -115,40 +115,112 @@ impl NativeProgram {
         Ok((program, report))
     }
 
-    /// Starts a run on the caller's event loop: an awaitable of [`Finished`].
-    fn run<'py>(&self, py: Python<'py>, config: RunConfig) -> PyResult<Bound<'py, PyAny>> {
-        let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
-        let setup = Setup::new(py, &locals, config)?;
-        let program = self.program.clone();
-        pyo3_async_runtimes::tokio::future_into_py_with_locals(py, locals, async move {
-            Ok(setup.run(program).await)
-        })
+    /// Starts a run: the machine, its clock and watchdog; the facade drives it with
+    /// [`NativeRun::advance`] and [`NativeRun::answer`].
+    fn begin(&self, py: Python<'_>, config: RunConfig) -> PyResult<NativeRun> {
+        NativeRun::new(py, self.program.clone(), config)
     }
 }
 
-/// Everything a run needs, built on the caller's thread so bad options fail at once.
-struct Setup {
-    options: RunOptions,
-    provider: PythonProviders,
-    toolbox: Toolbox,
-    on_event: Option<(TaskLocals, Py<PyAny>)>,
-    redactor: Redactor,
+/// One run, driven by the facade on its event loop. `frozen`: every method takes the
+/// lock, which only the facade's single coroutine ever contends for.
+#[pyclass(frozen, name = "NativeRun", module = "aplc._aplc")]
+pub(crate) struct NativeRun {
+    state: Mutex<State>,
+    /// The run's cancel flag (a clone of the machine's).
+    interrupt: Interrupt,
 }
 
-impl Setup {
-    fn new(py: Python<'_>, locals: &TaskLocals, config: RunConfig) -> PyResult<Setup> {
-        let context: Json = serde_json::from_str(&config.context_json)
-            .map_err(|e| PyTypeError::new_err(format!("with_context: {e}")))?;
+/// A run in progress.
+struct State {
+    /// `None` once the run has finished and its outcome was handed over.
+    machine: Option<Machine>,
+    /// What [`NativeRun::answer`] answers.
+    waiting: Waiting,
+    clock: Clock,
+    /// The models with a Python provider.
+    models: HashSet<String>,
+    fallback: Fallback,
+    /// Every secret the run knows: the final context, errors, events and tool results
+    /// are redacted with it.
+    redactor: Redactor,
+    events: bool,
+    on_delta: Option<Py<PyAny>>,
+    /// The `seq` and step of the last `provider_call` event: a Rust provider's deltas
+    /// belong to it.
+    call: (u64, String),
+    /// Sets the machine's deadline flag at the deadline, even in the middle of a render.
+    _watchdog: aplc_runtime::watchdog::Armed,
+}
+
+/// The action the facade is performing.
+enum Waiting {
+    Nothing,
+    /// A Python provider: the answer is `("ok", response)` or `(kind, message)`.
+    Provider,
+    /// A Python tool: the answer is `("ok", result)` or `(kind, message)`.
+    Tool,
+    /// A Rust provider: the answer is `("rust", RustAnswer)`.
+    Rust,
+}
+
+/// The run's clock: machine time is the time since the run began.
+struct Clock {
+    start: Instant,
+    deadline: Duration,
+}
+
+/// Stands in for a deadline too far away to represent (a timeout of years).
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// How many deltas of a Rust provider wait for the loop before the provider waits.
+const DELTA_QUEUE: usize = 32;
+
+impl Clock {
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// The deadline on the real clock.
+    fn deadline_instant(&self) -> Instant {
+        self.start
+            .checked_add(self.deadline.min(FAR_FUTURE))
+            .unwrap_or(self.start)
+    }
+
+    /// The time to report a timeout at: the timer fired at the deadline, so that is the
+    /// earliest "now".
+    fn timed_out_at(&self) -> Duration {
+        self.now().max(self.deadline)
+    }
+}
+
+impl NativeRun {
+    fn new(py: Python<'_>, program: Arc<Program>, config: RunConfig) -> PyResult<NativeRun> {
+        let context = py_to_json(config.context.bind(py)).map_err(|e| {
+            PyTypeError::new_err(format!("with_context must hold JSON values only: {e}"))
+        })?;
         let Json::Object(context) = context else {
             return Err(PyTypeError::new_err("with_context must be a dict"));
         };
         if config.max_steps == 0 {
             return Err(PyValueError::new_err("max_steps must be at least 1"));
         }
+        let mut tools = ToolRegistry::new();
+        for (descriptor, with_context) in &config.tools {
+            let descriptor = py_to_json(descriptor.bind(py))
+                .map_err(|e| PyValueError::new_err(format!("tool descriptor: {e}")))?;
+            let spec = ToolSpec::new(descriptor)
+                .map_err(PyValueError::new_err)?
+                .with_context(*with_context);
+            tools.register(spec).map_err(PyValueError::new_err)?;
+        }
         let options = RunOptions {
             timeout: Duration::from_millis(config.timeout_ms),
             max_runs: config.max_runs,
             max_steps: config.max_steps,
+            tools: Arc::new(tools),
+            events: config.events,
             ..RunOptions::default()
         }
         .with_context_json(&context);
@@ -177,114 +249,508 @@ impl Setup {
         };
         let redactor = Redactor::new(secrets.iter().map(String::as_str));
 
-        let mut toolbox = Toolbox::new();
-        for (descriptor, with_context) in config.tools {
-            let descriptor: Json = serde_json::from_str(&descriptor)
-                .map_err(|e| PyValueError::new_err(format!("tool descriptor: {e}")))?;
-            let spec = ToolSpec::new(descriptor)
-                .map_err(PyValueError::new_err)?
-                .with_context(with_context);
-            let tool = PythonTool {
-                name: spec.name().to_owned(),
-                locals: locals.clone(),
-                call: config.call_tool.clone_ref(py),
-            };
-            toolbox
-                .register(spec, Arc::new(tool))
-                .map_err(PyValueError::new_err)?;
-        }
-        toolbox.redact_with(redactor.clone());
-
-        Ok(Setup {
-            options,
-            provider: PythonProviders {
+        let interrupt = options.interrupt.clone();
+        let machine = Machine::new(program, options);
+        let clock = Clock {
+            start: Instant::now(),
+            deadline: machine.deadline(),
+        };
+        let watchdog =
+            aplc_runtime::watchdog::arm(clock.deadline_instant(), machine.deadline_flag());
+        Ok(NativeRun {
+            state: Mutex::new(State {
+                machine: Some(machine),
+                waiting: Waiting::Nothing,
+                clock,
                 models: config.models.into_iter().collect(),
-                call: config.call_provider,
-                locals: locals.clone(),
                 fallback,
-                redactor: redactor.clone(),
-            },
-            toolbox,
-            on_event: config.on_event.map(|f| (locals.clone(), f)),
-            redactor,
+                redactor,
+                events: config.events,
+                on_delta: config.on_delta,
+                call: (0, String::new()),
+                _watchdog: watchdog,
+            }),
+            interrupt,
         })
     }
 
-    /// Runs `program` to the end.
-    async fn run(self, program: Arc<Program>) -> Finished {
-        let Setup {
-            options,
-            provider,
-            toolbox,
-            on_event,
-            redactor,
-        } = self;
-        // Dropped when the run ends or when its future is dropped (the awaiting task was
-        // cancelled): either way the machine stops at its next instruction.
-        let _cancel = CancelOnDrop(options.interrupt.clone());
-        let outcome = match on_event {
-            Some((locals, callback)) => {
-                let send = |event: &Event| {
-                    let json = redactor.redact_json(event.to_json()).to_string();
-                    Python::attach(|py| {
-                        let sent = locals
-                            .event_loop(py)
-                            .call_method1("call_soon_threadsafe", (callback.bind(py), json));
-                        // The loop is closed: nobody is left to tell.
-                        drop(sent);
-                    });
-                };
-                // A call's deltas are redacted as one text: a key cut across two is
-                // caught too.
-                let mut deltas = DeltaRedactor::new(redactor.clone());
-                let mut listener = |event: &Event| deltas.on_event(event, send);
-                let outcome =
-                    driver::run_with_listener(program, options, &provider, &toolbox, &mut listener)
-                        .await;
-                deltas.finish(send);
-                outcome
-            }
-            None => driver::run_with_tools(program, options, &provider, &toolbox).await,
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[pymethods]
+impl NativeRun {
+    /// Runs to the next action: `("provider", events, model, context)`,
+    /// `("tool", events, name, arguments, context)`, `("rust", events, awaitable)` or
+    /// `("done", events, context, error)`. `events` is a list of event dicts, or `None`
+    /// when nobody listens; `error` is `(kind, message, step)` or `None`.
+    fn advance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        self.lock().next(py)
+    }
+
+    /// Hands the run the answer to its last action, then runs to the next one (as
+    /// [`NativeRun::advance`]). `kind` is `"ok"` (with the response or result),
+    /// `"invalid"` or `"raised"` (with a message), or `"rust"` (with the awaitable's
+    /// result).
+    fn answer<'py>(
+        &self,
+        py: Python<'py>,
+        kind: &str,
+        payload: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let waiting = std::mem::replace(&mut state.waiting, Waiting::Nothing);
+        let Some(machine) = state.machine.as_mut() else {
+            return Err(finished());
         };
-        finished(&outcome, &redactor)
+        let now = state.clock.now();
+        match waiting {
+            Waiting::Provider => {
+                let result = provider_result(kind, payload, &state.redactor)?;
+                machine.handle_provider_response(now, result);
+            }
+            Waiting::Tool => {
+                let result = tool_result(kind, payload, &state.redactor)?;
+                machine.handle_tool_result(now, result);
+            }
+            Waiting::Rust => {
+                let answer = payload.cast::<RustAnswer>()?;
+                let result = answer
+                    .get()
+                    .0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .flatten();
+                match result {
+                    Some(result) => machine.handle_provider_response(now, result),
+                    None => machine.handle_timeout(state.clock.timed_out_at()),
+                }
+            }
+            Waiting::Nothing => {
+                return Err(PyRuntimeError::new_err(
+                    "the run is not waiting for an answer",
+                ));
+            }
+        }
+        state.next(py)
+    }
+
+    /// The run's deadline passed while the facade performed the last action; runs to
+    /// the next action (the end).
+    fn timed_out<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        state.waiting = Waiting::Nothing;
+        let at = state.clock.timed_out_at();
+        state
+            .machine
+            .as_mut()
+            .ok_or_else(finished)?
+            .handle_timeout(at);
+        state.next(py)
+    }
+
+    /// Seconds until the run's deadline (0 when it has passed).
+    fn remaining(&self) -> f64 {
+        let state = self.lock();
+        state
+            .clock
+            .deadline
+            .min(FAR_FUTURE)
+            .saturating_sub(state.clock.now())
+            .as_secs_f64()
+    }
+
+    /// Cancels the run: it stops at its next instruction.
+    fn cancel(&self) {
+        self.interrupt.cancel();
     }
 }
 
-/// The facade's view of `outcome`, with every secret redacted.
-fn finished(outcome: &RunOutcome, redactor: &Redactor) -> Finished {
-    let context = redactor.redact_json(outcome.context_json()).to_string();
-    let error = outcome.error.as_ref().map(|error| {
-        (
-            error.kind.as_str().to_owned(),
-            redactor.redact(&error.message),
-            error.step.clone(),
-        )
-    });
-    (context, error)
-}
-
-/// Cancels a run's interrupt when dropped.
-struct CancelOnDrop(Interrupt);
-
-impl Drop for CancelOnDrop {
+impl Drop for NativeRun {
     fn drop(&mut self) {
-        self.0.cancel();
+        self.interrupt.cancel();
     }
 }
 
-/// The provider of a run: the Python callables of `with_providers` by model name, and
-/// for every other model the HTTP provider (`base_url`, `api_key`) or the `providers`
-/// router.
-struct PythonProviders {
-    models: HashSet<String>,
-    call: Py<PyAny>,
-    locals: TaskLocals,
-    fallback: Fallback,
-    /// A Python provider's error message may quote the key it was given.
-    redactor: Redactor,
+fn finished() -> PyErr {
+    PyRuntimeError::new_err("the run has finished")
 }
 
-/// The provider for models without a Python callable.
+impl State {
+    /// Polls the machine to the next action the facade must perform.
+    fn next<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let list = self.events.then(|| PyList::empty(py));
+        loop {
+            let Some(machine) = self.machine.as_mut() else {
+                return Err(finished());
+            };
+            let now = self.clock.now();
+            let action = py.detach(|| machine.poll(now));
+            if let Some(list) = &list {
+                for event in machine.drain_events() {
+                    if let EventKind::ProviderCall { step, .. } = &event.kind {
+                        self.call = (event.seq, step.clone());
+                    }
+                    list.append(json_to_py(py, &self.redactor.redact_json(event.to_json()))?)?;
+                }
+            }
+            let events = || -> Bound<'py, PyAny> {
+                match &list {
+                    Some(list) => list.clone().into_any(),
+                    None => py.None().into_bound(py),
+                }
+            };
+            match action {
+                Action::Continue => continue,
+                Action::Done => {
+                    let Some(machine) = self.machine.take() else {
+                        return Err(finished());
+                    };
+                    let outcome = machine.into_outcome();
+                    let context = outcome_to_py(py, &outcome, &self.redactor)?;
+                    let error = match &outcome.error {
+                        Some(error) => (
+                            error.kind.as_str(),
+                            self.redactor.redact(&error.message),
+                            error.step.clone(),
+                        )
+                            .into_pyobject(py)?
+                            .into_any(),
+                        None => py.None().into_bound(py),
+                    };
+                    return PyTuple::new(
+                        py,
+                        [
+                            PyString::new(py, "done").into_any(),
+                            events(),
+                            context,
+                            error,
+                        ],
+                    );
+                }
+                Action::CallProvider(request) => {
+                    if self.models.contains(&request.model) {
+                        let context = PyDict::new(py);
+                        let plain = Redactor::default();
+                        for (name, value) in request.context.iter() {
+                            context.set_item(name, value_to_py(py, value, &plain)?)?;
+                        }
+                        self.waiting = Waiting::Provider;
+                        return PyTuple::new(
+                            py,
+                            [
+                                PyString::new(py, "provider").into_any(),
+                                events(),
+                                PyString::new(py, &request.model).into_any(),
+                                context.into_any(),
+                            ],
+                        );
+                    }
+                    match self.fallback.provider() {
+                        Ok(provider) => match self.rust_call(py, provider, request)? {
+                            RustCall::Pending(awaitable) => {
+                                self.waiting = Waiting::Rust;
+                                return PyTuple::new(
+                                    py,
+                                    [PyString::new(py, "rust").into_any(), events(), awaitable],
+                                );
+                            }
+                            RustCall::Ready(result, deltas) => {
+                                if let Some(list) = &list {
+                                    for event in &deltas {
+                                        list.append(json_to_py(py, event)?)?;
+                                    }
+                                }
+                                self.handle_rust(*result);
+                            }
+                        },
+                        Err(error) => self.handle_rust(Some(Err(error))),
+                    }
+                }
+                Action::CallTool(invocation) => {
+                    let arguments = json_to_py(py, &invocation.arguments)?;
+                    let context = match &invocation.context {
+                        Some(context) => json_to_py(py, context)?,
+                        None => py.None().into_bound(py),
+                    };
+                    self.waiting = Waiting::Tool;
+                    return PyTuple::new(
+                        py,
+                        [
+                            PyString::new(py, "tool").into_any(),
+                            events(),
+                            PyString::new(py, &invocation.name).into_any(),
+                            arguments,
+                            context,
+                        ],
+                    );
+                }
+            }
+        }
+    }
+
+    /// Hands the machine a Rust provider's result (`None`: the deadline came first).
+    fn handle_rust(&mut self, result: Option<Result<Completion, ProviderError>>) {
+        let now = self.clock.now();
+        let timed_out_at = self.clock.timed_out_at();
+        if let Some(machine) = self.machine.as_mut() {
+            match result {
+                Some(result) => machine.handle_provider_response(now, result),
+                None => machine.handle_timeout(timed_out_at),
+            }
+        }
+    }
+
+    /// Calls `provider` until the run's deadline, its streamed deltas going to
+    /// `on_delta`. The call is polled once here, on the loop's thread: a provider that
+    /// answers at once (a `mock` route) costs no trip to the tokio runtime. One that
+    /// waits (HTTP) goes on on the runtime, as an awaitable whose result is a
+    /// [`RustAnswer`].
+    fn rust_call<'py>(
+        &self,
+        py: Python<'py>,
+        provider: Arc<dyn Provider>,
+        request: Box<ProviderRequest>,
+    ) -> PyResult<RustCall<'py>> {
+        let deadline = self.clock.deadline_instant();
+        let relay = match (&self.on_delta, self.events) {
+            (Some(callback), true) => Some(Arc::new(Relay {
+                sink: Mutex::new(RelaySink::Buffer(Vec::new())),
+                callback: callback.clone_ref(py),
+                seq: self.call.0,
+                step: self.call.1.clone(),
+                redactor: self.redactor.clone(),
+                start: self.clock.start,
+            })),
+            _ => None,
+        };
+        let relayed = relay.clone();
+        let mut call: BoxFuture<'static, Option<Result<Completion, ProviderError>>> =
+            Box::pin(async move { complete(&*provider, &request, deadline, relayed).await });
+        let first = py.detach(|| {
+            // Timers and sockets made during the poll belong to the runtime that goes on
+            // with the call.
+            let _runtime = pyo3_async_runtimes::tokio::get_runtime().enter();
+            let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+            call.as_mut().poll(&mut context)
+        });
+        let buffered = |relay: &Option<Arc<Relay>>| match relay {
+            Some(relay) => relay.take_buffer(),
+            None => Vec::new(),
+        };
+        if let std::task::Poll::Ready(result) = first {
+            return Ok(RustCall::Ready(Box::new(result), buffered(&relay)));
+        }
+        let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+        if let Some(relay) = &relay {
+            // From now on deltas cross threads: what the first poll sent goes first.
+            for event in relay.take_buffer() {
+                relay.schedule(py, &locals, &event);
+            }
+            *relay.lock() = RelaySink::Loop(locals.clone());
+        }
+        let awaitable =
+            pyo3_async_runtimes::tokio::future_into_py_with_locals(py, locals, async move {
+                Ok(RustAnswer(Mutex::new(Some(call.await))))
+            })?;
+        Ok(RustCall::Pending(awaitable))
+    }
+}
+
+/// A Rust provider call after its first poll.
+enum RustCall<'py> {
+    /// It answered at once (`None`: the deadline came first), with the delta events it
+    /// sent meanwhile, as JSON.
+    Ready(Box<Option<Result<Completion, ProviderError>>>, Vec<Json>),
+    /// It goes on on the tokio runtime: await this.
+    Pending(Bound<'py, PyAny>),
+}
+
+/// The result of a Rust provider's call, for [`NativeRun::answer`]: `None` inside if the
+/// deadline came first.
+#[pyclass(frozen, name = "RustAnswer", module = "aplc._aplc")]
+pub(crate) struct RustAnswer(Mutex<Option<Option<Result<Completion, ProviderError>>>>);
+
+/// Where a Rust provider's deltas go: `provider_delta` events, redacted across deltas,
+/// to the facade.
+struct Relay {
+    sink: Mutex<RelaySink>,
+    callback: Py<PyAny>,
+    seq: u64,
+    step: String,
+    redactor: Redactor,
+    start: Instant,
+}
+
+/// Where a [`Relay`] sends events.
+enum RelaySink {
+    /// Kept, while the call is polled on the loop's thread: they go out with the next
+    /// action, in order.
+    Buffer(Vec<Json>),
+    /// To the facade's callback on the loop (`call_soon_threadsafe`), once the call
+    /// goes on on the tokio runtime.
+    Loop(TaskLocals),
+}
+
+impl Relay {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RelaySink> {
+        self.sink.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take_buffer(&self) -> Vec<Json> {
+        match &mut *self.lock() {
+            RelaySink::Buffer(events) => std::mem::take(events),
+            RelaySink::Loop(_) => Vec::new(),
+        }
+    }
+
+    fn send(&self, event: &Event) {
+        let json = self.redactor.redact_json(event.to_json());
+        let locals = match &mut *self.lock() {
+            RelaySink::Buffer(events) => {
+                events.push(json);
+                return;
+            }
+            RelaySink::Loop(locals) => locals.clone(),
+        };
+        Python::attach(|py| self.schedule(py, &locals, &json));
+    }
+
+    /// Calls the facade's callback with `event` on the loop of `locals`.
+    fn schedule(&self, py: Python<'_>, locals: &TaskLocals, event: &Json) {
+        let sent = json_to_py(py, event).and_then(|event| {
+            locals
+                .event_loop(py)
+                .call_method1("call_soon_threadsafe", (self.callback.bind(py), event))
+        });
+        // The loop is closed: nobody is left to tell.
+        drop(sent);
+    }
+}
+
+/// Calls `provider` until `deadline` (`None` if it came first), relaying its deltas.
+async fn complete(
+    provider: &dyn Provider,
+    request: &ProviderRequest,
+    deadline: Instant,
+    relay: Option<Arc<Relay>>,
+) -> Option<Result<Completion, ProviderError>> {
+    let timer = tokio::time::Instant::from_std(deadline);
+    let Some(relay) = relay else {
+        let call = CallContext::new(deadline);
+        return tokio::time::timeout_at(timer, provider.complete(request, &call))
+            .await
+            .ok();
+    };
+    let (sink, mut receiver) = DeltaSink::channel(DELTA_QUEUE);
+    let call = CallContext::new(deadline).with_deltas(sink);
+    // A call's deltas are redacted as one text: a key cut across two is caught too.
+    let mut deltas = DeltaRedactor::new(relay.redactor.clone());
+    let mut index = 0u64;
+    let mut emit = |text: String| {
+        let event =
+            Event::provider_delta(relay.seq, relay.start.elapsed(), &relay.step, index, text);
+        index += 1;
+        deltas.on_event(&event, |event| relay.send(event));
+    };
+    let answer = tokio::time::timeout_at(timer, provider.complete(request, &call));
+    tokio::pin!(answer);
+    let result = loop {
+        tokio::select! {
+            biased;
+            result = &mut answer => {
+                // What the provider sent before it returned is still queued.
+                while let Ok(text) = receiver.try_recv() {
+                    emit(text);
+                }
+                break result.ok();
+            }
+            Some(text) = receiver.recv() => emit(text),
+        }
+    };
+    deltas.finish(|event| relay.send(event));
+    result
+}
+
+/// A Python provider's answer as the machine takes it.
+fn provider_result(
+    kind: &str,
+    payload: &Bound<'_, PyAny>,
+    redactor: &Redactor,
+) -> PyResult<Result<Completion, ProviderError>> {
+    let failed = |kind, message: &str| ProviderError::new(kind, redactor.redact(message));
+    Ok(match kind {
+        "ok" => match py_to_json(payload) {
+            Ok(response) => aplc_vm::wire::openai::decode_value(&response),
+            Err(e) => Err(failed(
+                ProviderErrorKind::InvalidResponse,
+                &format!("invalid provider response: not JSON-serialisable: {e}"),
+            )),
+        },
+        "invalid" => Err(failed(
+            ProviderErrorKind::InvalidResponse,
+            &payload.extract::<String>()?,
+        )),
+        _ => Err(failed(
+            ProviderErrorKind::Other,
+            &payload.extract::<String>()?,
+        )),
+    })
+}
+
+/// A Python tool's answer as the machine takes it, redacted.
+fn tool_result(
+    kind: &str,
+    payload: &Bound<'_, PyAny>,
+    redactor: &Redactor,
+) -> PyResult<Result<Json, String>> {
+    Ok(match kind {
+        "ok" => match py_to_json(payload) {
+            Ok(result) => Ok(redactor.redact_json(result)),
+            Err(e) => Err(format!("the tool's result is not JSON-serialisable: {e}")),
+        },
+        _ => Err(redactor.redact(&payload.extract::<String>()?)),
+    })
+}
+
+/// The final context, as `RunOutcome::context_json` has it: every variable and
+/// `context_history`, keys sorted, every string redacted.
+fn outcome_to_py<'py>(
+    py: Python<'py>,
+    outcome: &RunOutcome,
+    redactor: &Redactor,
+) -> PyResult<Bound<'py, PyAny>> {
+    const HISTORY: &str = "context_history";
+    let dict = PyDict::new(py);
+    let history = || -> PyResult<Bound<'py, PyAny>> {
+        let list = PyList::empty(py);
+        for entry in outcome.history.iter() {
+            list.append(value_to_py(py, entry, redactor)?)?;
+        }
+        Ok(list.into_any())
+    };
+    let mut history_set = false;
+    for (name, value) in outcome.vars.iter() {
+        if !history_set && name >= HISTORY {
+            dict.set_item(HISTORY, history()?)?;
+            history_set = true;
+        }
+        if name != HISTORY {
+            dict.set_item(redactor.redact(name), value_to_py(py, value, redactor)?)?;
+        }
+    }
+    if !history_set {
+        dict.set_item(HISTORY, history()?)?;
+    }
+    Ok(dict.into_any())
+}
+
+/// The provider for models without a Python callable: the `providers` router, or the
+/// OpenAI-compatible HTTP provider (`base_url`, `api_key`).
 enum Fallback {
     /// A router from the `providers` option.
     Ready(Arc<dyn Provider>),
@@ -320,111 +786,4 @@ impl Fallback {
                 .map_err(|e| ProviderError::new(ProviderErrorKind::InvalidRequest, e)),
         }
     }
-}
-
-impl Provider for PythonProviders {
-    fn complete<'a>(
-        &'a self,
-        request: &'a ProviderRequest,
-        call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
-        Box::pin(async move {
-            if !self.models.contains(&request.model) {
-                return self.fallback.provider()?.complete(request, call).await;
-            }
-            let context = context_json(request);
-            let failed =
-                |kind, message: String| ProviderError::new(kind, self.redactor.redact(&message));
-            let answer = call_python(&self.locals, &self.call, (request.model.as_str(), context))
-                .await
-                .map_err(|message| failed(ProviderErrorKind::Other, message))?;
-            match answer {
-                Answer::Ok(payload) => {
-                    let value: Json = serde_json::from_str(&payload).map_err(|e| {
-                        ProviderError::new(
-                            ProviderErrorKind::InvalidResponse,
-                            format!("invalid provider response: {e}"),
-                        )
-                    })?;
-                    aplc_vm::wire::openai::decode_value(&value)
-                }
-                Answer::Invalid(message) => {
-                    Err(failed(ProviderErrorKind::InvalidResponse, message))
-                }
-                Answer::Raised(message) => Err(failed(ProviderErrorKind::Other, message)),
-            }
-        })
-    }
-}
-
-/// A tool of `with_tools`: the facade's `call_tool` with the tool's name.
-struct PythonTool {
-    name: String,
-    locals: TaskLocals,
-    call: Py<PyAny>,
-}
-
-impl Tool for PythonTool {
-    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
-        Box::pin(async move {
-            let arguments = invocation.arguments.to_string();
-            let context = invocation.context.as_ref().map(Json::to_string);
-            let args = (self.name.as_str(), arguments, context);
-            match call_python(&self.locals, &self.call, args).await? {
-                Answer::Ok(payload) => serde_json::from_str(&payload)
-                    .map_err(|e| format!("the tool's result is not JSON: {e}")),
-                Answer::Invalid(message) | Answer::Raised(message) => Err(message),
-            }
-        })
-    }
-}
-
-/// What a facade wrapper answered.
-enum Answer {
-    /// JSON text of the result.
-    Ok(String),
-    /// The callable returned something that is not a valid result.
-    Invalid(String),
-    /// The callable raised.
-    Raised(String),
-}
-
-/// Calls `function(*args)` on the loop of `locals` and awaits the coroutine it returns,
-/// without holding the GIL while waiting. An error is the reason in words.
-async fn call_python<A>(
-    locals: &TaskLocals,
-    function: &Py<PyAny>,
-    args: A,
-) -> Result<Answer, String>
-where
-    A: for<'py> pyo3::call::PyCallArgs<'py>,
-{
-    let pending = Python::attach(|py| {
-        let coroutine = function.bind(py).call1(args)?;
-        pyo3_async_runtimes::into_future_with_locals(locals, coroutine)
-    })
-    .map_err(|e| e.to_string())?;
-    let answer = pending.await.map_err(|e| e.to_string())?;
-    let (kind, payload): (String, String) =
-        Python::attach(|py| answer.extract(py)).map_err(|e: PyErr| e.to_string())?;
-    Ok(match kind.as_str() {
-        "ok" => Answer::Ok(payload),
-        "invalid" => Answer::Invalid(payload),
-        _ => Answer::Raised(payload),
-    })
-}
-
-/// The context a Python provider receives (§4), as JSON text: every variable of the
-/// request's snapshot.
-fn context_json(request: &ProviderRequest) -> String {
-    let map: serde_json::Map<String, Json> = request
-        .context
-        .iter()
-        .map(|(name, value)| {
-            let json =
-                serde_json::to_value(value).unwrap_or_else(|_| Json::from(value.to_string()));
-            (name.to_owned(), json)
-        })
-        .collect();
-    Json::Object(map).to_string()
 }

@@ -28,6 +28,6 @@ pub mod routing;
 pub mod store;
 pub mod telemetry;
 mod transport;
-mod watchdog;
+pub mod watchdog;
 
 pub use redact::{DeltaRedactor, Redactor, StreamRedactor};

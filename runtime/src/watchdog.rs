@@ -4,6 +4,8 @@
 //! A render blocks the thread it runs on, so on a current-thread tokio runtime (the
 //! CLI's) no tokio timer can fire while it runs; a plain thread can. The watchdog holds
 //! only weak references: a run that ends drops its [`Armed`] guard and is forgotten.
+//! Public for drivers outside this crate that run a machine themselves (the Python
+//! package drives it on the caller's event loop).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -14,7 +16,7 @@ use aplc_vm::Interrupt;
 
 /// Keeps a run's deadline armed; dropping it disarms.
 #[derive(Debug)]
-pub(crate) struct Armed {
+pub struct Armed {
     /// Held for its lifetime: the watchdog's weak reference dies with it.
     _entry: Option<Arc<Interrupt>>,
 }
@@ -22,7 +24,7 @@ pub(crate) struct Armed {
 /// Sets `flag`'s deadline reason at `deadline` (on the real clock), unless the returned
 /// guard was dropped before. Without a watchdog thread (the system refused to start
 /// one) nothing is armed: the machine still times out between instructions.
-pub(crate) fn arm(deadline: Instant, flag: &Interrupt) -> Armed {
+pub fn arm(deadline: Instant, flag: &Interrupt) -> Armed {
     let Some(watchdog) = watchdog() else {
         return Armed { _entry: None };
     };

@@ -3,12 +3,14 @@
 //!
 //! The default is [`Dialect::Spec`], which adds nothing. [`Dialect::Defuss11`] is
 //! defuss-apl 1.1.0's: `set`/`get` with dotted paths, the accumulators `add`, `inc`,
-//! `dec` and `rem`, and `next`, `prev` and `result`. Their behaviour was learnt by
-//! running that runtime; what still differs is listed in `spec/dialects.md`.
+//! `dec` and `rem`, `next`, `prev`, `result` and `set_json_path`, and the variable
+//! `current_step`. Their behaviour was learnt by running that runtime; what still
+//! differs is listed in `spec/dialects.md`.
 //!
 //! A dialect is chosen when a program is compiled or loaded: the compiler checks names
 //! against the same environment the run renders with.
 
+use minijinja::value::limits;
 use minijinja::value::{Kwargs, Object, Value, ValueKind};
 use minijinja::{Environment, Error, State};
 
@@ -47,6 +49,30 @@ impl Dialect {
         Dialect::ALL.into_iter().find(|d| d.as_str() == name)
     }
 
+    /// The bundle header's flags for a program of this dialect
+    /// (`spec/bundle-format.md`): its number in the low byte, the spec's being 0.
+    pub fn bundle_flags(self) -> u16 {
+        match self {
+            Dialect::Spec => 0,
+            Dialect::Defuss11 => 1,
+        }
+    }
+
+    /// The dialect a bundle header's flags name; `None` for flags no dialect has (a
+    /// bundle from a later aplc, or damaged).
+    pub fn from_bundle_flags(flags: u16) -> Option<Dialect> {
+        Dialect::ALL.into_iter().find(|d| d.bundle_flags() == flags)
+    }
+
+    /// The variables the dialect's executor maintains beyond the spec's: defuss-apl's
+    /// `current_step`, the step being run, set when a step is entered.
+    pub fn variables(self) -> &'static [&'static str] {
+        match self {
+            Dialect::Spec => &[],
+            Dialect::Defuss11 => &[CURRENT_STEP],
+        }
+    }
+
     /// The helpers the dialect adds to the spec's.
     pub fn helpers(self) -> &'static [Helper] {
         match self {
@@ -80,6 +106,10 @@ pub const NEXT: &str = "next";
 pub const PREV: &str = "prev";
 /// `result(kind=None)`: `result_text`, or `result_<kind>`.
 pub const RESULT: &str = "result";
+/// `set_json_path(data, path, value)`: writes into `data` where the context holds it.
+pub const SET_JSON_PATH: &str = "set_json_path";
+/// The variable holding the name of the step being run.
+pub const CURRENT_STEP: &str = "current_step";
 
 /// defuss-apl 1.1.0's helpers. The first argument of the accumulators and `set` is a
 /// dotted path whose first segment is the variable written.
@@ -120,6 +150,10 @@ const DEFUSS_HELPERS: &[Helper] = &[
         name: RESULT,
         access: Access::None,
     },
+    Helper {
+        name: SET_JSON_PATH,
+        access: Access::None,
+    },
 ];
 
 /// The dialect helper called `name` in any dialect, for the compiler's analysis (which
@@ -143,6 +177,7 @@ pub(crate) fn register(env: &mut Environment<'static>, dialect: Dialect) {
             env.add_function(NEXT, next);
             env.add_function(PREV, prev);
             env.add_function(RESULT, result);
+            env.add_function(SET_JSON_PATH, set_json_path);
         }
     }
 }
@@ -243,6 +278,210 @@ fn result(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error>
     };
     let value = store(RESULT, state)?.get(&format!("result_{kind}"));
     Ok(value.map(none_if_undefined).unwrap_or(Value::from(())))
+}
+
+/// `set_json_path(data, path, value)`: `true` once `value` is at the dotted `path`
+/// inside `data`, `false` (and nothing changed) when it cannot be: `data` is not a map
+/// or a list, `path` is not a string, or the path goes through a value that is neither,
+/// or into a list with a segment that is not an index in it.
+///
+/// defuss-apl mutates `data` in place, so the variable that holds it changes. aplc's
+/// values are immutable: the new value is written into every variable of the context
+/// that holds that very object (`data`, or a map or list inside a variable, found by
+/// identity), which is what the mutation is seen as. A map or list that is not in the
+/// context (a literal) changes nowhere, as in defuss-apl.
+fn set_json_path(state: &State, args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
+    let [data, path, value] = bind(SET_JSON_PATH, ["data", "path", "value"], 3, args, &kwargs)?;
+    let (Some(path), ValueKind::Map | ValueKind::Seq) = (path.as_str(), data.kind()) else {
+        return Ok(Value::from(false));
+    };
+    if value.is_undefined() {
+        return Ok(Value::from(false));
+    }
+    let value = storable(SET_JSON_PATH, path, value)?;
+    let segments: Vec<&str> = path.split('.').collect();
+    let Some(updated) = set_in(&data, &segments, value)? else {
+        return Ok(Value::from(false));
+    };
+    let store = store(SET_JSON_PATH, state)?;
+    let vars = store.vars();
+    let mut budget = IDENTITY_SEARCH_BUDGET;
+    for (name, root) in vars.iter() {
+        if writable_name(SET_JSON_PATH, &Value::from(name)).is_err() {
+            continue;
+        }
+        let mut places = Vec::new();
+        find_object(root, &data, &mut Vec::new(), &mut places, &mut budget);
+        if places.is_empty() {
+            continue;
+        }
+        let mut new_root = root.clone();
+        for place in places {
+            new_root = put_at(&new_root, &place, updated.clone())?;
+        }
+        store.set(name, storable(SET_JSON_PATH, name, new_root)?);
+    }
+    Ok(Value::from(true))
+}
+
+/// How many values `set_json_path` looks at, all variables together, to find where its
+/// `data` is: a bound on a huge context, far above what agents hold.
+const IDENTITY_SEARCH_BUDGET: usize = 100_000;
+
+/// One step into a container: a map's key or a list's index.
+enum Place {
+    Key(Value),
+    Index(usize),
+}
+
+/// Appends to `found` the path of every place inside `value` (itself included) that
+/// holds `target` itself.
+fn find_object(
+    value: &Value,
+    target: &Value,
+    path: &mut Vec<Place>,
+    found: &mut Vec<Vec<Place>>,
+    budget: &mut usize,
+) {
+    if *budget == 0 || path.len() > 64 {
+        return;
+    }
+    *budget -= 1;
+    if value.is_same_object(target) {
+        found.push(path.iter().map(Place::copy).collect());
+        return;
+    }
+    match value.kind() {
+        ValueKind::Map => {
+            let Ok(keys) = value.try_iter() else {
+                return;
+            };
+            for key in keys {
+                if let Ok(item) = value.get_item(&key) {
+                    path.push(Place::Key(key));
+                    find_object(&item, target, path, found, budget);
+                    path.pop();
+                }
+            }
+        }
+        ValueKind::Seq => {
+            let Ok(items) = value.try_iter() else {
+                return;
+            };
+            for (index, item) in items.enumerate() {
+                path.push(Place::Index(index));
+                find_object(&item, target, path, found, budget);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+impl Place {
+    fn copy(&self) -> Place {
+        match self {
+            Place::Key(key) => Place::Key(key.clone()),
+            Place::Index(index) => Place::Index(*index),
+        }
+    }
+}
+
+/// `root` with the value at `place` replaced by `value` (the containers on the way
+/// rebuilt).
+fn put_at(root: &Value, place: &[Place], value: Value) -> Result<Value, Error> {
+    let Some((first, rest)) = place.split_first() else {
+        return Ok(value);
+    };
+    match first {
+        Place::Key(key) => {
+            let mut pairs = pairs_of(root)?;
+            for (k, v) in &mut pairs {
+                if k == key {
+                    *v = put_at(v, rest, value)?;
+                    break;
+                }
+            }
+            Ok(map_of(pairs))
+        }
+        Place::Index(index) => {
+            let mut items: Vec<Value> = root.try_iter()?.collect();
+            if let Some(item) = items.get_mut(*index) {
+                *item = put_at(item, rest, value)?;
+            }
+            Ok(Value::from(items))
+        }
+    }
+}
+
+/// A map's entries, in order.
+fn pairs_of(map: &Value) -> Result<Vec<(Value, Value)>, Error> {
+    Ok(map
+        .try_iter()?
+        .map(|k| {
+            let v = map.get_item(&k).unwrap_or_default();
+            (k, v)
+        })
+        .collect())
+}
+
+/// `current` with `value` at `path`, as defuss-apl's `set_json_path` writes it: a
+/// missing step becomes a list if the next segment is an index, else a map; an index
+/// past a list's end grows it with `None`. `None` where that runtime answers `false`.
+fn set_in(current: &Value, path: &[&str], value: Value) -> Result<Option<Value>, Error> {
+    let Some((segment, rest)) = path.split_first() else {
+        return Ok(Some(value));
+    };
+    let index = segment
+        .parse::<usize>()
+        .ok()
+        .filter(|_| !segment.starts_with('+'));
+    let fresh = |next: Option<&&str>| match next.map(|s| s.parse::<usize>()) {
+        Some(Ok(_)) => Value::from(Vec::<Value>::new()),
+        _ => map_of(Vec::new()),
+    };
+    match current.kind() {
+        ValueKind::Map => {
+            let key = Value::from(*segment);
+            let mut pairs = pairs_of(current)?;
+            let position = pairs.iter().position(|(k, _)| *k == key);
+            let inner = match position {
+                Some(at) if !rest.is_empty() => pairs[at].1.clone(),
+                _ => fresh(rest.first()),
+            };
+            let Some(inner) = set_in(&inner, rest, value)? else {
+                return Ok(None);
+            };
+            match position {
+                Some(at) => pairs[at].1 = inner,
+                None => pairs.push((key, inner)),
+            }
+            limits::check_new_container(pairs.iter().map(|(_, v)| v))?;
+            Ok(Some(map_of(pairs)))
+        }
+        ValueKind::Seq => {
+            let Some(index) = index else {
+                return Ok(None);
+            };
+            let mut items: Vec<Value> = current.try_iter()?.collect();
+            let grown = index >= items.len();
+            if grown {
+                limits::check_items((index as u128).saturating_add(1))?;
+                items.resize(index + 1, Value::from(()));
+            }
+            let inner = if grown {
+                fresh(rest.first())
+            } else {
+                items[index].clone()
+            };
+            let Some(inner) = set_in(&inner, rest, value)? else {
+                return Ok(None);
+            };
+            items[index] = inner;
+            Ok(Some(Value::from(items)))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The value at `path`, or `None` if something on the way is missing.
@@ -435,6 +674,43 @@ mod tests {
         assert!(err.to_string().contains("rem('d', ...)"), "{err}");
         let err = render(&store, "{{ set('q', 1) }}{{ set('q.x', 1) }}").unwrap_err();
         assert!(err.to_string().contains("cannot set 'x'"), "{err}");
+    }
+
+    #[test]
+    fn set_json_path_writes_where_the_context_holds_data() {
+        let store = Store::new(Default::default());
+        render(
+            &store,
+            "{{ set('data', {'a': {'b': [1, 2]}, 's': 'str'}) }}{{ set('other', [1, [2, 3]]) }}",
+        )
+        .unwrap();
+        let out = render(
+            &store,
+            "{{ [set_json_path(data, 'a.b.1', 9), set_json_path(data, 'a.c', 'x'), \
+             set_json_path(data, 'new.0.x', 1), set_json_path(data, 'a.b.4', 5), \
+             set_json_path(data.a, 'z', 1), set_json_path(other, '1.0', 9), \
+             set_json_path(data, 'a.b.-1', 5), set_json_path(data, 'a.b.x', 5), \
+             set_json_path(data, 's.x', 5), set_json_path(3, 'a', 5), \
+             set_json_path(data, 5, 1), set_json_path({'lit': 1}, 'lit', 2)] }}",
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "[True, True, True, True, True, True, False, False, False, False, False, True]"
+        );
+        assert_eq!(
+            json(&store, "data"),
+            serde_json::json!({"a": {"b": [1, 9, null, null, 5], "c": "x", "z": 1},
+                               "s": "str", "new": [{"x": 1}]})
+        );
+        assert_eq!(json(&store, "other"), serde_json::json!([1, [9, 3]]));
+        // Two variables holding the same object both see the write, as in defuss-apl.
+        render(&store, "{{ set('m', {'k': 1}) }}").unwrap();
+        render(&store, "{{ set('n', m) }}{{ set_json_path(m, 'k', 2) }}").unwrap();
+        assert_eq!(json(&store, "n"), serde_json::json!({"k": 2}));
+        // A list cannot grow past the item limit through an index.
+        let err = render(&store, "{{ set_json_path(other, '99999999999', 1) }}").unwrap_err();
+        assert!(err.to_string().contains("items"), "{err}");
     }
 
     #[test]

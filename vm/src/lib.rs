@@ -42,7 +42,9 @@ pub mod wire;
 pub use dialect::{Dialect, any_dialect_helper};
 /// The names of the dialect helpers.
 pub mod dialect_names {
-    pub use crate::dialect::{ADD, DEC, GET, INC, NEXT, PREV, REM, RESULT, SET};
+    pub use crate::dialect::{
+        ADD, CURRENT_STEP, DEC, GET, INC, NEXT, PREV, REM, RESULT, SET, SET_JSON_PATH,
+    };
 }
 pub use env::{Limits, template_env, template_env_for};
 pub use events::{

@@ -703,10 +703,15 @@ impl Machine {
         self.post_ran = false;
         self.tool_calls = Vec::new();
         let runs = self.runs[step.index()];
+        let current = (self.program.dialect() == crate::Dialect::Defuss11)
+            .then(|| Value::from(self.program.step_name(step)));
         self.store.update(|vars| {
             vars.set_slot(slot_of!(PREV_STEP), prev);
             vars.set_slot(slot_of!(NEXT_STEP), Value::from(()));
             vars.set_slot(slot_of!(RUNS), Value::from(runs));
+            if let Some(current) = current {
+                vars.insert(crate::dialect::CURRENT_STEP, current);
+            }
         });
         self.update_times(now);
         (self.events).step_started(self.program.step_name(step), self.runs[step.index()]);

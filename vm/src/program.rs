@@ -82,23 +82,34 @@ impl Program {
         Program::from_bundle(bundle::decode(bytes)?, Limits::default())
     }
 
-    /// Loads an in-memory bundle (validated again here: it may not come from `decode`).
+    /// Loads an in-memory bundle (validated again here: it may not come from `decode`),
+    /// in the dialect it records.
     pub fn from_bundle(bundle: Bundle, limits: Limits) -> Result<Program, LoadError> {
         Program::from_bundle_in(bundle, limits, Dialect::Spec)
     }
 
     /// Decodes untrusted bundle bytes and loads them with default limits and `dialect`'s
-    /// helpers (`spec/dialects.md`).
+    /// helpers (`spec/dialects.md`), or the bundle's own dialect if it records one.
     pub fn load_in(bytes: &[u8], dialect: Dialect) -> Result<Program, LoadError> {
         Program::from_bundle_in(bundle::decode(bytes)?, Limits::default(), dialect)
     }
 
-    /// [`Program::from_bundle`] with `dialect`'s helpers.
+    /// [`Program::from_bundle`] with `dialect`'s helpers. A bundle that records a
+    /// dialect other than the spec's runs in it whatever `dialect` says; one that records
+    /// the spec's (every bundle built before bundles recorded their dialect) runs in
+    /// `dialect`, so a caller that names the dialect of an older bundle still runs it.
     pub fn from_bundle_in(
-        bundle: Bundle,
+        mut bundle: Bundle,
         limits: Limits,
         dialect: Dialect,
     ) -> Result<Program, LoadError> {
+        let dialect = match bundle.dialect {
+            Dialect::Spec => dialect,
+            recorded => recorded,
+        };
+        // What the program runs in is what it records from now on (a durable run's
+        // stored bundle, `Program::bundle`).
+        bundle.dialect = dialect;
         bundle.validate()?;
         check_size(
             bundle.steps.len(),
@@ -134,6 +145,11 @@ impl Program {
             limits,
             initial_vars: initial_vars(),
         })
+    }
+
+    /// The dialect the program runs in (`spec/dialects.md`).
+    pub fn dialect(&self) -> Dialect {
+        self.bundle.dialect
     }
 
     /// The bundle the program was loaded from.

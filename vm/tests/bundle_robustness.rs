@@ -272,5 +272,6 @@ fn build_bundle(
                 span: span(k),
             })
             .collect(),
+        dialect: Default::default(),
     }
 }

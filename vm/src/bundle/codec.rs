@@ -10,6 +10,7 @@
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::Bundle;
+use crate::Dialect;
 
 /// The 8 magic bytes every bundle starts with.
 ///
@@ -51,7 +52,8 @@ pub enum BundleError {
     },
     /// The header sets flags this version does not define.
     #[error(
-        "unknown bundle flags {found:#06x} (format version {} defines none, expected 0)",
+        "unknown bundle flags {found:#06x} (format version {} defines only the dialect, in \
+         the low byte: 0x0000 spec, 0x0001 defuss-1.1)",
         FORMAT_VERSION
     )]
     UnknownFlags {
@@ -156,7 +158,7 @@ pub fn encode(bundle: &Bundle) -> Result<Vec<u8>, BundleError> {
     };
     let header_fields = Header {
         version: FORMAT_VERSION,
-        flags: 0,
+        flags: bundle.dialect.bundle_flags(),
         payload_len,
         checksum: xxh3_64(payload),
     };
@@ -192,7 +194,7 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
             found: hash,
         });
     }
-    let (bundle, rest) = postcard::take_from_bytes::<Bundle>(payload)
+    let (mut bundle, rest) = postcard::take_from_bytes::<Bundle>(payload)
         .map_err(|err| BundleError::Malformed(err.to_string()))?;
     if !rest.is_empty() {
         return Err(BundleError::Malformed(format!(
@@ -201,6 +203,8 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
         )));
     }
     bundle.validate()?;
+    // `split_header` checked the flags name a dialect.
+    bundle.dialect = Dialect::from_bundle_flags(header.flags).unwrap_or_default();
     Ok(bundle)
 }
 
@@ -209,7 +213,8 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
 pub struct HeaderFields {
     /// The bundle format version.
     pub version: u16,
-    /// Format flags (none are defined yet).
+    /// Format flags: the low byte is the program's dialect (0 spec, 1 defuss-1.1), the
+    /// high byte is 0.
     pub flags: u16,
     /// The length of the postcard payload that follows the header, in bytes.
     pub payload_len: u32,
@@ -254,7 +259,7 @@ fn split_header(bytes: &[u8]) -> Result<(Header, &[u8]), BundleError> {
         .split_first_chunk::<HEADER_LEN>()
         .ok_or_else(truncated)?;
     let header = Header::from_bytes(header);
-    if header.flags != 0 {
+    if Dialect::from_bundle_flags(header.flags).is_none() {
         return Err(BundleError::UnknownFlags {
             found: header.flags,
         });
@@ -420,6 +425,7 @@ mod tests {
                     span: span(13),
                 },
             ],
+            dialect: Dialect::Spec,
         }
     }
 
@@ -496,10 +502,10 @@ mod tests {
             Err(BundleError::UnsupportedVersion { found: newer })
         );
         let mut flagged = bytes;
-        flagged[10] = 1;
+        flagged[10] = 2;
         assert_eq!(
             Bundle::read_header(&flagged),
-            Err(BundleError::UnknownFlags { found: 1 })
+            Err(BundleError::UnknownFlags { found: 2 })
         );
     }
 
@@ -579,8 +585,31 @@ mod tests {
         assert_eq!(err, BundleError::UnknownFlags { found: 4 });
         assert_eq!(
             err.to_string(),
-            "unknown bundle flags 0x0004 (format version 2 defines none, expected 0)"
+            "unknown bundle flags 0x0004 (format version 2 defines only the dialect, in the \
+             low byte: 0x0000 spec, 0x0001 defuss-1.1)"
         );
+        bytes[10] = 0;
+        bytes[11] = 0x01;
+        assert_eq!(
+            decode(&bytes).unwrap_err(),
+            BundleError::UnknownFlags { found: 0x0100 }
+        );
+    }
+
+    #[test]
+    fn the_dialect_is_in_the_flags_and_a_spec_bundle_has_none() {
+        let spec = encode(&sample()).expect("encodes");
+        assert_eq!(&spec[10..12], &[0, 0]);
+        assert_eq!(decode(&spec).expect("decodes").dialect, Dialect::Spec);
+
+        let mut defuss = sample();
+        defuss.dialect = Dialect::Defuss11;
+        let bytes = encode(&defuss).expect("encodes");
+        assert_eq!(&bytes[10..12], &[1, 0]);
+        // The payload is the same: only the header says which dialect.
+        assert_eq!(bytes[24..], spec[24..]);
+        assert_eq!(decode(&bytes).expect("decodes"), defuss);
+        assert_eq!(Bundle::read_header(&bytes).expect("reads").flags, 1);
     }
 
     #[test]

@@ -48,6 +48,12 @@ pub struct Bundle {
     pub code_spans: Vec<SourceSpan>,
     /// The step graph's edges, as found by the compiler.
     pub edges: Vec<Edge>,
+    /// The dialect the program was compiled in (`spec/dialects.md`): the helpers its
+    /// templates may call. Not in the payload: the header's flags carry it, so a bundle
+    /// of the spec dialect is byte for byte what earlier builds wrote, and one of
+    /// another dialect is refused by them (`spec/bundle-format.md`).
+    #[serde(skip)]
+    pub dialect: crate::Dialect,
 }
 
 /// One step in the step table.

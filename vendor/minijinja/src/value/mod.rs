@@ -1786,6 +1786,16 @@ impl Value {
         }
     }
 
+    // aplc patch: object identity, for in-place helpers (APLC-PATCH.md).
+    /// True if both values are the same object (not merely equal ones): a clone of an
+    /// object value is the same object. Always false for values that are not objects.
+    pub fn is_same_object(&self, other: &Value) -> bool {
+        match (&self.0, &other.0) {
+            (ValueRepr::Object(a), ValueRepr::Object(b)) => a.is_same_object(b),
+            _ => false,
+        }
+    }
+
     /// Like [`downcast_object_ref`](Self::downcast_object_ref) but returns
     /// the actual object.
     pub fn downcast_object<T: 'static>(&self) -> Option<Arc<T>> {
