@@ -400,6 +400,11 @@ async fn submit(
     {
         return Ok((StatusCode::OK, Json(RunView::of(entry))).into_response());
     }
+    accepted(&state, id).await
+}
+
+/// `202 {"run_id", "status"}`: the run's status as the store has it now.
+async fn accepted(state: &AppState, id: String) -> Result<Response, ApiError> {
     let entry = state
         .store
         .queue_entry(&id)
@@ -561,16 +566,7 @@ async fn cancel(
             tracing::info!(run_id = %id, "cancel requested");
         }
     }
-    let entry = state
-        .store
-        .queue_entry(&id)
-        .await
-        .map_err(ApiError::store)?;
-    let accepted = Accepted {
-        run_id: id,
-        status: entry.status.as_str().to_string(),
-    };
-    Ok((StatusCode::ACCEPTED, Json(accepted)).into_response())
+    accepted(&state, id).await
 }
 
 /// Prometheus metrics.

@@ -243,7 +243,7 @@ async fn execute(state: AppState, claim: Claim, slot: Slot) {
         agent,
         traceparent,
     };
-    drive(&state, (lease, loaded), &claimed, interrupt, events, slot)
+    drive(&state, lease, loaded, &claimed, interrupt, events, slot)
         .instrument(span)
         .await;
 }
@@ -260,7 +260,8 @@ struct Claimed {
 /// Resumes (or starts) the claimed run and drives it to its end.
 async fn drive(
     state: &AppState,
-    (lease, loaded): (Box<dyn Lease>, Option<LoadedRun>),
+    lease: Box<dyn Lease>,
+    loaded: Option<LoadedRun>,
     claimed: &Claimed,
     interrupt: Interrupt,
     events: LiveEvents,

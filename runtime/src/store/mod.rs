@@ -430,6 +430,26 @@ impl Every {
     }
 }
 
+/// What one scan of a claim looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scan {
+    /// Runs never claimed, oldest first.
+    New,
+    /// Claimed runs whose holder is gone (a dead worker's), oldest first.
+    Abandoned,
+}
+
+/// The scans of one claim, in order ([`RunStore::claim`]): abandoned runs first when
+/// `takeover` is due, after the new ones otherwise. A store runs them in turn until one
+/// finds a run, and calls `takeover.done()` before an abandoned scan.
+pub(super) fn claim_order(takeover: &Every) -> [Scan; 2] {
+    if takeover.due() {
+        [Scan::Abandoned, Scan::New]
+    } else {
+        [Scan::New, Scan::Abandoned]
+    }
+}
+
 /// A queued run as the service shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueEntry {

@@ -32,8 +32,8 @@ use tokio_postgres::{Client, GenericClient, NoTls, Statement, Transaction};
 use super::{
     Batch, Claim, Enqueued, Every, IDEMPOTENCY_PURGE, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun,
     MAGIC, NewRun, QueueCounts, QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary,
-    SCHEMA_VERSION, StoreError, StoredCheckpoint, TAKEOVER_SCAN, count, db_int, json_column,
-    now_ms, redact_url, redact_with,
+    SCHEMA_VERSION, Scan, StoreError, StoredCheckpoint, TAKEOVER_SCAN, claim_order, count, db_int,
+    json_column, now_ms, redact_url, redact_with,
 };
 use crate::driver::BoxFuture;
 
@@ -207,6 +207,18 @@ enum Work {
     Append(String, Batch),
 }
 
+/// The columns [`summary_row`] reads, in order; a macro, so that `CLAIM_NEW` can `concat!`
+/// them.
+macro_rules! summary_columns {
+    () => {
+        "runs.id, runs.agent, runs.bundle_hash, runs.state, runs.steps, runs.started_at_ms, \
+         runs.updated_at_ms, runs.input_count, runs.event_count, runs.outcome"
+    };
+}
+
+/// [`summary_columns!`], for the queries that `format!` it in.
+const SUMMARY_COLUMNS: &str = summary_columns!();
+
 /// Claims the oldest run never claimed, in one statement on the lock connection (whose
 /// session then holds the run's advisory lock). The candidate is found through the index
 /// of open runs, passing over the few running ones at its head, without looking at
@@ -215,7 +227,8 @@ enum Work {
 /// the materialized CTE) and the row is marked claimed either way: a lock that another
 /// session holds means the run is someone's already (a `claimed` flag lost with an
 /// asynchronous commit), and the next claim passes over it.
-const CLAIM_NEW: &str = "WITH candidate AS (
+const CLAIM_NEW: &str = concat!(
+    "WITH candidate AS (
          SELECT run_id FROM run_queue
          WHERE final_status IS NULL AND NOT claimed
          ORDER BY enqueued_at_ms, run_id
@@ -230,10 +243,10 @@ const CLAIM_NEW: &str = "WITH candidate AS (
      LEFT JOIN runs ON runs.id = attempt.run_id
      LEFT JOIN bundles b ON b.hash = runs.bundle_hash
      WHERE q.run_id = attempt.run_id
-     RETURNING q.run_id, attempt.locked, q.agent, q.cancel_requested, q.traceparent,
-               runs.id, runs.agent, runs.bundle_hash, runs.state, runs.steps,
-               runs.started_at_ms, runs.updated_at_ms, runs.input_count, runs.event_count,
-               runs.outcome, b.bytes, runs.options";
+     RETURNING q.run_id, attempt.locked, q.agent, q.cancel_requested, q.traceparent, ",
+    summary_columns!(),
+    ", b.bytes, runs.options"
+);
 
 /// A connection's prepared statements, by text. A query given as text costs a Parse
 /// and its round trip on every call (tokio-postgres prepares it unnamed); a statement
@@ -537,9 +550,8 @@ impl PgStore {
         Ok(None)
     }
 
-    /// Claims the first run `candidates` ([`CLAIM_ABANDONED`]) finds whose advisory lock
-    /// it can take.
-    async fn claim_from(&self, candidates: &str) -> Result<Option<Claim>, StoreError> {
+    /// Claims the first run [`CLAIM_ABANDONED`] finds whose advisory lock it can take.
+    async fn claim_abandoned(&self) -> Result<Option<Claim>, StoreError> {
         let mut client = self.queue.lock().await;
         let tx = client.transaction().await.map_err(|e| self.error(e))?;
         // The `claimed` flag is only what the API shows (queued or running) and which scan
@@ -548,7 +560,10 @@ impl PgStore {
         tx.batch_execute("SET LOCAL synchronous_commit = off")
             .await
             .map_err(|e| self.error(e))?;
-        let rows = tx.query(candidates, &[]).await.map_err(|e| self.error(e))?;
+        let rows = tx
+            .query(CLAIM_ABANDONED, &[])
+            .await
+            .map_err(|e| self.error(e))?;
         for row in rows {
             let id: String = row.get(0);
             let lease = match self.lock(&id).await {
@@ -780,18 +795,19 @@ impl RunStore for PgStore {
 
     fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Claim>, StoreError>> {
         Box::pin(async move {
-            let takeover_first = self.takeover.due();
-            if takeover_first && let Some(claim) = self.claim_from(CLAIM_ABANDONED).await? {
-                return Ok(Some(claim));
+            for scan in claim_order(&self.takeover) {
+                let claim = match scan {
+                    Scan::New => self.claim_new().await?,
+                    Scan::Abandoned => {
+                        self.takeover.done();
+                        self.claim_abandoned().await?
+                    }
+                };
+                if claim.is_some() {
+                    return Ok(claim);
+                }
             }
-            if let Some(claim) = self.claim_new().await? {
-                return Ok(Some(claim));
-            }
-            if takeover_first {
-                return Ok(None);
-            }
-            self.takeover.done();
-            self.claim_from(CLAIM_ABANDONED).await
+            Ok(None)
         })
     }
 
@@ -1604,10 +1620,6 @@ async fn enqueue_run(
     .map_err(error)?;
     Ok(Enqueued::New(run.id.clone()))
 }
-
-/// The columns [`summary_row`] reads, in order (`CLAIM_NEW` writes them out again).
-const SUMMARY_COLUMNS: &str = "runs.id, runs.agent, runs.bundle_hash, runs.state, runs.steps, \
-     runs.started_at_ms, runs.updated_at_ms, runs.input_count, runs.event_count, runs.outcome";
 
 fn summary_row(row: &tokio_postgres::Row) -> Result<RunSummary, StoreError> {
     summary_row_at(row, 0)

@@ -43,8 +43,8 @@ use tokio::sync::oneshot;
 use super::{
     Batch, Claim, Enqueued, Every, IDEMPOTENCY_PURGE, IDEMPOTENCY_WINDOW_MS, Lease, LoadedRun,
     MAGIC, NewRun, QueueCounts, QueueEntry, QueueStatus, QueuedRun, RunState, RunStore, RunSummary,
-    SCHEMA_VERSION, StoreError, StoredCheckpoint, TAKEOVER_SCAN, count, db_int, json_column,
-    now_ms,
+    SCHEMA_VERSION, Scan, StoreError, StoredCheckpoint, TAKEOVER_SCAN, claim_order, count, db_int,
+    json_column, now_ms,
 };
 use crate::driver::BoxFuture;
 
@@ -478,21 +478,19 @@ impl RunStore for SqliteStore {
                 locks: self.locks.clone(),
             };
             let held = self.held.clone();
-            let takeover_first = self.takeover.due();
+            let order = claim_order(&self.takeover);
             let takeover = self.takeover.clone();
             let claimed = self
                 .queue_write(move |c, _| {
-                    if takeover_first && let Some(run) = claim_run(c, &lessee, &held, true)? {
-                        return Ok(Some(run));
+                    for scan in order {
+                        if scan == Scan::Abandoned {
+                            takeover.done();
+                        }
+                        if let Some(run) = claim_run(c, &lessee, &held, scan)? {
+                            return Ok(Some(run));
+                        }
                     }
-                    if let Some(run) = claim_run(c, &lessee, &held, false)? {
-                        return Ok(Some(run));
-                    }
-                    if takeover_first {
-                        return Ok(None);
-                    }
-                    takeover.done();
-                    claim_run(c, &lessee, &held, true)
+                    Ok(None)
                 })
                 .await?;
             // `claim_run` entered the run in `held`; from here the lease owns that entry.
@@ -654,15 +652,16 @@ struct ClaimedRow {
     loaded: Option<LoadedRun>,
 }
 
-/// Takes the lease of the oldest open run that is new (never claimed), or with
-/// `abandoned`, of the oldest claimed one whose holder is gone. New runs have no lease
-/// to look at, so that scan touches no holder file.
+/// Takes the lease of the oldest open run `scan` looks for: new (never claimed), or
+/// claimed with its holder gone. New runs have no lease to look at, so that scan touches
+/// no holder file.
 fn claim_run(
     tx: &Connection,
     lessee: &Lessee,
     held: &Mutex<HashSet<String>>,
-    abandoned: bool,
+    scan: Scan,
 ) -> Result<Option<ClaimedRow>, StoreError> {
+    let abandoned = scan == Scan::Abandoned;
     let mut stmt = tx
         .prepare_cached(
             "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
