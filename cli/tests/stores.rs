@@ -163,6 +163,22 @@ fn a_read_only_store_is_inspected_without_a_write() {
     assert_eq!(after, before, "inspecting the store wrote to it");
 }
 
+/// R11: a missing or empty file reads as an empty store, and is left as it was.
+#[test]
+fn a_missing_or_empty_file_lists_no_runs_and_stays_as_it_was() {
+    let dir = scratch("empty");
+    std::fs::write(dir.join("empty.db"), b"").unwrap();
+    let before = snapshot(&dir);
+    for name in ["empty.db", "missing.db"] {
+        let store = format!("sqlite:{}", dir.join(name).display());
+        let list = succeed(&mut aplc(&dir, &["runs", "list", "--store", &store]));
+        assert_eq!(String::from_utf8_lossy(&list.stdout).lines().count(), 1);
+        let (code, stderr) = fail(&mut aplc(&dir, &["runs", "show", "x", "--store", &store]));
+        assert_eq!(code, Some(2), "{stderr}");
+    }
+    assert_eq!(snapshot(&dir), before);
+}
+
 /// R11: a run that was never stored (here: its id is taken) is not offered for resume.
 #[test]
 fn a_run_that_was_never_stored_is_not_offered_for_resume() {

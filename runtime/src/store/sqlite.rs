@@ -1278,10 +1278,7 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
 /// one (a writer may be at work: its WAL holds the newest commits).
 fn connect_read_only(path: &Path) -> Result<Connection, StoreError> {
     if !path.exists() {
-        // Nothing stored yet: an empty store, in memory.
-        let conn = Connection::open_in_memory().map_err(db_error)?;
-        migrate(&conn)?;
-        return Ok(conn);
+        return empty_store();
     }
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
@@ -1300,11 +1297,17 @@ fn connect_read_only(path: &Path) -> Result<Connection, StoreError> {
     conn.busy_timeout(BUSY_TIMEOUT).map_err(db_error)?;
     let (app_id, version) = identify(&conn)?;
     if app_id != APPLICATION_ID {
-        return Err(StoreError::Foreign(
-            "an empty SQLite database, not an aplc store".into(),
-        ));
+        // `identify` refused every foreign file: this one is empty.
+        return empty_store();
     }
     check_meta(&conn, version)?;
+    Ok(conn)
+}
+
+/// A store with nothing in it yet, in memory: what a missing or empty file reads as.
+fn empty_store() -> Result<Connection, StoreError> {
+    let conn = Connection::open_in_memory().map_err(db_error)?;
+    migrate(&conn)?;
     Ok(conn)
 }
 
