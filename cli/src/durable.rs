@@ -125,6 +125,11 @@ async fn open(url: &StoreUrl) -> Result<Arc<dyn RunStore>, Failure> {
     store::open(url).await.map_err(store_failure)
 }
 
+/// Opens the store for `aplc runs`, which only reads: nothing is written to it.
+async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn RunStore>, Failure> {
+    store::open_read_only(url).await.map_err(store_failure)
+}
+
 /// `aplc run --store`: a journaled run.
 pub(crate) fn run(
     url: StoreUrl,
@@ -149,8 +154,14 @@ pub(crate) fn run(
     });
     let mut sinks = sinks(&args.output, &equipment)?.with_trace(trace.clone());
     let calls = &RunTrace::provider_of(trace.as_ref(), &equipment.provider);
+    // The machine makes its first event only once the run is stored: a run that never
+    // got that far (a read-only store, an id already taken) has nothing to resume.
+    let started = std::sync::atomic::AtomicBool::new(false);
     let finished = {
-        let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
+        let mut listener = |event: &aplc_vm::Event| {
+            started.store(true, std::sync::atomic::Ordering::Relaxed);
+            sinks.on_event(event)
+        };
         let run = durable::start(
             store.as_ref(),
             durable::NewDurableRun {
@@ -165,7 +176,10 @@ pub(crate) fn run(
         );
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
-    finish(sinks, finished, &args.output, &equipment, &hint)
+    let hint = started
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .then_some(hint.as_str());
+    finish(sinks, finished, &args.output, &equipment, hint)
 }
 
 /// `aplc resume`.
@@ -212,7 +226,7 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
         let run = reopened.run(calls, &equipment.toolbox, Some(&mut listener));
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
-    finish(sinks, finished, &args.output, &equipment, &hint)
+    finish(sinks, finished, &args.output, &equipment, Some(&hint))
 }
 
 /// Run ids are printed and typed: printable, without spaces, at most 128 bytes.
@@ -252,31 +266,27 @@ fn sinks(output: &OutputArgs, equipment: &Equipment) -> Result<Sinks, Failure> {
 }
 
 /// Closes the sinks and prints like `aplc run`. A run stopped by a signal or a store
-/// failure says how to continue it.
+/// failure says how to continue it (`hint`), if it was stored.
 fn finish(
     sinks: Sinks,
     finished: std::io::Result<Result<Result<Finished, DurableError>, crate::signals::Interrupted>>,
     output: &OutputArgs,
     equipment: &Equipment,
-    hint: &str,
+    hint: Option<&str>,
 ) -> Result<ExitCode, Failure> {
     let written = sinks.finish();
+    let with_hint = |mut failure: Failure, journaled: &str| {
+        if let Some(hint) = hint {
+            failure.message.push_str(&format!(
+                "\n  the run is journaled{journaled}: `{hint}` continues it"
+            ));
+        }
+        failure
+    };
     let finished = finished
         .map_err(|e| Failure::run(e.to_string()))?
-        .map_err(|signal| {
-            let mut failure = signal.failure();
-            failure
-                .message
-                .push_str(&format!("\n  the run is journaled: `{hint}` continues it"));
-            failure
-        })?
-        .map_err(|e| {
-            let mut failure = durable_failure(e);
-            failure.message.push_str(&format!(
-                "\n  the run is journaled up to its last commit: `{hint}` continues it"
-            ));
-            failure
-        })?;
+        .map_err(|signal| with_hint(signal.failure(), ""))?
+        .map_err(|e| with_hint(durable_failure(e), " up to its last commit"))?;
     written?;
     let result = report(
         &finished.program,
@@ -295,7 +305,7 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
     let runtime = runtime()?;
     match command {
         RunsCommand::List { store } => {
-            let store = runtime.block_on(open(&parse_url(&store.store)?))?;
+            let store = runtime.block_on(open_read_only(&parse_url(&store.store)?))?;
             let runs = runtime.block_on(store.list()).map_err(store_failure)?;
             let mut out = std::io::stdout().lock();
             let _ = writeln!(
@@ -322,7 +332,7 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
             store,
             json,
         } => {
-            let store = runtime.block_on(open(&parse_url(&store.store)?))?;
+            let store = runtime.block_on(open_read_only(&parse_url(&store.store)?))?;
             let summary = runtime
                 .block_on(store.summary(&run_id))
                 .map_err(store_failure)?;
@@ -343,7 +353,7 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
             Ok(ExitCode::SUCCESS)
         }
         RunsCommand::Events { run_id, store } => {
-            let store = runtime.block_on(open(&parse_url(&store.store)?))?;
+            let store = runtime.block_on(open_read_only(&parse_url(&store.store)?))?;
             // Missing runs are an error, not an empty listing.
             runtime
                 .block_on(store.summary(&run_id))

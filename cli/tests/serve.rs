@@ -1016,6 +1016,146 @@ async fn a_run_whose_tools_are_gone_ends_failed_at_restart() {
     assert!(server.log().contains("cannot resume the run"));
 }
 
+/// Adds to `dir/runs.db` a queued run copied from run `from`, with `set` applied to its
+/// row (SQL assignments): a row damaged the way a disk or a hand might damage it.
+fn queue_damaged_copy(dir: &Path, from: &str, id: &str, set: &str) {
+    let conn = rusqlite::Connection::open(dir.join("runs.db")).unwrap();
+    conn.execute(
+        "INSERT INTO runs SELECT ?2, agent, bundle_hash, 'running', 0, started_at_ms,
+                updated_at_ms, options, NULL, 0, 0 FROM runs WHERE id = ?1",
+        [from, id],
+    )
+    .unwrap();
+    conn.execute(&format!("UPDATE runs SET {set} WHERE id = ?1"), [id])
+        .unwrap();
+    conn.execute(
+        "INSERT INTO run_queue (run_id, agent, enqueued_at_ms) VALUES (?1, 'turns', 0)",
+        [id],
+    )
+    .unwrap();
+}
+
+/// R4: a run whose row does not read (its options are not JSON, its bundle is not a
+/// bundle) ends `failed` at its first claim, once, and the runs queued behind it run.
+#[tokio::test]
+async fn a_corrupt_run_row_ends_failed_once() {
+    let model = Model::start();
+    let dir = scratch("corrupt-row", &model);
+    let server = Server::start(&dir, &[]);
+    let (_, done) = Client::new(&server).submit("c", 1, true).await;
+    let from = done["run_id"].as_str().unwrap().to_string();
+    server.terminate();
+    let bad_options = "000000000001-0bad0001";
+    let bad_bundle = "000000000001-0bad0002";
+    queue_damaged_copy(&dir, &from, bad_options, "options = 'not JSON {'");
+    {
+        let conn = rusqlite::Connection::open(dir.join("runs.db")).unwrap();
+        conn.execute(
+            "INSERT INTO bundles (hash, bytes) VALUES ('feed', x'00010203')",
+            [],
+        )
+        .unwrap();
+    }
+    queue_damaged_copy(&dir, &from, bad_bundle, "bundle_hash = 'feed'");
+
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+    for (id, says) in [(bad_options, "not JSON"), (bad_bundle, "bundle")] {
+        let run = client.until_final(id).await;
+        assert_eq!(run["status"], "failed", "{run}");
+        let message = run["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains(says), "{run}");
+    }
+    // The queue goes on behind them.
+    let (_, after) = client.submit("d", 1, true).await;
+    assert_eq!(after["status"], "completed", "{after}");
+    // Long enough for a few takeover scans: a failed run is never claimed again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = server.log();
+    for id in [bad_options, bad_bundle] {
+        let claims = log
+            .lines()
+            .filter(|l| l.contains("run started") && l.contains(id))
+            .count();
+        assert_eq!(claims, 1, "run {id} was claimed {claims} times:\n{log}");
+    }
+}
+
+/// A tmpfs of `size` at `dir`, unmounted when dropped; `None` where mounting is not
+/// allowed (not root).
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> Option<SmallDisk> {
+        std::fs::create_dir_all(dir).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .stderr(Stdio::null())
+            .status()
+            .ok()?;
+        status.success().then(|| SmallDisk(dir.to_path_buf()))
+    }
+
+    /// Writes a file until the disk is full; its path.
+    fn fill(&self) -> PathBuf {
+        let path = self.0.join("filler");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 4096];
+        while file
+            .write_all(&chunk)
+            .and_then(|()| file.sync_all())
+            .is_ok()
+        {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// R3: runs stopped by a full disk (a run whose append failed, and a claim whose commit
+/// failed) go on by themselves once the disk has room again: no restart.
+#[tokio::test]
+async fn runs_stopped_by_a_full_disk_go_on_once_it_has_room() {
+    let model = Model::start();
+    model.delay(300);
+    let dir = scratch("full-disk", &model);
+    let Some(disk) = SmallDisk::mount(&dir.join("disk"), "2m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (the test needs root)");
+        return;
+    };
+    let server = Server::start_on(&dir, "sqlite:disk/runs.db", &["--max-concurrent-runs", "1"]);
+    let client = Client::new(&server);
+    let (_, first) = client.submit("f1", 6, false).await;
+    let (_, second) = client.submit("f2", 2, false).await;
+    let first = first["run_id"].as_str().unwrap().to_string();
+    let second = second["run_id"].as_str().unwrap().to_string();
+    client
+        .until(&first, |run| run["totals"]["steps"].as_u64() >= Some(1))
+        .await;
+    let filler = disk.fill();
+    // The first run's next commit fails, and so does the second's claim.
+    let started = Instant::now();
+    while !(server.log().contains("run stopped") && server.log().contains("cannot claim")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the full disk stopped nothing:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::remove_file(filler).unwrap();
+    for id in [&first, &second] {
+        let run = client.until_final(id).await;
+        assert_eq!(run["status"], "completed", "{run}\n{}", server.log());
+    }
+    drop(server);
+}
+
 #[tokio::test]
 async fn runs_join_their_requests_trace_and_stream_deltas_live() {
     const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";

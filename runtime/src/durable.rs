@@ -500,10 +500,7 @@ async fn reopen_leased<'s>(
             )));
         }
     }
-    let program = Arc::new(
-        Program::load(&loaded.bundle)
-            .map_err(|e| corrupt(format!("the stored bundle does not load: {e}")))?,
-    );
+    let program = stored_program(id, &loaded)?;
     let mut options = options_from_json(id, &loaded.options)?;
     let stored_tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
     if stored_tools != tools_fingerprint(toolbox) {
@@ -567,10 +564,7 @@ pub async fn inspect(store: &dyn RunStore, id: &str) -> Result<RunOutcome, Durab
         id: id.to_owned(),
         message,
     };
-    let program = Arc::new(
-        Program::load(&loaded.bundle)
-            .map_err(|e| corrupt(format!("the stored bundle does not load: {e}")))?,
-    );
+    let program = stored_program(id, &loaded)?;
     let mut options = options_from_json(id, &loaded.options)?;
     let tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
     options.tools =
@@ -578,6 +572,28 @@ pub async fn inspect(store: &dyn RunStore, id: &str) -> Result<RunOutcome, Durab
     Ok(replay(id, program, options, &loaded)?
         .machine
         .into_outcome())
+}
+
+/// The run's program, from the bundle the store holds. The bundle is checked against the
+/// content hash it is stored under first: its own checksum covers accidents, not a
+/// bundle rewritten in the store with its checksum recomputed, whose prompts a resume
+/// would otherwise send.
+fn stored_program(id: &str, loaded: &LoadedRun) -> Result<Arc<Program>, DurableError> {
+    let corrupt = |message: String| DurableError::Journal {
+        id: id.to_owned(),
+        message,
+    };
+    let hash = bundle_hash(&loaded.bundle);
+    if hash != loaded.summary.bundle_hash {
+        return Err(corrupt(format!(
+            "the stored bundle does not match its content hash: it is stored as {} but hashes \
+             to {hash}; it was changed in the store, and the run cannot resume on it",
+            loaded.summary.bundle_hash
+        )));
+    }
+    let program = Program::load(&loaded.bundle)
+        .map_err(|e| corrupt(format!("the stored bundle does not load: {e}")))?;
+    Ok(Arc::new(program))
 }
 
 /// A machine brought up to a run's last journaled input.

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aplc_runtime::durable::{self, DurableError};
-use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunStore};
+use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunStore, StoreError};
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
@@ -290,9 +290,13 @@ async fn drive(
         Ok(reopened) => reopened,
         Err(e) => {
             tracing::error!(run_id = %id, error = %e, "cannot resume the run");
+            // A run that cannot resume here ends failed, once: left unfinished, it would be
+            // claimed and dropped again and again.
             if matches!(
                 e,
-                DurableError::Journal { .. } | DurableError::Mismatch { .. }
+                DurableError::Journal { .. }
+                    | DurableError::Mismatch { .. }
+                    | DurableError::Store(StoreError::Corrupt(_))
             ) && let Err(e) = durable::abandon(store, id, &e.to_string()).await
             {
                 tracing::error!(run_id = %id, error = %e, "cannot mark the run failed");

@@ -82,6 +82,19 @@ pub async fn open(url: &StoreUrl) -> Result<std::sync::Arc<dyn RunStore>, StoreE
     }
 }
 
+/// Opens the store at `url` for inspection (`aplc runs`): a SQLite file is read without
+/// writing anything to it or beside it, and refuses every write; a missing file reads as
+/// an empty store. A PostgreSQL store opens as [`open`] does (its migration writes only
+/// into a database with no aplc tables).
+pub async fn open_read_only(url: &StoreUrl) -> Result<std::sync::Arc<dyn RunStore>, StoreError> {
+    match url {
+        StoreUrl::Sqlite(path) => Ok(std::sync::Arc::new(
+            sqlite::SqliteStore::open_read_only(path).await?,
+        )),
+        StoreUrl::Postgres(_) => open(url).await,
+    }
+}
+
 /// A run's status in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunState {
@@ -529,6 +542,10 @@ pub enum StoreError {
         /// The batch's first input.
         got: u64,
     },
+    /// Another process holds a lock the store waited for in vain (SQLite's
+    /// `database is locked`, once its busy timeout and the store's retries ran out).
+    #[error("the store is busy: {0}")]
+    Busy(String),
     /// Any other database error.
     #[error("store error: {0}")]
     Database(String),

@@ -294,7 +294,9 @@ impl NewClaim {
             agent: row.try_get(2).map_err(error)?,
             cancel_requested: row.try_get(3).map_err(error)?,
             traceparent: row.try_get(4).map_err(error)?,
-            loaded: unstarted_run(row)?,
+            // A run whose row does not read is claimed all the same (the statement took
+            // its lock): the worker's own load fails, and it ends the run failed.
+            loaded: unstarted_run(row).ok().flatten(),
         })
     }
 }

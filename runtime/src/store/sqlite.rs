@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 
 use rusqlite::{
-    Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior, params,
+    Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
 use tokio::sync::oneshot;
 
@@ -53,6 +53,15 @@ const APPLICATION_ID: i64 = 0x6170_6c63;
 
 /// How long a statement waits for another process's write lock before failing.
 const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How many times an open is tried while another process holds a lock SQLite does not
+/// wait for ([`retry_busy`]), and a group's `BEGIN IMMEDIATE` once the busy timeout has
+/// run out ([`begin`]).
+const OPEN_ATTEMPTS: u32 = 16;
+const BEGIN_ATTEMPTS: u32 = 3;
+/// The first pause between those tries, doubled each time up to [`MAX_PAUSE`].
+const FIRST_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+const MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The most jobs committed in one transaction (bounds the latency of the first).
 const MAX_GROUP: usize = 512;
@@ -124,8 +133,8 @@ pub(super) struct SqliteStore {
     /// This store's name in `leases.holder`: its file in `<db>.locks/`.
     holder: Arc<str>,
     /// That file, locked while the store is open (and by the kernel no longer once the
-    /// process is gone).
-    _holder_file: File,
+    /// process is gone); none for a read-only store, which holds no lease.
+    _holder_file: Option<File>,
     /// The runs whose leases this store holds.
     held: Arc<Mutex<HashSet<String>>>,
     /// `<db file>.locks/`: every open store's holder file.
@@ -139,6 +148,8 @@ pub(super) struct SqliteStore {
     takeover: Arc<Every>,
     /// When the expired idempotency keys were last deleted.
     purge: Every,
+    /// Opened by [`SqliteStore::open_read_only`]: it has no writer.
+    read_only: bool,
 }
 
 impl Drop for SqliteStore {
@@ -251,9 +262,16 @@ impl SqliteStore {
     pub(super) async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let path = path.to_path_buf();
         blocking(move || {
-            let writer = connect(&path)?;
-            migrate(&writer)?;
-            let reader = connect(&path)?;
+            check_file(&path)?;
+            // Another process opening the same file at the same moment can hold a lock
+            // SQLite does not wait for (the switch to WAL mode, the schema's creation): the
+            // whole open is tried again then.
+            let writer = retry_busy(|| {
+                let conn = connect(&path)?;
+                migrate(&conn)?;
+                Ok(conn)
+            })?;
+            let reader = retry_busy(|| connect(&path))?;
             let (tx, rx) = mpsc::channel();
             let writer_thread = std::thread::Builder::new()
                 .name("aplc-store-writer".into())
@@ -265,7 +283,7 @@ impl SqliteStore {
             let (holder, holder_file) = hold(&locks)?;
             Ok(SqliteStore {
                 holder,
-                _holder_file: holder_file,
+                _holder_file: Some(holder_file),
                 held: Arc::new(Mutex::new(HashSet::new())),
                 takeover: Arc::new(Every::new(TAKEOVER_SCAN)),
                 purge: Every::new(IDEMPOTENCY_PURGE),
@@ -273,9 +291,43 @@ impl SqliteStore {
                 writer: Arc::new(Mutex::new(Some(tx))),
                 writer_thread: Some(writer_thread),
                 reader: Arc::new(Mutex::new(reader)),
+                read_only: false,
             })
         })
         .await
+    }
+
+    /// Opens the file for reading only: nothing is written to it or beside it (no WAL
+    /// switch, no migration, no lock file), and every write is refused. A missing file
+    /// reads as an empty store.
+    pub(super) async fn open_read_only(path: &Path) -> Result<SqliteStore, StoreError> {
+        let path = path.to_path_buf();
+        blocking(move || {
+            check_file(&path)?;
+            let reader = retry_busy(|| connect_read_only(&path))?;
+            Ok(SqliteStore {
+                holder: Arc::from("read-only"),
+                _holder_file: None,
+                held: Arc::new(Mutex::new(HashSet::new())),
+                takeover: Arc::new(Every::new(TAKEOVER_SCAN)),
+                purge: Every::new(IDEMPOTENCY_PURGE),
+                locks: PathBuf::new(),
+                writer: Arc::new(Mutex::new(None)),
+                writer_thread: None,
+                reader: Arc::new(Mutex::new(reader)),
+                read_only: true,
+            })
+        })
+        .await
+    }
+
+    /// Why a write cannot be queued, or was never answered.
+    fn stopped(&self) -> StoreError {
+        if self.read_only {
+            StoreError::Database("the store is open read-only".into())
+        } else {
+            StoreError::Database("the store's writer thread has stopped".into())
+        }
     }
 
     /// Queues a job and waits for the writer's answer.
@@ -291,12 +343,9 @@ impl SqliteStore {
             .as_ref()
             .is_some_and(|writer| writer.send(job(tx)).is_ok());
         if !sent {
-            return Err(StoreError::Database(
-                "the store's writer thread has stopped".into(),
-            ));
+            return Err(self.stopped());
         }
-        rx.await
-            .map_err(|_| StoreError::Database("the store's writer thread has stopped".into()))?
+        rx.await.map_err(|_| self.stopped())?
     }
 
     /// Runs `f` on the reading connection, on a blocking thread.
@@ -477,7 +526,10 @@ impl RunStore for SqliteStore {
                 holder: self.holder.clone(),
                 locks: self.locks.clone(),
             };
-            let held = self.held.clone();
+            let claimant = Claimant {
+                held: self.held.clone(),
+                writer: self.writer.clone(),
+            };
             let order = claim_order(&self.takeover);
             let takeover = self.takeover.clone();
             let claimed = self
@@ -486,21 +538,15 @@ impl RunStore for SqliteStore {
                         if scan == Scan::Abandoned {
                             takeover.done();
                         }
-                        if let Some(run) = claim_run(c, &lessee, &held, scan)? {
+                        if let Some(run) = claim_run(c, &lessee, &claimant, scan)? {
                             return Ok(Some(run));
                         }
                     }
                     Ok(None)
                 })
                 .await?;
-            // `claim_run` entered the run in `held`; from here the lease owns that entry.
             Ok(claimed.map(|run| Claim {
-                lease: Box::new(SqliteLease {
-                    run_id: run.id,
-                    holder: self.holder.clone(),
-                    held: self.held.clone(),
-                    writer: self.writer.clone(),
-                }),
+                lease: Box::new(run.lease),
                 agent: run.agent,
                 cancel_requested: run.cancel_requested,
                 traceparent: run.traceparent,
@@ -579,7 +625,6 @@ impl SqliteStore {
             result: None,
             reply,
         }));
-        let stopped = || StoreError::Database("the store's writer thread has stopped".into());
         let sent = self
             .writer
             .lock()
@@ -587,9 +632,9 @@ impl SqliteStore {
             .as_ref()
             .is_some_and(|writer| writer.send(job).is_ok());
         if !sent {
-            return Err(stopped());
+            return Err(self.stopped());
         }
-        answer.await.map_err(|_| stopped())?
+        answer.await.map_err(|_| self.stopped())?
     }
 }
 
@@ -636,29 +681,38 @@ fn enqueue_run(tx: &Connection, queued: &QueuedRun, now: i64) -> Result<Enqueued
     Ok(Enqueued::New(queued.run.id.clone()))
 }
 
-/// Claims the oldest open queued run that no live store holds, taking its lease.
-///
-/// No double claim: the writer thread runs claims one at a time in its transaction
-/// (`BEGIN IMMEDIATE` also excludes other processes' writers), and a run another live
-/// store holds has a lease row naming it, which `take_lease` refuses. Runs this store
-/// holds are skipped by name, without a file lock test.
 /// A run [`claim_run`] took, with its queue row.
 struct ClaimedRow {
-    id: String,
+    /// Its lease, made in the claim's transaction: if the commit then fails, dropping it
+    /// frees the run in this store again (and deletes a row that was never written).
+    lease: SqliteLease,
     agent: String,
     cancel_requested: bool,
     traceparent: Option<String>,
-    /// A new run as stored, read in the claim's transaction.
+    /// A new run as stored, read in the claim's transaction; `None` for a run taken over
+    /// and for a row that does not read (the worker loads it, and fails it).
     loaded: Option<LoadedRun>,
+}
+
+/// What a claim needs to make a lease: this store's runs and its writer.
+struct Claimant {
+    held: Arc<Mutex<HashSet<String>>>,
+    writer: Writer,
 }
 
 /// Takes the lease of the oldest open run `scan` looks for: new (never claimed), or
 /// claimed with its holder gone. New runs have no lease to look at, so that scan touches
 /// no holder file.
+///
+/// No double claim: the writer thread runs claims one at a time in its transaction
+/// (`BEGIN IMMEDIATE` also excludes other processes' writers), and a run another live
+/// store holds has a lease row naming it, which `take_lease` refuses. Runs this store
+/// holds are skipped by name, without a file lock test. A row naming this store as holder of a run it does not hold is left by
+/// a release that failed (a full disk): it is taken over like a dead process's.
 fn claim_run(
     tx: &Connection,
     lessee: &Lessee,
-    held: &Mutex<HashSet<String>>,
+    claimant: &Claimant,
     scan: Scan,
 ) -> Result<Option<ClaimedRow>, StoreError> {
     let abandoned = scan == Scan::Abandoned;
@@ -675,43 +729,51 @@ fn claim_run(
         let id: String = row.get(0).map_err(db_error)?;
         let holder: Option<String> = row.get(1).map_err(db_error)?;
         match holder {
-            Some(holder) if *holder == *lessee.holder => continue,
-            Some(holder) if holder_alive(&lessee.locks, &holder) => continue,
+            Some(holder) if *holder != *lessee.holder && holder_alive(&lessee.locks, &holder) => {
+                continue;
+            }
             _ => {}
         }
-        if !held
+        // Runs this store holds are skipped here.
+        if !claimant
+            .held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.clone())
         {
             continue;
         }
-        let claimed = (|| {
-            let row = ClaimedRow {
-                id: id.clone(),
-                agent: row.get(2).map_err(db_error)?,
-                cancel_requested: row.get::<_, i64>(3).map_err(db_error)? != 0,
-                traceparent: row.get(4).map_err(db_error)?,
-                loaded: None,
-            };
-            take_lease(tx, &id, lessee)?;
-            tx.prepare_cached("UPDATE run_queue SET claimed = 1 WHERE run_id = ?1")
-                .and_then(|mut s| s.execute(params![id]))
-                .map_err(db_error)?;
-            // A new run's journal is empty: reading it here, under the write lock, costs
-            // less than a load on the reader afterwards. A run taken over may have a long
-            // journal, which the writer must not spend its time reading.
-            let loaded = if abandoned {
-                None
-            } else {
-                Some(load_run(tx, &id)?)
-            };
-            Ok(ClaimedRow { loaded, ..row })
-        })();
-        if claimed.is_err() {
-            held.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        }
-        return claimed.map(Some);
+        // From here, dropping the lease (an error below, or a failed commit) frees the run.
+        let lease = SqliteLease {
+            run_id: id.clone(),
+            holder: lessee.holder.clone(),
+            held: claimant.held.clone(),
+            writer: claimant.writer.clone(),
+        };
+        let agent = row.get(2).map_err(db_error)?;
+        let cancel_requested = row.get::<_, i64>(3).map_err(db_error)? != 0;
+        let traceparent = row.get(4).map_err(db_error)?;
+        take_lease(tx, &id, lessee)?;
+        tx.prepare_cached("UPDATE run_queue SET claimed = 1 WHERE run_id = ?1")
+            .and_then(|mut s| s.execute(params![id]))
+            .map_err(db_error)?;
+        // A new run's journal is empty: reading it here, under the write lock, costs
+        // less than a load on the reader afterwards. A run taken over may have a long
+        // journal, which the writer must not spend its time reading. A run that does not
+        // read is claimed all the same: the worker's own load fails, and it ends the run
+        // failed rather than leave it first in the queue for every claim to trip on.
+        let loaded = if abandoned {
+            None
+        } else {
+            load_run(tx, &id).ok()
+        };
+        return Ok(Some(ClaimedRow {
+            lease,
+            agent,
+            cancel_requested,
+            traceparent,
+            loaded,
+        }));
     }
     Ok(None)
 }
@@ -856,7 +918,7 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>) {
     let now = now_ms();
     let mut answers = Vec::with_capacity(group.len());
     let mut queue_writes: Vec<Box<dyn QueueWrite>> = Vec::new();
-    let committed = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let committed = match begin(conn) {
         Ok(mut tx) => {
             for job in group {
                 answers.push(match job {
@@ -903,7 +965,7 @@ fn commit_group(conn: &mut Connection, group: Vec<Job>) {
                     None
                 }
             }));
-            Err(db_error(e))
+            Err(e)
         }
     };
     for write in queue_writes {
@@ -947,10 +1009,13 @@ fn take_lease(tx: &Connection, id: &str, lessee: &Lessee) -> Result<(), StoreErr
         .map_err(db_error)?;
     match holder {
         None => {}
+        // This store's own row, left by a release that failed: the caller checked that
+        // this store does not hold the run (its own holder file is locked, by itself).
+        Some(holder) if *holder == *lessee.holder => {}
         Some(holder) if holder_alive(&lessee.locks, &holder) => {
             return Err(StoreError::Locked(id.to_string()));
         }
-        // A dead process's lease (or this store's own, left by a failed release).
+        // A dead process's lease.
         Some(_) => {}
     }
     tx.prepare_cached("INSERT OR REPLACE INTO leases (run_id, holder) VALUES (?1, ?2)")
@@ -1017,21 +1082,33 @@ fn hold(locks: &Path) -> Result<(Arc<str>, File), StoreError> {
     }
     let name = format!("{}-{:016x}.holder", std::process::id(), fastrand::u64(..));
     let path = locks.join(&name);
+    // Locked under a name no sweep above looks at, then renamed: a file that appeared
+    // unlocked under a holder's name would be deleted (or briefly locked) by another
+    // process's sweep, and this store's own lock then refused or its leases lost.
+    let pending = locks.join(format!("{name}.new"));
     let file = OpenOptions::new()
         .create_new(true)
         .write(true)
-        .open(&path)
-        .map_err(|e| StoreError::Open(format!("cannot create {}: {e}", path.display())))?;
-    match file.try_lock() {
-        Ok(()) => Ok((Arc::from(name), file)),
+        .open(&pending)
+        .map_err(|e| StoreError::Open(format!("cannot create {}: {e}", pending.display())))?;
+    let locked = match file.try_lock() {
+        Ok(()) => std::fs::rename(&pending, &path)
+            .map_err(|e| StoreError::Open(format!("cannot rename {}: {e}", pending.display()))),
         Err(TryLockError::WouldBlock) => Err(StoreError::Open(format!(
             "{} is locked by another process",
-            path.display()
+            pending.display()
         ))),
         Err(TryLockError::Error(e)) => Err(StoreError::Open(format!(
             "cannot lock {}: {e}",
-            path.display()
+            pending.display()
         ))),
+    };
+    match locked {
+        Ok(()) => Ok((Arc::from(name), file)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&pending);
+            Err(e)
+        }
     }
 }
 
@@ -1156,17 +1233,29 @@ fn append_batch(tx: &Connection, id: &str, batch: &Batch, now: i64) -> Result<()
     Ok(())
 }
 
+/// Refuses a path that names something other than a regular file (a device such as
+/// `/dev/null`, a directory, a FIFO) before SQLite opens it: SQLite would create its
+/// journal and this store its lock directory beside it. A missing file is a new store.
+fn check_file(path: &Path) -> Result<(), StoreError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => Err(StoreError::Open(format!(
+            "{} is not a regular file",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Opens a connection with the store's settings.
+///
+/// The file is identified before anything is written to it: switching a foreign
+/// database to WAL mode would rewrite its header and leave it in WAL mode.
 fn connect(path: &Path) -> Result<Connection, StoreError> {
-    let conn = Connection::open(path).map_err(|e| match open_error(&e) {
-        Some(err) => err,
-        None => StoreError::Open(format!("{}: {e}", path.display())),
-    })?;
+    let conn = Connection::open(path).map_err(|e| open_failure(path, &e))?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(db_error)?;
-    // The first read of the file: a file that is not SQLite fails here.
-    let _: i64 = conn
-        .query_row("PRAGMA application_id", [], |row| row.get(0))
-        .map_err(db_error)?;
+    // The first read of the file: a file that is not SQLite fails here, another
+    // application's database a line below.
+    identify(&conn)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
         .map_err(db_error)?;
@@ -1183,33 +1272,103 @@ fn connect(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Opens a read-only connection that writes nothing, not even SQLite's shared-memory
+/// files: `immutable` when the file has no WAL file beside it (no writer has it open, or
+/// one is about to start: a read may then fail, never write), plain `mode=ro` when it has
+/// one (a writer may be at work: its WAL holds the newest commits).
+fn connect_read_only(path: &Path) -> Result<Connection, StoreError> {
+    if !path.exists() {
+        return empty_store();
+    }
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let absolute = std::path::absolute(path)
+        .map_err(|e| StoreError::Open(format!("{}: {e}", path.display())))?;
+    let query = if Path::new(&wal).exists() {
+        "mode=ro"
+    } else {
+        "mode=ro&immutable=1"
+    };
+    let uri = format!("file:{}?{query}", uri_path(&absolute));
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(&uri, flags).map_err(|e| open_failure(path, &e))?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(db_error)?;
+    let (app_id, version) = identify(&conn)?;
+    if app_id != APPLICATION_ID {
+        // `identify` refused every foreign file: this one is empty.
+        return empty_store();
+    }
+    check_meta(&conn, version)?;
+    Ok(conn)
+}
+
+/// A store with nothing in it yet, in memory: what a missing or empty file reads as.
+fn empty_store() -> Result<Connection, StoreError> {
+    let conn = Connection::open_in_memory().map_err(db_error)?;
+    migrate(&conn)?;
+    Ok(conn)
+}
+
+/// `path` for a SQLite URI: every byte but letters, digits and `/-_.~` percent-encoded
+/// (`?`, `#` and `%` would otherwise end or escape the path).
+fn uri_path(path: &Path) -> String {
+    let mut out = String::new();
+    for &byte in path.as_os_str().as_encoded_bytes() {
+        if byte.is_ascii_alphanumeric() || b"/-_.~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Tries `open` again while it fails because another process holds the file's lock, at
+/// most [`OPEN_ATTEMPTS`] times, pausing a little longer (and a random part) each time.
+fn retry_busy<T>(mut open: impl FnMut() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    let mut pause = FIRST_PAUSE;
+    for _ in 1..OPEN_ATTEMPTS {
+        match open() {
+            Err(StoreError::Busy(_)) => {
+                std::thread::sleep(pause + pause.mul_f64(fastrand::f64()));
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+            result => return result,
+        }
+    }
+    open()
+}
+
+/// Begins the group's transaction, waiting for another process's writer: SQLite's busy
+/// timeout first, then a few tries more.
+fn begin(conn: &Connection) -> Result<Transaction<'_>, StoreError> {
+    let mut pause = FIRST_PAUSE;
+    for _ in 1..BEGIN_ATTEMPTS {
+        match Transaction::new_unchecked(conn, TransactionBehavior::Immediate) {
+            Err(e) if is_busy(&e) => {
+                std::thread::sleep(pause + pause.mul_f64(fastrand::f64()));
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+            result => return result.map_err(db_error),
+        }
+    }
+    Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(db_error)
+}
+
 /// Checks that the file is an aplc store (or empty), and brings its schema up to date.
 fn migrate(conn: &Connection) -> Result<(), StoreError> {
     let (app_id, version) = identify(conn)?;
     if app_id == APPLICATION_ID && version == SCHEMA_VERSION {
-        return check_meta(conn);
+        return check_meta(conn, version);
     }
     // Immediate: two processes creating the same new file do not both migrate it.
     conn.execute_batch("BEGIN IMMEDIATE").map_err(db_error)?;
     let result = (|| {
         let (app_id, version) = identify(conn)?;
-        if app_id != APPLICATION_ID {
-            let tables: Vec<String> = conn
-                .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
-                .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
-                .map_err(db_error)?;
-            if app_id != 0 || !tables.is_empty() {
-                return Err(StoreError::Foreign(format!(
-                    "a SQLite database of another application (application_id {app_id}, tables: {})",
-                    if tables.is_empty() {
-                        "none".to_string()
-                    } else {
-                        tables.join(", ")
-                    }
-                )));
-            }
-        } else {
-            check_meta(conn)?;
+        if app_id == APPLICATION_ID {
+            check_meta(conn, version)?;
         }
         for (to, sql) in MIGRATIONS.iter().filter(|(to, _)| *to > version) {
             conn.execute_batch(sql).map_err(db_error)?;
@@ -1235,37 +1394,63 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
     }
 }
 
-/// The file's application id and schema version; a newer schema is refused here.
+/// The file's application id and schema version, read without writing anything. Another
+/// application's database (an id of its own, or tables without aplc's id) and a newer
+/// schema are refused here.
 fn identify(conn: &Connection) -> Result<(i64, i64), StoreError> {
-    let app_id: i64 = conn
-        .query_row("PRAGMA application_id", [], |row| row.get(0))
+    // One statement, so one snapshot: read apart, the id could predate another
+    // process's creation of the schema and the tables follow it.
+    let (app_id, version, tables): (i64, i64, Option<String>) = conn
+        .query_row(
+            "SELECT (SELECT application_id FROM pragma_application_id()),
+                    (SELECT user_version FROM pragma_user_version()),
+                    (SELECT group_concat(name, ', ') FROM
+                       (SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name))",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
         .map_err(db_error)?;
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |row| row.get(0))
-        .map_err(db_error)?;
-    if app_id == APPLICATION_ID && version > SCHEMA_VERSION {
-        return Err(StoreError::NewerSchema {
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
+    if app_id == APPLICATION_ID {
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::NewerSchema {
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        return Ok((app_id, version));
+    }
+    if app_id != 0 || tables.is_some() {
+        return Err(StoreError::Foreign(format!(
+            "a SQLite database of another application (application_id {app_id}, tables: {})",
+            tables.as_deref().unwrap_or("none")
+        )));
     }
     Ok((app_id, version))
 }
 
-/// The `aplc_meta` table agrees with the pragmas.
-fn check_meta(conn: &Connection) -> Result<(), StoreError> {
-    let magic: Option<String> = conn
-        .query_row(
-            "SELECT value FROM aplc_meta WHERE key = 'magic'",
-            [],
+/// The `aplc_meta` table agrees with the pragmas: its magic marks an aplc store, and its
+/// schema version is `PRAGMA user_version` (the PostgreSQL store reads the same row).
+fn check_meta(conn: &Connection, version: i64) -> Result<(), StoreError> {
+    let meta = |key: &str| -> Result<Option<String>, StoreError> {
+        conn.query_row(
+            "SELECT value FROM aplc_meta WHERE key = ?1",
+            params![key],
             |row| row.get(0),
         )
         .optional()
-        .map_err(db_error)?;
-    if magic.as_deref() != Some(MAGIC) {
+        .map_err(db_error)
+    };
+    if meta("magic")?.as_deref() != Some(MAGIC) {
         return Err(StoreError::Corrupt(
             "the file is marked as an aplc store but its `aplc_meta` table is not".into(),
         ));
+    }
+    let recorded = meta("schema_version")?.unwrap_or_default();
+    if recorded.parse::<i64>().ok() != Some(version) {
+        return Err(StoreError::Corrupt(format!(
+            "the schema version in `aplc_meta` (`{}`) is not the file's user_version ({version})",
+            recorded.escape_debug()
+        )));
     }
     Ok(())
 }
@@ -1292,7 +1477,26 @@ fn open_error(error: &rusqlite::Error) -> Option<StoreError> {
 }
 
 fn db_error(error: rusqlite::Error) -> StoreError {
+    if is_busy(&error) {
+        return StoreError::Busy(error.to_string());
+    }
     open_error(&error).unwrap_or_else(|| StoreError::Database(error.to_string()))
+}
+
+/// A lock another connection holds: worth trying again.
+fn is_busy(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
+/// A failure to open the file, naming it.
+fn open_failure(path: &Path, error: &rusqlite::Error) -> StoreError {
+    if is_busy(error) {
+        return StoreError::Busy(error.to_string());
+    }
+    open_error(error).unwrap_or_else(|| StoreError::Open(format!("{}: {error}", path.display())))
 }
 
 #[cfg(test)]
