@@ -42,6 +42,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
+/// The most a connection buffers: a request head's limit, and what bounds the server's
+/// buffers at the largest cap (10,000 connections: under 700 MB even if every one sends a
+/// head this large).
+const MAX_CONNECTION_BUFFER: usize = 64 * 1024;
+
 /// How long connections may stall, and how many may be open.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnectionLimits {
@@ -129,7 +134,10 @@ async fn serve_connection(
             }
         })
     };
-    let builder = hyper::server::conn::http1::Builder::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // hyper buffers up to about 400 KiB per connection by default; a request head larger
+    // than this gets 431, and a body streams through in pieces of at most this size.
+    builder.max_buf_size(MAX_CONNECTION_BUFFER);
     let mut served = std::pin::pin!(builder.serve_connection(io, service));
     let mut stopping = false;
     loop {
@@ -406,12 +414,12 @@ impl AsyncWrite for Watched {
 }
 
 /// The default of `--max-connections`: three quarters of the open-file limit (after
-/// [`raise_fd_limit`]), the rest kept for the store, agent files, tool processes' pipes
-/// and outgoing provider connections; at least 16 and at most 10,000 (hyper's
-/// per-connection buffers stay well under a gigabyte at that count).
+/// [`raise_fd_limit`]; `None`: unlimited), the rest kept for the store, agent files, tool
+/// processes' pipes and outgoing provider connections; at least 16 and at most 10,000
+/// (see [`MAX_CONNECTION_BUFFER`]).
 pub(crate) fn default_max_connections(fd_limit: Option<u64>) -> usize {
-    let limit = fd_limit.unwrap_or(1024);
-    usize::try_from(limit / 4 * 3)
+    fd_limit
+        .and_then(|limit| usize::try_from(limit / 4 * 3).ok())
         .unwrap_or(usize::MAX)
         .clamp(16, 10_000)
 }
@@ -453,7 +461,7 @@ mod tests {
         assert_eq!(default_max_connections(Some(256)), 192);
         assert_eq!(default_max_connections(Some(1 << 20)), 10_000);
         assert_eq!(default_max_connections(Some(8)), 16);
-        assert_eq!(default_max_connections(None), 768);
+        assert_eq!(default_max_connections(None), 10_000);
     }
 
     #[tokio::test]
