@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -201,7 +201,7 @@ async fn accept_failed(error: io::Error, stop: &mut watch::Receiver<bool>) {
 #[derive(Default)]
 struct OpenConnections {
     by_id: Mutex<BTreeMap<u64, Arc<Connection>>>,
-    next_id: Mutex<u64>,
+    next_id: AtomicU64,
     /// Set while the cap is reached, so that reaching it is logged once, not per accept.
     at_cap: AtomicBool,
 }
@@ -228,11 +228,7 @@ impl OpenConnections {
         } else {
             self.at_cap.store(false, Ordering::Relaxed);
         }
-        let id = {
-            let mut next = self.next_id.lock().unwrap_or_else(|e| e.into_inner());
-            *next += 1;
-            *next
-        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let connection = Arc::new(Connection::new(id));
         by_id.insert(id, connection.clone());
         Some(connection)
