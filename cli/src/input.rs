@@ -1,18 +1,16 @@
 //! Reading input files, writing output files atomically, and printing diagnostics,
 //! shared by every command.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 
 use std::borrow::Cow;
 
 use aplc_compiler::{Diagnostic, render};
+use aplc_runtime::input::{InputError, read_input};
 use aplc_vm::text::escape_control;
 
 use crate::Failure;
-
-/// The largest input file aplc reads.
-const MAX_INPUT_LEN: u64 = 64 * 1024 * 1024;
 
 pub(crate) fn print_diagnostics(diagnostics: &[Diagnostic], file: &Path, source: &str) {
     if diagnostics.is_empty() {
@@ -35,38 +33,14 @@ pub(crate) fn display_name(file: &Path) -> String {
     file.display().to_string()
 }
 
-/// Reads a whole input file, refusing files over [`MAX_INPUT_LEN`] bytes.
-///
-/// The limit is enforced while reading, not after: `/dev/zero`, a FIFO or a growing file
-/// report no useful length up front and would otherwise be read into memory without
-/// bound. (A FIFO that nobody writes to still blocks; that is the OS.)
+/// Reads a whole input file, refusing files over
+/// [`MAX_INPUT_LEN`](aplc_runtime::input::MAX_INPUT_LEN) bytes
+/// ([`aplc_runtime::input::read_input`]).
 pub(crate) fn read_bytes(file: &Path) -> Result<Vec<u8>, Failure> {
-    let too_large = |size: String| {
-        Failure::usage(format!(
-            "{}: {size}; aplc reads files of at most {MAX_INPUT_LEN} bytes",
-            file.display()
-        ))
-    };
-    let cannot_read =
-        |e: std::io::Error| Failure::usage(format!("cannot read {}: {e}", file.display()));
-    let opened = std::fs::File::open(file).map_err(cannot_read)?;
-    // A regular file says its size: refuse a large one before reading any of it.
-    if let Ok(meta) = opened.metadata()
-        && meta.len() > MAX_INPUT_LEN
-    {
-        return Err(too_large(format!("the file is {} bytes", meta.len())));
-    }
-    let mut bytes = Vec::new();
-    opened
-        .take(MAX_INPUT_LEN + 1)
-        .read_to_end(&mut bytes)
-        .map_err(cannot_read)?;
-    if bytes.len() as u64 > MAX_INPUT_LEN {
-        return Err(too_large(format!(
-            "the input is longer than {MAX_INPUT_LEN} bytes"
-        )));
-    }
-    Ok(bytes)
+    read_input(file).map_err(|e| match e {
+        InputError::Io(e) => Failure::usage(format!("cannot read {}: {e}", file.display())),
+        too_large => Failure::usage(format!("{}: {too_large}", file.display())),
+    })
 }
 
 pub(crate) fn into_text(file: &Path, bytes: Vec<u8>) -> Result<String, Failure> {

@@ -52,6 +52,26 @@ pub(crate) struct ServeArgs {
     /// from their journal at the next start), in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_DRAIN_TIMEOUT.as_millis() as u64)]
     drain_timeout_ms: u64,
+    /// How long a client may take to send a request head (from the accept, or from the
+    /// head's first byte on a kept-alive connection) before the connection is closed, in
+    /// milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_HEADER_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_ms: u64,
+    /// How long a client may take to send a request body (larger: 408), in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_BODY_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_ms: u64,
+    /// How long a kept-alive connection may wait for its next request, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_IDLE_TIMEOUT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_ms: u64,
+    /// The most connections open at once (default: three quarters of the open-file
+    /// limit, which is raised to its hard limit at start; 16 to 10,000). Over it, the
+    /// oldest connection not serving a request is closed for the new one.
+    #[arg(long, value_name = "N",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    max_connections: Option<usize>,
     /// OpenTelemetry export of every run's spans (`--otel`, `--otel-content`, or the
     /// OTLP endpoint variables); a run joins the trace of its request's `traceparent`.
     #[command(flatten)]
@@ -78,6 +98,10 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     config.max_body_bytes = args.max_body_bytes;
     config.wait_limit = Duration::from_millis(args.wait_timeout_ms);
     config.drain_timeout = Duration::from_millis(args.drain_timeout_ms);
+    config.header_timeout = Duration::from_millis(args.header_timeout_ms);
+    config.body_timeout = Duration::from_millis(args.body_timeout_ms);
+    config.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
+    config.max_connections = args.max_connections;
     config.telemetry = args.telemetry.pipeline()?.map(std::sync::Arc::new);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -92,12 +116,19 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     if let Some(telemetry) = &telemetry {
         crate::telemetry::shut_down(telemetry);
     }
+    // Not a plain drop, which waits for every blocking task: a reload still reading or
+    // compiling an agent file must not hold the exit after SIGTERM.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
     match served {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(ServeError::Config(message)) => Err(Failure::usage(message)),
         Err(e) => Err(Failure::run(e.to_string())),
     }
 }
+
+/// How long the exit waits for blocking tasks (file reads, a compile) after the server
+/// stopped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// The tokens of `--tokens FILE` and `APLC_SERVE_TOKENS`.
 fn tokens(file: Option<&std::path::Path>) -> Result<Tokens, Failure> {

@@ -195,15 +195,28 @@ impl Server {
 
     /// [`Server::start_on`] with more environment variables.
     fn start_with(dir: &Path, store: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        let mut command = Server::command(dir, store, extra);
+        command.envs(env.iter().copied());
+        Server::launch(command)
+    }
+
+    /// The `aplc serve` command line of a test.
+    fn command(dir: &Path, store: &str, extra: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_aplc"));
+        command
             .current_dir(dir)
             .args(["serve", "--agents", "agents", "--store", store])
             .args(["--listen", "127.0.0.1:0", "--providers", "providers.json"])
             .args(extra)
             .env("APLC_SERVE_TOKENS", TOKEN)
             .env("RUST_LOG", "info")
-            .env_remove("OPENAI_API_KEY")
-            .envs(env.iter().copied())
+            .env_remove("OPENAI_API_KEY");
+        command
+    }
+
+    /// Starts `command` and waits for the address it listens on.
+    fn launch(mut command: Command) -> Server {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1234,4 +1247,278 @@ async fn runs_join_their_requests_trace_and_stream_deltas_live() {
     let chats = spans.iter().filter(|s| s.name.starts_with("chat ")).count();
     assert_eq!(chats, 2);
     assert!(spans.iter().all(|s| hex(&s.trace_id) == TRACE_ID));
+}
+
+// ---------------------------------------------------------------------------------------
+// Hardening, round 2 (issue #22): request shapes, the auth scheme, connections that stall,
+// agent files that are too large or symlinked.
+
+/// R8: a JSON array (or any non-object) is 400, as spec/serve.md says; a name a run cannot
+/// set (a view, a reserved variable) in `context` is 422 and nothing is queued.
+/// R9: the `Bearer` scheme is case-insensitive.
+#[tokio::test]
+async fn non_object_bodies_reserved_names_and_the_scheme_case() {
+    let model = Model::start();
+    let dir = scratch("shapes", &model);
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+
+    for body in [json!([]), json!([{"context": {}}]), json!(1), json!(null)] {
+        let (status, answer) = client.submit_to("turns", &body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_body", "{body}");
+    }
+    for name in ["context_history", "context", "memory"] {
+        let body = json!({"context": {"turns": 1, "tag": "x", name: 1}});
+        let (status, answer) = client.submit_to("turns", &body).await;
+        assert_eq!(status, 422, "{name}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_context");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("`{name}`")), "{message}");
+    }
+    let (_, counts) = client.get("/v1/agents").await;
+    assert_eq!(counts["agents"][0]["name"], "turns");
+    assert!(model.prompts().is_empty());
+
+    for scheme in ["bearer", "BEARER", "Bearer", "bEaReR"] {
+        let response = http()
+            .get(format!("{}/v1/agents", server.url))
+            .header("authorization", format!("{scheme}  {TOKEN}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{scheme}");
+    }
+    let response = http()
+        .get(format!("{}/v1/agents", server.url))
+        .header("authorization", format!("bearer {TOKEN}x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+}
+
+/// R1: connections that send half a request head and stall fill the server's open files
+/// (the child's limit is lowered to 128, soft and hard, so it cannot be raised); over the
+/// connection cap the oldest stalled one is closed for each new one, so `/healthz` and an
+/// authenticated request still answer. The header timeout is long here, so that only the
+/// cap can explain the answers.
+#[tokio::test]
+async fn stalled_connections_over_the_cap_never_lock_out_clients() {
+    use std::os::unix::process::CommandExt as _;
+    let model = Model::start();
+    let dir = scratch("slowloris-cap", &model);
+    let mut command = Server::command(&dir, "sqlite:runs.db", &["--header-timeout-ms", "600000"]);
+    // SAFETY: only async-signal-safe `setrlimit` runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 128,
+                rlim_max: 128,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let server = Server::launch(command);
+    let address = server.url.trim_start_matches("http://").to_string();
+    let mut stalled = Vec::new();
+    for _ in 0..200 {
+        let mut stream = std::net::TcpStream::connect(&address).expect("connect");
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: stalled\r\n")
+            .expect("half a head");
+        stalled.push(stream);
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client");
+    let health = http
+        .get(format!("{}/healthz", server.url))
+        .send()
+        .await
+        .expect("/healthz answers while stalled connections fill the server");
+    assert_eq!(health.status().as_u16(), 200);
+    let agents = http
+        .get(format!("{}/v1/agents", server.url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("an authenticated request answers too");
+    assert_eq!(agents.status().as_u16(), 200);
+    assert!(
+        server.log().contains("connection cap is reached"),
+        "{}",
+        server.log()
+    );
+    drop(stalled);
+}
+
+/// R1: a connection that stalls in its head is closed after the header timeout, a
+/// kept-alive one after the idle timeout, and a body that trickles gets 408.
+#[tokio::test]
+async fn stalled_heads_idle_connections_and_slow_bodies_time_out() {
+    use std::io::Read as _;
+    let model = Model::start();
+    let dir = scratch("slowloris-timeouts", &model);
+    let server = Server::start(
+        &dir,
+        &[
+            "--header-timeout-ms",
+            "1000",
+            "--idle-timeout-ms",
+            "1500",
+            "--body-timeout-ms",
+            "1000",
+        ],
+    );
+    let address = server.url.trim_start_matches("http://").to_string();
+    let connect = |first: &[u8]| {
+        let mut stream = std::net::TcpStream::connect(&address).expect("connect");
+        // Bounds every read below: a server that never closes fails the test.
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("read timeout");
+        stream.write_all(first).expect("write");
+        stream
+    };
+    // Everything the server sends until it closes the connection.
+    let until_closed = |stream: &mut std::net::TcpStream| -> String {
+        let mut answer = Vec::new();
+        match stream.read_to_end(&mut answer) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("the server did not close the connection: {e}"),
+        }
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+
+    let mut head = connect(b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    assert_eq!(until_closed(&mut head), "", "no answer to half a head");
+
+    let mut idle = connect(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let answer = until_closed(&mut idle);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    let request = format!(
+        "POST /v1/agents/turns/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"context\""
+    );
+    let mut body = connect(request.as_bytes());
+    let answer = until_closed(&mut body);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    assert!(model.prompts().is_empty());
+}
+
+/// R6: an agent file over the CLI's input limit (a sparse file, so the test writes
+/// nothing) is skipped from its size with one short log line, the other agents are
+/// served, and SIGTERM stops the server.
+#[tokio::test]
+async fn an_oversized_agent_file_is_skipped_and_sigterm_still_works() {
+    let model = Model::start();
+    let dir = scratch("oversized", &model);
+    let big = std::fs::File::create(dir.join("agents/big.apl")).expect("big.apl");
+    big.set_len(100 * 1024 * 1024)
+        .expect("a sparse 100 MiB file");
+    drop(big);
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+    let (status, agents) = client.get("/v1/agents").await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert_eq!(names, ["turns"]);
+    let (status, run) = client.submit("ok", 1, true).await;
+    assert_eq!(status, 200, "{run}");
+    let log = server.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("big.apl")).collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("at most"), "{}", lines[0]);
+    assert!(log.len() < 64 * 1024, "the log has {} bytes", log.len());
+    assert_eq!(server.terminate(), Some(0));
+}
+
+/// R7: symlinked agents as a Kubernetes ConfigMap mounts them (`cm.apl -> ..data/cm.apl`,
+/// `..data -> ..2026_01`), a file symlink out of the directory, and a symlink loop that is
+/// skipped without hanging; re-pointing `..data` (the ConfigMap update) reloads the agent
+/// even when the new file has the old one's size and modification time.
+#[tokio::test]
+async fn symlinked_agents_are_served_and_a_configmap_swap_reloads_them() {
+    use std::os::unix::fs::symlink;
+    let model = Model::start();
+    let dir = scratch("symlinks", &model);
+    let agents = dir.join("agents");
+    let source = std::fs::read_to_string(agents.join("turns.apl")).unwrap();
+    std::fs::create_dir(agents.join("..2026_01")).unwrap();
+    std::fs::write(agents.join("..2026_01/cm.apl"), &source).unwrap();
+    symlink("..2026_01", agents.join("..data")).unwrap();
+    symlink("..data/cm.apl", agents.join("cm.apl")).unwrap();
+    std::fs::write(dir.join("outside.apl"), &source).unwrap();
+    symlink("../outside.apl", agents.join("linked.apl")).unwrap();
+    symlink("loop-b.apl", agents.join("loop-a.apl")).unwrap();
+    symlink("loop-a.apl", agents.join("loop-b.apl")).unwrap();
+
+    let server = Server::start(&dir, &[]);
+    let client = Client::new(&server);
+    let hashes = || async {
+        let (_, agents) = client.get("/v1/agents").await;
+        agents["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let name = a["name"].as_str().unwrap().to_string();
+                (name, a["bundle_hash"].as_str().unwrap().to_string())
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = hashes().await;
+    let names: Vec<&str> = before.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["cm", "linked", "turns"]);
+
+    // The update: a new directory, then `..data` re-pointed by an atomic rename.
+    std::fs::create_dir(agents.join("..2026_02")).unwrap();
+    let new = agents.join("..2026_02/cm.apl");
+    std::fs::write(&new, source.replace("V1 run", "V2 run")).unwrap();
+    let old_modified = std::fs::metadata(agents.join("..2026_01/cm.apl"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&new)
+        .unwrap()
+        .set_modified(old_modified)
+        .unwrap();
+    symlink("..2026_02", agents.join("..data_tmp")).unwrap();
+    std::fs::rename(agents.join("..data_tmp"), agents.join("..data")).unwrap();
+    let started = Instant::now();
+    loop {
+        let now = hashes().await;
+        if now[0] != before[0] {
+            assert_eq!(now[1..], before[1..]);
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "not reloaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, run) = client
+        .submit_to("cm", &json!({"context": {"turns": 1, "tag": "cm"}}))
+        .await;
+    assert_eq!(status, 202, "{run}");
+    let id = run["run_id"].as_str().unwrap();
+    let run = client.until_final(id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert!(model.prompts_of("cm").iter().all(|p| p.starts_with("V2")));
+    // The loop is reported once per file, not at every scan.
+    let log = server.log();
+    assert_eq!(log.matches("loop-a.apl").count(), 1, "{log}");
 }

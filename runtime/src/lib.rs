@@ -10,6 +10,7 @@
 //!   resume after a crash without repeating a paid call.
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
+//! * [`input`]: reading a user's file with the one input size limit.
 //! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool.
 //! * [`telemetry`]: OpenTelemetry spans and metrics of runs, from their events, exported
 //!   over OTLP/HTTP.
@@ -21,6 +22,7 @@ pub mod anthropic;
 pub mod driver;
 pub mod durable;
 pub mod http;
+pub mod input;
 pub mod manifest;
 pub mod openai;
 mod redact;

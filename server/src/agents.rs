@@ -14,9 +14,14 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use aplc_runtime::durable::bundle_hash;
+use aplc_runtime::input::read_input;
 use aplc_vm::Program;
+use aplc_vm::text::truncate_chars;
 
 use crate::ServeError;
+
+/// The longest error about one agent file that goes to the log, in characters.
+const MAX_LOGGED_ERROR: usize = 4_000;
 
 /// One hosted agent.
 #[derive(Debug)]
@@ -29,9 +34,15 @@ pub(crate) struct Agent {
     pub(crate) steps: Vec<String>,
 }
 
-/// What a file looked like when it was last loaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a file looked like when it was last loaded. Symlinks are followed: the stamp is
+/// the target's, with the target's resolved path, so re-pointing a link (a Kubernetes
+/// ConfigMap swaps its `..data` link to a new directory) is a change even when the new
+/// file has the old one's size and modification time. A link that cannot be resolved (a
+/// loop, a dangling target) has an empty stamp and fails to load once, with one log
+/// line, until it changes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct Stamp {
+    target: Option<PathBuf>,
     modified: Option<SystemTime>,
     len: u64,
 }
@@ -116,7 +127,7 @@ impl Agents {
             if seen.get(path) == Some(stamp) {
                 continue;
             }
-            seen.insert(path.clone(), *stamp);
+            seen.insert(path.clone(), stamp.clone());
             match load_agent(&name, path) {
                 Ok(agent) => {
                     let replaced = self
@@ -132,6 +143,9 @@ impl Agents {
                     }
                 }
                 Err(message) => {
+                    // Bounded: a compiler report quotes source lines, which a hostile or
+                    // broken file can make as long as it likes.
+                    let message = truncate_chars(&message, MAX_LOGGED_ERROR);
                     tracing::error!(agent = %name, file = %path.display(), "{message}");
                 }
             }
@@ -167,26 +181,28 @@ pub(crate) async fn watch(
     }
 }
 
-/// The `.apl` and `.aplb` files of `dir`, sorted by path, with their stamps.
+/// The `.apl` and `.aplb` files of `dir`, sorted by path, with their stamps: regular
+/// files and symlinks to regular files (followed; the OS refuses a symlink loop with
+/// `ELOOP` after a bounded number of hops, so a loop cannot hang a scan). Directories and
+/// other file types are skipped; a symlink that does not resolve is listed with an empty
+/// stamp, so that loading it reports why once.
 fn agent_files(dir: &Path) -> std::io::Result<Vec<(PathBuf, Stamp)>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let path = entry.path();
+        let path = entry?.path();
         if agent_name(&path).is_none() {
             continue;
         }
-        let Ok(meta) = entry.metadata() else { continue };
-        if !meta.is_file() {
-            continue;
-        }
-        files.push((
-            path,
-            Stamp {
+        let stamp = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => Stamp {
+                target: std::fs::canonicalize(&path).ok(),
                 modified: meta.modified().ok(),
                 len: meta.len(),
             },
-        ));
+            Ok(_) => continue,
+            Err(_) => Stamp::default(),
+        };
+        files.push((path, stamp));
     }
     files.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(files)
@@ -211,11 +227,21 @@ fn agent_name(path: &Path) -> Option<String> {
 /// Loads a bundle or compiles source; the error is the message to log (with the
 /// compiler's diagnostics).
 fn load_agent(name: &str, path: &Path) -> Result<Agent, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    // The CLI's input limit: a huge (or sparse) file is refused from its size, unread.
+    let bytes = read_input(path).map_err(|e| format!("cannot read the file; skipped: {e}"))?;
     let program = if aplc_vm::bundle::is_bundle(&bytes) {
         Program::load(&bytes).map_err(|e| format!("unreadable bundle: {e}"))?
     } else {
         let source = String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_string())?;
+        if source.len() > aplc_compiler::MAX_SOURCE_LEN {
+            // Not compiled: the compiler would refuse it too, with a report that quotes
+            // the first line, which can be the whole file.
+            return Err(format!(
+                "the source is {} bytes; aplc compiles files of at most {} bytes; skipped",
+                source.len(),
+                aplc_compiler::MAX_SOURCE_LEN
+            ));
+        }
         let file_name = path
             .file_name()
             .map_or_else(|| name.to_string(), |n| n.to_string_lossy().into_owned());

@@ -12,7 +12,7 @@ use aplc_runtime::store::{Enqueued, QueueEntry, QueuedRun, RunStore, StoreError}
 use aplc_vm::RunOptions;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{KeepAlive, Sse};
@@ -51,6 +51,7 @@ pub(crate) struct AppState {
     /// OpenTelemetry export, when on.
     pub(crate) telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
     wait_limit: Duration,
+    body_timeout: Duration,
 }
 
 impl AppState {
@@ -72,6 +73,7 @@ impl AppState {
             stop,
             telemetry: config.telemetry.clone(),
             wait_limit: config.wait_limit,
+            body_timeout: config.body_timeout,
         }
     }
 }
@@ -109,7 +111,7 @@ pub(crate) struct ErrorBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ErrorDetail {
     /// A stable, machine-readable code: `unauthorized`, `not_found`, `invalid_body`,
-    /// `body_too_large`, `missing_inputs`, `store`.
+    /// `body_too_large`, `body_timeout`, `missing_inputs`, `invalid_context`, `store`.
     code: String,
     /// What happened, for people.
     message: String,
@@ -172,6 +174,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body may still come: the connection cannot be reused.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
@@ -292,41 +300,26 @@ struct Accepted {
         (status = 202, description = "Queued (or still running at the wait limit)", body = Accepted),
         (status = 200, description = "With `?wait=true`: the finished run", body = RunView),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 404, body = ErrorBody), (status = 413, body = ErrorBody),
-        (status = 422, description = "Declared inputs are missing", body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 408, description = "The body did not arrive within the body timeout", body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "Declared inputs are missing, or `context` sets a name a run cannot set", body = ErrorBody),
     ))]
 async fn submit(
     State(state): State<AppState>,
     Path(name): Path<String>,
     query: Result<Query<WaitQuery>, QueryRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    request: Request,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                "the request body is over the server's limit",
-            )
-        } else {
-            ApiError::bad_request(e.body_text())
-        }
-    })?;
+    let body = read_body(request, state.body_timeout).await?;
     let agent = state
         .agents
         .get(&name)
         .ok_or_else(|| ApiError::not_found(format!("no agent `{name}`")))?;
-    let request: RunRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(
-            "the body must be a JSON object such as {\"context\": {}}",
-        ));
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))?
-    };
+    let request = run_request(&body)?;
     let context = request.context.unwrap_or_default();
+    check_context_names(&context)?;
     let missing: Vec<&str> = agent
         .inputs
         .iter()
@@ -401,6 +394,65 @@ async fn submit(
         return Ok((StatusCode::OK, Json(RunView::of(entry))).into_response());
     }
     accepted(&state, id).await
+}
+
+/// The request's body, read in at most `timeout` (408 past it: a client that trickles a
+/// body must not hold a connection and a buffer for long) and up to the body limit (413).
+async fn read_body(request: Request, timeout: Duration) -> Result<Bytes, ApiError> {
+    let read = tokio::time::timeout(timeout, Bytes::from_request(request, &())).await;
+    let Ok(body) = read else {
+        return Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {} ms",
+                timeout.as_millis()
+            ),
+        ));
+    };
+    body.map_err(|e: BytesRejection| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the request body is over the server's limit",
+            )
+        } else {
+            ApiError::bad_request(e.body_text())
+        }
+    })
+}
+
+/// The run request of a body: a JSON object, else 400. The object is checked before it
+/// is read as a [`RunRequest`]: serde reads a struct from a JSON array too (its fields
+/// in order), so `[]` would otherwise be a request with every field left out.
+fn run_request(body: &[u8]) -> Result<RunRequest, ApiError> {
+    const SHAPE: &str = "the body must be a JSON object such as {\"context\": {}}";
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(SHAPE));
+    }
+    let value: JsonValue = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request(SHAPE));
+    }
+    serde_json::from_value(value).map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))
+}
+
+/// 422 for a `context` entry a run cannot set (`context_history`, a reserved variable, a
+/// helper's name): the run would end failed before its first step, so it is not queued.
+/// The rule is the VM's own ([`aplc_vm::names::check_settable`]).
+fn check_context_names(context: &Map<String, JsonValue>) -> Result<(), ApiError> {
+    for name in context.keys() {
+        if let Err(problem) = aplc_vm::names::check_settable(name) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_context",
+                format!("`context` cannot set `{name}`: {}", problem.reason()),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `202 {"run_id", "status"}`: the run's status as the store has it now.

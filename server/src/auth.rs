@@ -74,13 +74,23 @@ pub(crate) async fn require_token(
     let presented = request
         .headers()
         .get(AUTHORIZATION)
-        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
-        .map(<[u8]>::trim_ascii);
+        .and_then(|value| bearer_credentials(value.as_bytes()));
     match presented {
         Some(token) if !token.is_empty() && state.tokens.accepts(token) => next.run(request).await,
         Some(_) => ApiError::unauthorized("the bearer token is not accepted").into_response(),
         None => ApiError::unauthorized("missing `Authorization: Bearer TOKEN`").into_response(),
     }
+}
+
+/// The credentials of an `Authorization` value whose scheme is `Bearer`. The scheme is
+/// case-insensitive (RFC 7235 §2.1: `bearer`, `BEARER` and `Bearer` are one scheme) and
+/// may be followed by more than one space.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|b| *b == b' ')?;
+    let (scheme, credentials) = value.split_at(space);
+    scheme
+        .eq_ignore_ascii_case(b"bearer")
+        .then(|| credentials.trim_ascii())
 }
 
 #[cfg(test)]
@@ -94,6 +104,20 @@ mod tests {
         assert_eq!(parse_tokens("a, b,,", ',').unwrap(), ["a", "b"]);
         let err = parse_tokens("good\nbad token\n", '\n').unwrap_err();
         assert!(!err.contains("bad token"), "{err}");
+    }
+
+    #[test]
+    fn the_scheme_is_case_insensitive() {
+        for value in ["Bearer t", "bearer t", "BEARER t", "bEaReR   t "] {
+            assert_eq!(
+                bearer_credentials(value.as_bytes()),
+                Some(&b"t"[..]),
+                "{value}"
+            );
+        }
+        for value in ["Basic t", "Bearert", "Bearer", "Bearer-x t"] {
+            assert_eq!(bearer_credentials(value.as_bytes()), None, "{value}");
+        }
     }
 
     #[test]

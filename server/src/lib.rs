@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aplc_runtime::store::{self, RunStore, StoreUrl};
-use axum::serve::ListenerExt as _;
 
 mod agents;
 mod api;
 mod auth;
+mod connections;
 mod equip;
 mod events;
 mod logging;
@@ -60,6 +60,17 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// How often the agents directory is checked for changes.
     pub reload_interval: Duration,
+    /// How long a client may take to send a request head, from the connection's accept
+    /// or from the head's first byte; past it, the connection is closed.
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request body; past it, 408.
+    pub body_timeout: Duration,
+    /// How long a keep-alive connection may wait for its next request.
+    pub idle_timeout: Duration,
+    /// The most connections open at once; `None`: from the open-file limit
+    /// (three quarters of it, 16 to 10,000). Over the cap, the oldest connection that is
+    /// not serving a request is closed for the new one.
+    pub max_connections: Option<usize>,
     /// The OpenTelemetry pipeline, when export is on (spec/telemetry.md): each run's
     /// spans join the trace of the `traceparent` its request carried. The caller shuts
     /// it down (flushes) after [`serve`] returns.
@@ -81,6 +92,10 @@ impl ServeConfig {
             wait_limit: DEFAULT_WAIT_LIMIT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             reload_interval: DEFAULT_RELOAD_INTERVAL,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: None,
             telemetry: None,
         }
     }
@@ -96,6 +111,14 @@ pub const DEFAULT_WAIT_LIMIT: Duration = Duration::from_secs(60);
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the agents directory is polled.
 pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_millis(500);
+/// The default of `--header-timeout-ms`: a client program sends its request head in one
+/// write; 10 s leaves room for a slow link and frees a stalled connection soon.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default of `--body-timeout-ms`: a body of the default 1 MiB limit at 35 KB/s.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default of `--idle-timeout-ms`: below the idle timeouts of common client pools
+/// (Go 90 s, reqwest 90 s), so a pooled connection is rarely reused as it closes.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A server that could not start.
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +147,15 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
                 .into(),
         ));
     }
+    let fd_limit = connections::raise_fd_limit();
+    let limits = connections::ConnectionLimits {
+        max_connections: config
+            .max_connections
+            .unwrap_or_else(|| connections::default_max_connections(fd_limit)),
+        header_timeout: config.header_timeout,
+        idle_timeout: config.idle_timeout,
+        drain_timeout: config.drain_timeout,
+    };
     let equipment = equip::Equipment::load(config.providers.as_deref(), config.tools.as_deref())?;
     let agents = agents::Agents::load(config.agents.clone())?;
     let store: Arc<dyn RunStore> = store::open(&config.store).await?;
@@ -149,32 +181,21 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
         stop.clone(),
     ));
     let app = api::router(state.clone(), config.max_body_bytes);
-    tracing::info!(%address, "listening");
+    tracing::info!(%address, max_connections = limits.max_connections, "listening");
     ready(address);
-    let mut stopped = stop.clone();
-    // TCP_NODELAY on every connection: an SSE stream writes each event (a token delta)
-    // as a small segment of its own, and with Nagle's algorithm each one after the first
-    // would wait for the reader's delayed ACK (up to 40 ms on Linux).
-    let listener = listener.tap_io(|stream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
-        }
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = stopped.wait_for(|stop| *stop).await;
-    });
+    let server = connections::serve(listener, app, limits, stop.clone());
     let signals = tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down: no new runs are claimed");
         let _ = stop_tx.send(true);
     });
-    let served = server.await;
+    server.await;
     signals.abort();
     // The workers end after the drain; the watcher at its next tick.
     let _ = workers.await;
     reload.abort();
     tracing::info!("stopped");
-    served.map_err(|e| ServeError::Io(format!("the server failed: {e}")))
+    Ok(())
 }
 
 /// SIGTERM or Ctrl-C (SIGINT).

@@ -1305,14 +1305,7 @@ fn missing_inputs(program: &Program, with_context: &[(String, Value)]) -> Option
 
 /// Why `name` cannot be injected with `with_context`, if it cannot.
 fn invalid_context_name(name: &str) -> Option<&'static str> {
-    names::check_settable(name)
-        .err()
-        .map(|problem| match problem {
-            Unsettable::View => "it is a view maintained by the executor",
-            Unsettable::Reserved => "it is a reserved variable (§8)",
-            Unsettable::Helper => "it is a built-in helper",
-            Unsettable::Empty => "the name is empty",
-        })
+    names::check_settable(name).err().map(Unsettable::reason)
 }
 
 /// Runs `program` to the end against a scripted provider, without any async runtime.

@@ -308,6 +308,18 @@ pub enum Unsettable {
     Helper,
 }
 
+impl Unsettable {
+    /// Why a name of this kind cannot be set, in words for an error message.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Unsettable::View => "it is a view maintained by the executor",
+            Unsettable::Reserved => "it is a reserved variable (§8)",
+            Unsettable::Helper => "it is a built-in helper",
+            Unsettable::Empty => "the name is empty",
+        }
+    }
+}
+
 /// Checks that `name` may be set by a helper or an option; the rule every side applies.
 pub fn check_settable(name: &str) -> Result<(), Unsettable> {
     if name.is_empty() {
