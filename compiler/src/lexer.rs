@@ -215,3 +215,38 @@ mod tests {
         assert_eq!(diags[0].code, Code::UnclosedFence);
     }
 }
+
+/// defuss-apl reads a `#` line as a phase heading only when a word and a colon follow
+/// (`# pre: a`, and `# setup: a`, which it refuses); any other `#` line
+/// (`# Email validation`) is text of the phase it is in. In its dialect such lines are
+/// text (`spec/dialects.md`); in the spec's they are invalid headings (APL0001).
+pub(crate) fn titles_as_text(lines: &mut [Line<'_>]) {
+    for line in lines.iter_mut() {
+        if line.kind == LineKind::PhaseHeading && !names_a_phase(line.text) {
+            line.kind = LineKind::Text;
+        }
+    }
+}
+
+/// True for `#`, optional blanks, a word, optional blanks and a colon.
+fn names_a_phase(text: &str) -> bool {
+    let rest = text.strip_prefix('#').unwrap_or(text).trim_start();
+    let word_len = rest
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    word_len > 0 && rest[word_len..].trim_start().starts_with(':')
+}
+
+#[cfg(test)]
+mod dialect_tests {
+    use super::names_a_phase;
+
+    #[test]
+    fn only_a_word_and_a_colon_name_a_phase() {
+        assert!(names_a_phase("# pre: a"));
+        assert!(names_a_phase("#setup : a"));
+        assert!(!names_a_phase("# Email validation"));
+        assert!(!names_a_phase("# prompt"));
+        assert!(!names_a_phase("#"));
+    }
+}

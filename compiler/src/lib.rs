@@ -30,6 +30,7 @@ mod lexer;
 mod lower;
 mod names;
 mod parser;
+mod phrases;
 mod relaxed;
 mod variables;
 
@@ -120,7 +121,10 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
             )],
         };
     }
-    let (lines, mut diagnostics) = lexer::lex(source);
+    let (mut lines, mut diagnostics) = lexer::lex(source);
+    if options.dialect == aplc_vm::Dialect::Defuss11 {
+        lexer::titles_as_text(&mut lines);
+    }
     let (file, parse_diags) = parser::parse(source, lines);
     diagnostics.extend(parse_diags);
     let ir = lower::lower(source, &file, options, &mut diagnostics);
@@ -130,6 +134,7 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     for label in diagnostics.iter_mut().flat_map(|d| d.labels.iter_mut()) {
         label.span = label.span.snap(source);
     }
+    phrases::add(&mut diagnostics, source, options.dialect);
     let templates = ir.templates.iter().map(|t| t.source.as_str());
     if let Err(err) = aplc_vm::check_size(ir.steps.len(), templates) {
         // The VM would refuse to load the bundle (each template costs memory to load).

@@ -51,6 +51,7 @@ pub(crate) fn lower(
     let mut lowerer = Lowerer {
         source,
         relaxed: options.relaxed,
+        dialect: options.dialect,
         indented: indented_headings(source),
         env,
         diags,
@@ -92,7 +93,10 @@ pub(crate) fn lower(
         &defined,
         lowerer.diags,
     );
-    lowerer.next_step_outside_post();
+    // defuss-apl keeps a `next_step` set before post (the VM does too in its dialect).
+    if options.dialect != aplc_vm::Dialect::Defuss11 {
+        lowerer.next_step_outside_post();
+    }
     let flows = lowerer.flows();
     lowerer.unknown_steps(&flows, options.unknown_step_is_error);
     if !had_errors {
@@ -421,6 +425,8 @@ fn duplicate_step(name: &str, here: Span, first: Span) -> Diagnostic {
 struct Lowerer<'a, 'src> {
     source: &'src str,
     relaxed: bool,
+    /// The dialect: its helpers are calls, not statements, in relaxed syntax.
+    dialect: aplc_vm::Dialect,
     /// Step names of indented phase headings (APL0021) and where the first of each is.
     indented: HashMap<&'src str, Span>,
     env: minijinja::Environment<'static>,
@@ -517,7 +523,7 @@ impl Lowerer<'_, '_> {
         }
         let body = &self.source[phase.body.range()];
         let (text, map) = if self.relaxed {
-            relaxed::desugar(body, phase.body.start)
+            relaxed::desugar(body, phase.body.start, self.dialect)
         } else {
             (body.to_string(), TemplateMap::Verbatim(phase.body.start))
         };

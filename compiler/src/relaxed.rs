@@ -4,6 +4,8 @@
 //! same source line; [`TemplateMap`] maps offsets in the rewritten text back to the
 //! source for diagnostics. Prompt phases are never rewritten.
 
+use aplc_vm::Dialect;
+
 use crate::diagnostic::Span;
 
 /// Statement keywords that start a `{% … %}` line. The spec lists the first ten; the rest
@@ -83,10 +85,12 @@ impl TemplateMap {
 }
 
 /// Rewrites a relaxed-syntax phase body (`body`, found at `base` in the source).
-pub(crate) fn desugar(body: &str, base: usize) -> (String, TemplateMap) {
+/// `dialect`'s helpers are calls: `set('a', 1)` in `defuss-1.1` is `{{ set('a', 1) }}`,
+/// not a `{% set %}` statement.
+pub(crate) fn desugar(body: &str, base: usize, dialect: Dialect) -> (String, TemplateMap) {
     let mut out = String::with_capacity(body.len() + body.len() / 4);
     let mut map = Vec::new();
-    let mut in_comment = false;
+    let mut open = None;
     let mut source_start = base;
     for raw in body.split_inclusive('\n') {
         let content = raw.trim_end_matches(['\n', '\r']);
@@ -96,7 +100,7 @@ pub(crate) fn desugar(body: &str, base: usize) -> (String, TemplateMap) {
         let template_start = out.len();
         let mut inserted = 0;
 
-        let verbatim = in_comment
+        let verbatim = open.is_some()
             || trimmed.is_empty()
             || trimmed.starts_with('#')
             || trimmed.starts_with("<!--")
@@ -104,7 +108,7 @@ pub(crate) fn desugar(body: &str, base: usize) -> (String, TemplateMap) {
         if verbatim {
             out.push_str(content);
         } else {
-            let (open, close) = if is_statement(trimmed) {
+            let (open, close) = if is_statement(trimmed, dialect) {
                 ("{% ", " %}")
             } else {
                 ("{{ ", " }}")
@@ -116,7 +120,7 @@ pub(crate) fn desugar(body: &str, base: usize) -> (String, TemplateMap) {
             inserted = open.len();
         }
         out.push_str(ending);
-        in_comment = comment_open_after(in_comment, content);
+        open = open_after(open, content);
         map.push(LineMap {
             template_start,
             source_start,
@@ -129,27 +133,68 @@ pub(crate) fn desugar(body: &str, base: usize) -> (String, TemplateMap) {
     (out, TemplateMap::Lines(map))
 }
 
-/// True when the line's first word is a statement keyword.
-fn is_statement(line: &str) -> bool {
+/// True when the line's first word is a statement keyword, and not a call of a helper
+/// of `dialect` with the same name (`set(` right after the word).
+fn is_statement(line: &str, dialect: Dialect) -> bool {
     let word_len = line
         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .unwrap_or(line.len());
-    KEYWORDS.contains(&&line[..word_len])
+    let (word, rest) = line.split_at(word_len);
+    let helper_call = rest.starts_with('(') && dialect.helpers().iter().any(|h| h.name == word);
+    KEYWORDS.contains(&word) && !helper_call
 }
 
-/// Whether a `{# … #}` comment is still open after `line`.
-fn comment_open_after(mut open: bool, line: &str) -> bool {
-    let mut rest = line;
-    loop {
-        let delim = if open { "#}" } else { "{#" };
-        match rest.find(delim) {
-            Some(i) => {
-                open = !open;
-                rest = &rest[i + 2..];
+/// A `{{ … }}`, `{% … %}` or `{# … #}` that is still open at the end of a line.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    /// The delimiter that closes it.
+    close: &'static str,
+    /// Brackets open inside it: `}}` within `{"a": {"b": 1}}` closes a map, not the
+    /// expression (as in Jinja's lexer).
+    depth: u32,
+    /// The quote of a string literal open inside it.
+    quote: Option<char>,
+}
+
+/// What is still open after `line`, given what was open before it. Lines inside an
+/// open expression, such as the rows of a map literal written over several lines, are
+/// kept verbatim.
+fn open_after(mut open: Option<Open>, line: &str) -> Option<Open> {
+    let mut chars = line.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let rest = &line[i..];
+        let Some(o) = open.as_mut() else {
+            open = [("{{", "}}"), ("{%", "%}"), ("{#", "#}")]
+                .into_iter()
+                .find(|(start, _)| rest.starts_with(start))
+                .map(|(_, close)| Open {
+                    close,
+                    depth: 0,
+                    quote: None,
+                });
+            if open.is_some() {
+                chars.next();
             }
-            None => return open,
+            continue;
+        };
+        let in_code = o.close != "#}";
+        match o.quote {
+            Some(_) if c == '\\' => {
+                chars.next();
+            }
+            Some(q) if c == q => o.quote = None,
+            Some(_) => {}
+            None if in_code && (c == '"' || c == '\'') => o.quote = Some(c),
+            None if o.depth == 0 && rest.starts_with(o.close) => {
+                open = None;
+                chars.next();
+            }
+            None if in_code && matches!(c, '(' | '[' | '{') => o.depth += 1,
+            None if in_code && matches!(c, ')' | ']' | '}') => o.depth = o.depth.saturating_sub(1),
+            None => {}
         }
     }
+    open
 }
 
 #[cfg(test)]
@@ -159,7 +204,7 @@ mod tests {
     #[test]
     fn spec_example() {
         let body = "if global_runs < 2 and not result_text\n    set_context('next_step', 'greet')\nelse\n    set_context('next_step', 'return')\nendif\n";
-        let (out, _) = desugar(body, 0);
+        let (out, _) = desugar(body, 0, Dialect::Spec);
         assert_eq!(
             out,
             "{% if global_runs < 2 and not result_text %}\n    {{ set_context('next_step', 'greet') }}\n{% else %}\n    {{ set_context('next_step', 'return') }}\n{% endif %}\n"
@@ -170,7 +215,7 @@ mod tests {
     fn mixed_and_comments_are_kept() {
         let body =
             "{% if x %}\n  set_context('a', 1)\n{# multi\nline comment #}\n\n  # note\nendif";
-        let (out, _) = desugar(body, 0);
+        let (out, _) = desugar(body, 0, Dialect::Spec);
         assert_eq!(
             out,
             "{% if x %}\n  {{ set_context('a', 1) }}\n{# multi\nline comment #}\n\n  # note\n{% endif %}"
@@ -179,16 +224,48 @@ mod tests {
 
     #[test]
     fn keywords_are_whole_words() {
-        assert!(is_statement("for x in y"));
-        assert!(is_statement("else"));
-        assert!(!is_statement("set_context('a', 1)"));
-        assert!(!is_statement("format(x)"));
+        assert!(is_statement("for x in y", Dialect::Spec));
+        assert!(is_statement("else", Dialect::Spec));
+        assert!(!is_statement("set_context('a', 1)", Dialect::Spec));
+        assert!(!is_statement("format(x)", Dialect::Spec));
+    }
+
+    #[test]
+    fn a_dialect_helper_named_like_a_keyword_is_a_call() {
+        let body = "set('a', 1)\nset b = 2\nset (c, d) = (1, 2)\n";
+        let (out, _) = desugar(body, 0, Dialect::Defuss11);
+        assert_eq!(
+            out,
+            "{{ set('a', 1) }}\n{% set b = 2 %}\n{% set (c, d) = (1, 2) %}\n"
+        );
+        // The spec has no `set` function: there the line stays a statement.
+        assert!(is_statement("set('a', 1)", Dialect::Spec));
+    }
+
+    #[test]
+    fn lines_inside_a_multi_line_expression_are_kept() {
+        let body = "{{ set_context('d', {\n  \"a\": 1,\n  \"b\": {\"c\": 2}\n}) }}\nx\n";
+        let (out, _) = desugar(body, 0, Dialect::Spec);
+        assert_eq!(
+            out,
+            "{{ set_context('d', {\n  \"a\": 1,\n  \"b\": {\"c\": 2}\n}) }}\n{{ x }}\n"
+        );
+    }
+
+    #[test]
+    fn braces_and_strings_inside_an_expression_do_not_close_it() {
+        let body = "{{ set_context('r', [\n  {\"c\": {\"d\": 42}},\n  \"}}\"\n]) }}\nx\n";
+        let (out, _) = desugar(body, 0, Dialect::Spec);
+        assert_eq!(
+            out,
+            "{{ set_context('r', [\n  {\"c\": {\"d\": 42}},\n  \"}}\"\n]) }}\n{{ x }}\n"
+        );
     }
 
     #[test]
     fn offsets_map_back() {
         let body = "a\n  b + c\r\n";
-        let (out, map) = desugar(body, 100);
+        let (out, map) = desugar(body, 100, Dialect::Spec);
         assert_eq!(out, "{{ a }}\n  {{ b + c }}\r\n");
         // `a` in the template is at 3; in the source at 100.
         assert_eq!(map.to_source(3), 100);

@@ -174,7 +174,10 @@ class _Options:
         if "jinja2_env" in options:
             raise ValueError("option 'jinja2_env' is not supported: aplc compiles templates with its own engine")
         unknown = sorted(str(k) for k in options if k not in OPTIONS)
-        if unknown:
+        # defuss-apl puts every option into the context (§6.1); its dialect takes the
+        # options aplc does not know as context variables, like `with_context`'s.
+        extra = {k: options[k] for k in unknown} if options.get("dialect") == "defuss-1.1" else {}
+        if unknown and not extra:
             raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(OPTIONS))}")
         providers = options.get("with_providers") or {}
         if not isinstance(providers, Mapping) or not all(callable(p) for p in providers.values()):
@@ -187,7 +190,7 @@ class _Options:
         context = options.get("with_context") or {}
         if not isinstance(context, Mapping):
             raise TypeError("with_context must be a dict")
-        self.context: Dict[str, Any] = dict(context)
+        self.context: Dict[str, Any] = {**extra, **context}
         self.timeout = _int_option(options, "timeout", DEFAULT_TIMEOUT_MS, 0)
         self.max_runs = _int_option(options, "max_runs", None, 0)
         self.max_steps = _int_option(options, "max_steps", DEFAULT_MAX_STEPS, 1)
@@ -257,6 +260,8 @@ class _Run:
         _, events, context, error = action
         if events:
             self._deliver(events)
+        if native.dialect == "defuss-1.1":
+            _add_context_view(context)
         if error is not None:
             kind, message, step = error
             raise RunError(message, context, kind, step)
@@ -304,6 +309,8 @@ class _Run:
         return ("rust", await action[2])
 
     async def call_provider(self, model: str, context: Dict[str, Any]) -> Tuple[str, Any]:
+        if model not in self.options.providers:
+            model = "*"  # the native run asks only for models with a provider, or any with "*"
         fn = self.options.providers[model]
         context["with_tools"] = self.tool_table
         try:
@@ -345,6 +352,13 @@ class _Run:
                 self.options.on_event(event)
             except Exception as e:  # a listener's bug must not stop the run or the loop
                 print(f"aplc: on_event raised {_exception_text(e)}", file=sys.stderr)
+
+
+def _add_context_view(context: Dict[str, Any]) -> None:
+    """defuss-apl's final context also holds ``context``: every variable (§2.4's
+    "union of executor-maintained and user-settable variables"), without the history.
+    A new dict sharing the values, so it is no cycle (``json.dumps`` takes it)."""
+    context["context"] = {k: v for k, v in context.items() if k != "context_history"}
 
 
 #: ``asyncio.timeout_at`` (Python 3.11 on); older versions time each call instead.

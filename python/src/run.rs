@@ -115,6 +115,12 @@ impl NativeProgram {
         Ok((program, report))
     }
 
+    /// The dialect the program runs in (`spec/dialects.md`).
+    #[getter]
+    fn dialect(&self) -> &'static str {
+        self.program.dialect().as_str()
+    }
+
     /// Starts a run: the machine, its clock and watchdog; the facade drives it with
     /// [`NativeRun::advance`] and [`NativeRun::answer`].
     fn begin(&self, py: Python<'_>, config: RunConfig) -> PyResult<NativeRun> {
@@ -433,7 +439,9 @@ impl State {
                     );
                 }
                 Action::CallProvider(request) => {
-                    if self.models.contains(&request.model) {
+                    // `"*"` answers for every model without a provider of its own, as
+                    // in a routing config.
+                    if self.models.contains(&request.model) || self.models.contains("*") {
                         let context = PyDict::new(py);
                         let plain = Redactor::default();
                         for (name, value) in request.context.iter() {

@@ -155,3 +155,112 @@ x
     assert [status[f"r{i}"] for i in (1, 2, 3, 5, 6, 7, 8, 9, 10, 11)] == [
         True, True, True, True, True, True, False, True, False, True,
     ]
+
+
+# Issue #22, drop-in fidelity: what defuss-apl 1.1.0 does, and its own tests expect.
+
+DEFUSS = {"dialect": "defuss-1.1"}
+
+
+def _check_message(source, **kwargs):
+    with pytest.raises(aplc.ValidationError) as info:
+        aplc.check(source, **kwargs)
+    return str(info.value), {d["code"] for d in info.value.diagnostics}
+
+
+def test_validation_messages_carry_defuss_apl_s_phrases_in_its_dialect():
+    cases = [
+        ("# pre: a\nx\n# post: a\ny\n", "APL0004", "Step 'a' missing required prompt phase"),
+        ("# prompt: a:b\nx\n", "APL0001", "Invalid step identifier: a:b"),
+        ("# setup: a\nx\n# prompt: a\ny\n", "APL0001", "Invalid phase: setup"),
+        ("# pre: a\n# pre: a\n# prompt: a\nx\n", "APL0005", "Duplicate step identifier: a"),
+    ]
+    for source, code, phrase in cases:
+        text, codes = _check_message(source, dialect="defuss-1.1")
+        assert code in codes and phrase in text, (source, text)
+        # The spec dialect keeps aplc's own words alone.
+        text, codes = _check_message(source)
+        assert code in codes and "defuss-apl" not in text, (source, text)
+
+
+def test_a_title_line_is_text_of_its_phase_in_the_dialect():
+    source = "# pre: a\n# Set up the counter\n{{ set('n', 1) }}\n\n# prompt: a\nhi\n"
+    assert aplc.check(source, dialect="defuss-1.1") is True
+    _, codes = _check_message(source)
+    assert "APL0001" in codes
+    status = aplc.start_sync(source, {"with_providers": {"gpt-4o": echo}, **DEFUSS})
+    assert status["n"] == 1 and status["errors"] == []
+
+
+def test_relaxed_set_calls_and_multi_line_literals():
+    source = """
+# pre: a
+{{ set('cfg', {
+    "name": "x",
+    "nested": {"deep": {"n": 42}}
+}) }}
+set('items.0.name', 'first')
+
+# prompt: a
+hi
+"""
+    status = aplc.start_sync(source, {"with_providers": {"gpt-4o": echo}, "relaxed": True, **DEFUSS})
+    assert status["errors"] == []
+    assert status["cfg"] == {"name": "x", "nested": {"deep": {"n": 42}}}
+    assert status["items"] == {"0": {"name": "first"}}
+
+
+def test_set_builds_lists_for_index_segments():
+    source = "# pre: a\n{{ set('d', {}) }}{{ set('d.items.0.n', 1) }}{{ set('d.items.1.n', 2) }}\n# prompt: a\nhi\n"
+    status = aplc.start_sync(source, {"with_providers": {"gpt-4o": echo}, **DEFUSS})
+    assert status["errors"] == []
+    assert status["d"] == {"items": [{"n": 1}, {"n": 2}]}
+
+
+def test_an_unknown_jump_set_in_pre_fails_the_run_as_in_defuss():
+    source = "# pre: a\n{{ set('next_step', 'nowhere') }}\n# prompt: a\nhi\n"
+    with pytest.raises(aplc.RunError) as info:
+        aplc.start_sync(source, {"with_providers": {"gpt-4o": echo}, **DEFUSS})
+    assert "Unknown step: nowhere" in str(info.value)
+    assert info.value.kind == "unknown_step"
+
+
+def test_the_final_context_has_a_context_view_and_no_pending_jump():
+    source = "# prompt: a\nhi\n# post: a\n{{ next('return') }}\n"
+    status = aplc.start_sync(source, {"with_providers": {"gpt-4o": echo}, **DEFUSS})
+    assert status["next_step"] is None
+    assert status["context_history"][-1]["next_step"] == "return"
+    view = status["context"]
+    assert view["result_text"] == status["result_text"] and "context_history" not in view
+    spec = aplc.start_sync(source.replace("next(", "set_context('next_step', "),
+                           {"with_providers": {"gpt-4o": echo}})
+    assert "context" not in spec and spec["next_step"] == "return"
+
+
+def test_unknown_options_are_context_variables_in_the_dialect():
+    source = "# prompt: a\n{{ flavour }}\n"
+    status = aplc.start_sync(source, {"with_providers": {"gpt-4o": echo}, "flavour": "mint", **DEFUSS})
+    assert status["flavour"] == "mint"
+    with pytest.raises(ValueError, match="unknown option"):
+        aplc.start_sync(source, {"with_providers": {"gpt-4o": echo}, "flavour": "mint"})
+
+
+def test_a_star_provider_answers_every_model_without_its_own():
+    seen = []
+
+    async def any_model(context):
+        seen.append(context["model"])
+        return response("star")
+
+    source = "# pre: a\n{{ set_context('model', 'some-model') }}\n# prompt: a\nhi\n"
+    status = aplc.start_sync(source, {"with_providers": {"*": any_model}})
+    assert status["result_text"] == "star" and seen == ["some-model"]
+
+
+def test_the_step_budget_names_the_timeout_it_stands_in_for():
+    source = "# prompt: loop\nhi\n# post: loop\n{{ next('loop') }}\n"
+    with pytest.raises(aplc.RunError) as info:
+        aplc.start_sync(source, {"with_providers": {"gpt-4o": echo}, "max_steps": 5, **DEFUSS})
+    assert info.value.kind == "step_budget_exceeded"
+    assert str(info.value).startswith("Step budget exceeded: 5 steps")
+    assert "timeout" in str(info.value).lower()

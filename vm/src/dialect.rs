@@ -518,13 +518,20 @@ fn write_path(func: &str, state: &State, path: &Value, value: Value) -> Result<(
     let root = writable_name(func, &root_value)?;
     let value = storable(func, text, value)?;
     let store = store(func, state)?;
-    let updated = replace_at(func, store.get(root), rest, value)?;
+    // A variable that is unset or `None` starts as a map, whatever the path's next
+    // segment (defuss-apl: `set('b.0', 1)` on nothing gives `{"0": 1}`).
+    let current = (store.get(root))
+        .filter(|v| !v.is_undefined() && !v.is_none())
+        .unwrap_or_else(|| map_of(Vec::new()));
+    let updated = replace_at(func, Some(current), rest, value)?;
     store.set(root, storable(func, root, updated)?);
     Ok(())
 }
 
-/// `current` with the value at `path` replaced by `value`; maps are created where
-/// nothing is. Values are immutable, so every container on the path is rebuilt.
+/// `current` with the value at `path` replaced by `value`. Where nothing is, a list is
+/// created for an index segment (`None` up to it) and a map for any other, as
+/// defuss-apl's `set` does. Values are immutable, so every container on the path is
+/// rebuilt.
 fn replace_at(
     func: &str,
     current: Option<Value>,
@@ -538,7 +545,19 @@ fn replace_at(
     match current {
         None => {
             let inner = replace_at(func, None, rest, value)?;
-            Ok(map_of(vec![(Value::from(segment.as_str()), inner)]))
+            match segment
+                .parse::<usize>()
+                .ok()
+                .filter(|_| !segment.starts_with('+'))
+            {
+                Some(index) => {
+                    limits::check_items((index as u128).saturating_add(1))?;
+                    let mut items = vec![Value::from(()); index + 1];
+                    items[index] = inner;
+                    Ok(Value::from(items))
+                }
+                None => Ok(map_of(vec![(Value::from(segment.as_str()), inner)])),
+            }
         }
         Some(map) if map.kind() == ValueKind::Map => {
             let key = Value::from(segment.as_str());
@@ -557,6 +576,11 @@ fn replace_at(
         }
         Some(list) if list.kind() == ValueKind::Seq => {
             let mut items: Vec<Value> = list.try_iter()?.collect();
+            // An index past the end grows the list with `None`, as in defuss-apl.
+            if let Some(wanted) = segment.parse::<usize>().ok().filter(|i| *i >= items.len()) {
+                limits::check_items((wanted as u128).saturating_add(1))?;
+                items.resize(wanted + 1, Value::from(()));
+            }
             let index = segment
                 .parse::<i64>()
                 .ok()
@@ -640,6 +664,27 @@ mod tests {
         assert_eq!(out, "[1, 2, None, 'dflt', 5, 9]");
         assert_eq!(json(&store, "b"), serde_json::json!({"c": {"d": 2}}));
         assert_eq!(json(&store, "l"), serde_json::json!([0, 9]));
+    }
+
+    #[test]
+    fn set_creates_lists_for_index_segments_and_grows_them() {
+        let store = Store::new(Default::default());
+        render(
+            &store,
+            "{{ set('d', {}) }}{{ set('d.items.0.name', 'a') }}{{ set('d.items.2.name', 'c') }}\
+             {{ set('top.0', 1) }}{{ set('l', [1]) }}{{ set('l.3', 4) }}",
+        )
+        .unwrap();
+        assert_eq!(
+            json(&store, "d"),
+            serde_json::json!({"items": [{"name": "a"}, null, {"name": "c"}]})
+        );
+        // The variable itself starts as a map, as in defuss-apl.
+        assert_eq!(json(&store, "top"), serde_json::json!({"0": 1}));
+        assert_eq!(json(&store, "l"), serde_json::json!([1, null, null, 4]));
+        // A huge index is refused by the item limit, not allocated.
+        let err = render(&store, "{{ set('l.99999999999', 1) }}").unwrap_err();
+        assert!(err.to_string().contains("limit"), "{err}");
     }
 
     #[test]

@@ -509,7 +509,7 @@ impl Machine {
             match instr {
                 Instr::EnterStep(step) => {
                     if self.steps >= self.max_steps {
-                        let message = format!("Step budget exceeded: {} steps", self.max_steps);
+                        let message = self.step_budget_message();
                         self.fail(RunErrorKind::StepBudgetExceeded, message);
                         return Action::Done;
                     }
@@ -538,6 +538,9 @@ impl Machine {
                 }
                 Instr::ProcessResponse => self.process_response(),
                 Instr::CallTools => self.start_tools(),
+                // defuss-apl clears `next_step` only when a step is entered, so a
+                // jump set in its pre phase holds (`spec/dialects.md`).
+                Instr::ClearNextStep if self.program.dialect() == crate::Dialect::Defuss11 => {}
                 Instr::ClearNextStep => {
                     (self.store).update(|vars| vars.set_slot(slot_of!(NEXT_STEP), Value::from(())))
                 }
@@ -1097,8 +1100,7 @@ impl Machine {
             .step_finished(step_name(&self.program, self.step));
         let next = self.store.get(names::NEXT_STEP).unwrap_or_default();
         if next.is_none() || next.is_undefined() {
-            self.state = State::Done;
-            return Action::Done;
+            return self.finish();
         }
         let text;
         let name = match next.as_str() {
@@ -1111,8 +1113,7 @@ impl Machine {
         // An empty name is treated like an unset one: `get_context('target', '')` idioms
         // mean "no jump".
         if name == "return" || name.is_empty() {
-            self.state = State::Done;
-            return Action::Done;
+            return self.finish();
         }
         match self.program.step_by_name(name) {
             Some(step) => {
@@ -1128,6 +1129,30 @@ impl Machine {
                 Action::Done
             }
         }
+    }
+
+    /// The step budget's error. In defuss-1.1 it names the timeout it stands in for: the
+    /// reference ends a loop with no circuit-breaking only by its timeout (spec §2.1),
+    /// and code written for it looks for "timeout" in the error (`spec/limits.md`).
+    fn step_budget_message(&self) -> String {
+        let n = self.max_steps;
+        match self.program.dialect() {
+            crate::Dialect::Defuss11 => format!(
+                "Step budget exceeded: {n} steps, aplc's stand-in for the run's timeout \
+                 (a loop with no circuit-breaking ends here, not after the timeout)"
+            ),
+            _ => format!("Step budget exceeded: {n} steps"),
+        }
+    }
+
+    /// Ends a run that left its last step with no jump. defuss-apl's final context has
+    /// `next_step` cleared (its `context_history` keeps the value the step set).
+    fn finish(&mut self) -> Action {
+        if self.program.dialect() == crate::Dialect::Defuss11 {
+            (self.store).update(|vars| vars.set_slot(slot_of!(NEXT_STEP), Value::from(())));
+        }
+        self.state = State::Done;
+        Action::Done
     }
 
     fn fail_timeout(&mut self) {
