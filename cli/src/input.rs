@@ -1,7 +1,7 @@
 //! Reading input files, writing output files atomically, and printing diagnostics,
 //! shared by every command.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 
 use std::borrow::Cow;
@@ -11,8 +11,7 @@ use aplc_vm::text::escape_control;
 
 use crate::Failure;
 
-/// The largest input file aplc reads.
-const MAX_INPUT_LEN: u64 = 64 * 1024 * 1024;
+use aplc_runtime::files::MAX_INPUT_LEN;
 
 pub(crate) fn print_diagnostics(diagnostics: &[Diagnostic], file: &Path, source: &str) {
     if diagnostics.is_empty() {
@@ -35,48 +34,24 @@ pub(crate) fn display_name(file: &Path) -> String {
     file.display().to_string()
 }
 
-/// Reads a whole input file, refusing files over [`MAX_INPUT_LEN`] bytes.
-///
-/// The limit is enforced while reading, not after: `/dev/zero`, a FIFO or a growing file
-/// report no useful length up front and would otherwise be read into memory without
-/// bound. (A FIFO that nobody writes to still blocks; that is the OS.)
+/// Reads a whole input file, refusing files over [`MAX_INPUT_LEN`] bytes (before reading
+/// where the file says its size, while reading otherwise).
 pub(crate) fn read_bytes(file: &Path) -> Result<Vec<u8>, Failure> {
-    let too_large = |size: String| {
-        Failure::usage(format!(
-            "{}: {size}; aplc reads files of at most {MAX_INPUT_LEN} bytes",
-            file.display()
-        ))
-    };
-    let cannot_read =
-        |e: std::io::Error| Failure::usage(format!("cannot read {}: {e}", file.display()));
-    let opened = std::fs::File::open(file).map_err(cannot_read)?;
-    // A regular file says its size: refuse a large one before reading any of it.
-    if let Ok(meta) = opened.metadata()
-        && meta.len() > MAX_INPUT_LEN
-    {
-        return Err(too_large(format!("the file is {} bytes", meta.len())));
-    }
-    let mut bytes = Vec::new();
-    opened
-        .take(MAX_INPUT_LEN + 1)
-        .read_to_end(&mut bytes)
-        .map_err(cannot_read)?;
-    if bytes.len() as u64 > MAX_INPUT_LEN {
-        return Err(too_large(format!(
-            "the input is longer than {MAX_INPUT_LEN} bytes"
-        )));
-    }
-    Ok(bytes)
+    read_at_most(file, MAX_INPUT_LEN, "files")
+}
+
+/// [`read_bytes`] with another limit, for inputs that cost more memory per byte once
+/// parsed; `what` names them in the error.
+pub(crate) fn read_at_most(
+    file: &Path,
+    limit: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, Failure> {
+    aplc_runtime::files::read_at_most(file, limit, what).map_err(|e| Failure::usage(e.to_string()))
 }
 
 pub(crate) fn into_text(file: &Path, bytes: Vec<u8>) -> Result<String, Failure> {
-    String::from_utf8(bytes).map_err(|e| {
-        Failure::usage(format!(
-            "{}: not valid UTF-8 (invalid byte at offset {})",
-            file.display(),
-            e.utf8_error().valid_up_to()
-        ))
-    })
+    aplc_runtime::files::into_text(file, bytes).map_err(Failure::usage)
 }
 
 pub(crate) fn read_text(file: &Path) -> Result<String, Failure> {

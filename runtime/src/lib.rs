@@ -9,6 +9,7 @@
 //! * [`durable`]: durable runs, journaled in a [`store`] (SQLite or PostgreSQL), that
 //!   resume after a crash without repeating a paid call.
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
+//! * [`files`]: the one bounded reader of whole input files.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
 //! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool.
 //! * [`telemetry`]: OpenTelemetry spans and metrics of runs, from their events, exported
@@ -20,6 +21,7 @@
 pub mod anthropic;
 pub mod driver;
 pub mod durable;
+pub mod files;
 pub mod http;
 pub mod manifest;
 pub mod openai;
