@@ -88,6 +88,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<ExitCode, Failure> {
     };
     let options = crate::run::context_options(options, args.context.as_deref())?;
     let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
+    crate::run::check_options(&program, &options)?;
     let script = ScriptedProvider::from_json(&read_json(&args.mock)?)
         .map_err(|e| Failure::usage(format!("{}: {e}", args.mock.display())))?;
     if let Some(url) = &args.store {

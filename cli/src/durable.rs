@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use aplc_runtime::durable::{self, DurableError, DurableOptions, Finished};
-use aplc_runtime::store::{self, RunState, RunStore, RunSummary, StoreError, StoreUrl};
+use aplc_runtime::store::{self, QueueStatus, RunStore, RunSummary, StoreError, StoreUrl};
 use aplc_runtime::telemetry::RunTrace;
 use aplc_vm::text::escape_control;
 use aplc_vm::{Program, RunOptions};
@@ -382,18 +382,9 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
     }
 }
 
-/// `unfinished`, or the outcome's status.
-fn status(run: &RunSummary) -> String {
-    match run.state {
-        RunState::Running => "unfinished".into(),
-        RunState::Finished => run
-            .outcome
-            .as_ref()
-            .and_then(|o| o.get("status"))
-            .and_then(|s| s.as_str())
-            .unwrap_or("finished")
-            .to_owned(),
-    }
+/// The run's status, in the service's words ([`QueueStatus`]).
+fn status(run: &RunSummary) -> &'static str {
+    QueueStatus::of_summary(run).as_str()
 }
 
 fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> {

@@ -7,10 +7,11 @@ use std::path::Path;
 use std::borrow::Cow;
 
 use aplc_compiler::{Diagnostic, render};
-use aplc_runtime::input::{InputError, read_input};
 use aplc_vm::text::escape_control;
 
 use crate::Failure;
+
+use aplc_runtime::files::MAX_INPUT_LEN;
 
 pub(crate) fn print_diagnostics(diagnostics: &[Diagnostic], file: &Path, source: &str) {
     if diagnostics.is_empty() {
@@ -33,24 +34,24 @@ pub(crate) fn display_name(file: &Path) -> String {
     file.display().to_string()
 }
 
-/// Reads a whole input file, refusing files over
-/// [`MAX_INPUT_LEN`](aplc_runtime::input::MAX_INPUT_LEN) bytes
-/// ([`aplc_runtime::input::read_input`]).
+/// Reads a whole input file, refusing files over [`MAX_INPUT_LEN`] bytes (before reading
+/// where the file says its size, while reading otherwise).
 pub(crate) fn read_bytes(file: &Path) -> Result<Vec<u8>, Failure> {
-    read_input(file).map_err(|e| match e {
-        InputError::Io(e) => Failure::usage(format!("cannot read {}: {e}", file.display())),
-        too_large => Failure::usage(format!("{}: {too_large}", file.display())),
-    })
+    read_at_most(file, MAX_INPUT_LEN, "files")
+}
+
+/// [`read_bytes`] with another limit, for inputs that cost more memory per byte once
+/// parsed; `what` names them in the error.
+pub(crate) fn read_at_most(
+    file: &Path,
+    limit: u64,
+    what: &'static str,
+) -> Result<Vec<u8>, Failure> {
+    aplc_runtime::files::read_at_most(file, limit, what).map_err(|e| Failure::usage(e.to_string()))
 }
 
 pub(crate) fn into_text(file: &Path, bytes: Vec<u8>) -> Result<String, Failure> {
-    String::from_utf8(bytes).map_err(|e| {
-        Failure::usage(format!(
-            "{}: not valid UTF-8 (invalid byte at offset {})",
-            file.display(),
-            e.utf8_error().valid_up_to()
-        ))
-    })
+    aplc_runtime::files::into_text(file, bytes).map_err(Failure::usage)
 }
 
 pub(crate) fn read_text(file: &Path) -> Result<String, Failure> {

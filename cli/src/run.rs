@@ -13,7 +13,7 @@ use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
 use aplc_runtime::telemetry::RunTrace;
 use aplc_vm::text::escape_control;
-use aplc_vm::{Program, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
+use aplc_vm::{Program, RunError, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
 use clap::Args;
 
 use crate::compile::compile_options;
@@ -376,31 +376,7 @@ pub(crate) fn report(
     let _ = printed.and_then(|_| stdout.flush());
 
     if let Some(error) = &outcome.error {
-        let mut message = error.message.clone();
-        if let Some(step) = &error.step {
-            message.push_str(&format!("\n  in step `{step}`"));
-            if let Some(span) = error.span {
-                message.push_str(&format!(
-                    " ({}:{}:{})",
-                    program.bundle().source_name,
-                    span.line,
-                    span.col
-                ));
-            }
-        }
-        // Bad options and missing inputs are the caller's mistake, found before any
-        // provider call: usage errors, like a bad flag.
-        let code = match error.kind {
-            RunErrorKind::InvalidOptions => 2,
-            RunErrorKind::MissingInput => {
-                message.push_str(
-                    "\n  pass the agent's inputs in a JSON object with --context FILE.json",
-                );
-                2
-            }
-            _ => 1,
-        };
-        return Err(Failure { code, message });
+        return Err(run_failure(program, error));
     }
     if !outcome.last_step_errors.is_empty() {
         eprintln!("the last step ended with errors:");
@@ -410,6 +386,45 @@ pub(crate) fn report(
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses `options` for `program` as a run of them would end, before any run starts:
+/// an input that is missing or cannot be set (`aplc bench`, which would otherwise start
+/// every run only to see each fail the same way).
+pub(crate) fn check_options(program: &Program, options: &RunOptions) -> Result<(), Failure> {
+    match aplc_vm::options_error(program, options) {
+        Some(error) => Err(run_failure(program, &error)),
+        None => Ok(()),
+    }
+}
+
+/// The failure a run error makes: its message (with the step and where it is in the
+/// source) and the exit code.
+fn run_failure(program: &Program, error: &RunError) -> Failure {
+    let mut message = error.message.clone();
+    if let Some(step) = &error.step {
+        message.push_str(&format!("\n  in step `{step}`"));
+        if let Some(span) = error.span {
+            message.push_str(&format!(
+                " ({}:{}:{})",
+                program.bundle().source_name,
+                span.line,
+                span.col
+            ));
+        }
+    }
+    // Bad options and missing inputs are the caller's mistake, found before any
+    // provider call: usage errors, like a bad flag.
+    let code = match error.kind {
+        RunErrorKind::InvalidOptions => 2,
+        RunErrorKind::MissingInput => {
+            message
+                .push_str("\n  pass the agent's inputs in a JSON object with --context FILE.json");
+            2
+        }
+        _ => 1,
+    };
+    Failure { code, message }
 }
 
 /// A run's provider secrets: the environment variables that hold them, which command

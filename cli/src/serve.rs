@@ -134,8 +134,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 fn tokens(file: Option<&std::path::Path>) -> Result<Tokens, Failure> {
     let mut tokens = Tokens::default();
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Failure::usage(format!("cannot read {}: {e}", path.display())))?;
+        let text = crate::input::read_text(path)?;
         tokens.extend(
             parse_tokens(&text, '\n')
                 .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?,

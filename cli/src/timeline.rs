@@ -171,6 +171,7 @@ pub(crate) fn status(outcome: RunStatus) -> &'static str {
         RunStatus::Completed => "completed",
         RunStatus::CompletedWithErrors => "completed_with_errors",
         RunStatus::Failed => "failed",
+        RunStatus::Cancelled => "cancelled",
     }
 }
 

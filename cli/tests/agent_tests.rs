@@ -604,3 +604,89 @@ fn completions_for_bash_zsh_and_fish() {
     let out = aplc_in(&dir, &["completions", "tcsh"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `aplc test ARGS` in `dir`, killed and reported if it has not ended within a minute (a
+/// hang must fail the test, not stall the suite).
+fn aplc_within_a_minute(dir: &Path, args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        .args(args)
+        .current_dir(dir)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("aplc runs");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("aplc {args:?} still running after a minute");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// Issue #22 R14: a FIFO named like a test file made the directory walk wait forever for
+/// a writer. The walk skips it; named explicitly, it is refused at once.
+#[cfg(unix)]
+#[test]
+fn a_fifo_named_like_a_test_file_is_skipped_or_refused() {
+    let dir = triage_project(
+        "fifo",
+        "[[case]]\nname = \"ok\"\ncontext = { ticket = \"x\" }\nresponses = ['{}']\nexpect = [\"global_runs == 1\"]\n",
+    );
+    let fifo = dir.join("hang.test.toml");
+    let path = std::ffi::CString::new(fifo.to_string_lossy().as_bytes()).unwrap();
+    // SAFETY: `mkfifo` reads a NUL-terminated path and has no other memory effects.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0, "mkfifo");
+
+    let out = aplc_within_a_minute(&dir, &["test"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_line(&stdout(&out)), "1 passed, 0 failed");
+
+    let out = aplc_within_a_minute(&dir, &["test", "hang.test.toml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a regular file"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Issue #22 R15: a test file is refused over the agent source limit (8 MiB) before any
+/// of it is read: a sparse 32 MiB file, which would cost a gigabyte once parsed.
+#[test]
+fn an_oversized_test_file_is_refused_before_it_is_read() {
+    let dir = scratch("oversized");
+    let file = std::fs::File::create(dir.join("big.test.toml")).unwrap();
+    file.set_len(32 * 1024 * 1024).unwrap();
+    let out = aplc_in(&dir, &["test", "big.test.toml"]);
+    let err = stderr(&out);
+    let shown = &err[..err.len().min(2000)];
+    assert_eq!(out.status.code(), Some(2), "{shown}");
+    assert!(
+        err.contains("the file is 33554432 bytes; aplc reads test files of at most 8388608 bytes"),
+        "{shown}"
+    );
+}
+
+/// Issue #22 R15: a TOML error on a line of megabytes printed the whole line (twice). It
+/// prints the line, column and a clipped excerpt around the error.
+#[test]
+fn a_toml_error_on_a_long_line_prints_a_bounded_excerpt() {
+    let dir = scratch("long-line");
+    let line = format!("agent = \"triage.apl\" {} = 1\n", "x".repeat(4_000_000));
+    write(&dir, "long.test.toml", &line);
+    let out = aplc_in(&dir, &["test"]);
+    let err = stderr(&out);
+    let shown = &err[..err.len().min(2000)];
+    assert_eq!(out.status.code(), Some(2), "{shown}");
+    assert!(err.len() < 4096, "{} bytes of errors: {shown}", err.len());
+    assert!(
+        err.contains("TOML parse error at line 1, column 22"),
+        "{err}"
+    );
+    assert!(err.contains("xxxx…"), "{err}");
+}

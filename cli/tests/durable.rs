@@ -367,7 +367,7 @@ fn crash_during_provider_call(name: &str, store: &str) {
         &["runs", "show", "crash-provider", "--store", store],
     ));
     let show = String::from_utf8_lossy(&show.stdout);
-    assert!(show.contains("status:   succeeded"), "{show}");
+    assert!(show.contains("status:   completed"), "{show}");
     assert!(show.contains(&format!("steps:    {TURNS}")), "{show}");
     let list = succeed(&mut aplc(&dir, &["runs", "list", "--store", store]));
     let list = String::from_utf8_lossy(&list.stdout);
@@ -376,7 +376,7 @@ fn crash_during_provider_call(name: &str, store: &str) {
         .find(|line| line.starts_with("crash-provider "))
         .unwrap_or_else(|| panic!("the run is listed:\n{list}"));
     assert!(
-        row.contains("crash_loop.apl") && row.contains("succeeded"),
+        row.contains("crash_loop.apl") && row.contains("completed"),
         "{row}"
     );
     let events = succeed(&mut aplc(
@@ -670,7 +670,7 @@ fn aplc_store_sets_the_default_store() {
     let list = String::from_utf8_lossy(&list.stdout);
     assert!(
         list.lines()
-            .any(|l| l.starts_with("from-env ") && l.contains("succeeded")),
+            .any(|l| l.starts_with("from-env ") && l.contains("completed")),
         "{list}"
     );
     // The whole final context, history included, is rebuilt from the journal.

@@ -33,6 +33,40 @@ fn stderr(o: &Output) -> String {
 const AGENT: &str =
     "{# inputs: customer, topic #}\n# prompt: answer\nWrite to {{ customer }} about {{ topic }}.\n";
 
+/// Issue #22: `aplc bench` without the agent's inputs failed every run and exited 0. It
+/// refuses the options as `aplc run` does: the same message and exit code, before any run.
+#[test]
+fn bench_missing_declared_inputs_fails_as_run_does() {
+    let dir = scratch("bench-missing");
+    let apl = write(&dir, "agent.apl", AGENT);
+    let mock = write(&dir, "mock.json", r#"["Dear Ada"]"#);
+    let partial = write(&dir, "partial.json", r#"{"topic": "refunds"}"#);
+    let run = aplc(&["run", &apl, "--mock", &mock, "--context", &partial]);
+    assert_eq!(run.status.code(), Some(2), "{}", stderr(&run));
+    for extra in [&[][..], &["--concurrency", "2"][..]] {
+        let mut args = vec![
+            "bench",
+            &apl,
+            "--mock",
+            &mock,
+            "--context",
+            &partial,
+            "-n",
+            "3",
+        ];
+        args.extend_from_slice(extra);
+        let bench = aplc(&args);
+        assert_eq!(
+            bench.status.code(),
+            Some(2),
+            "{extra:?}: {}",
+            stderr(&bench)
+        );
+        assert_eq!(stderr(&bench), stderr(&run), "{extra:?}");
+        assert!(bench.stdout.is_empty(), "{extra:?}: no report");
+    }
+}
+
 #[test]
 fn a_run_missing_declared_inputs_exits_2_before_any_provider_call() {
     let dir = scratch("missing");

@@ -747,6 +747,58 @@ async fn cancel_stops_a_running_run_and_a_queued_one() {
     assert_eq!(answer["status"], "cancelled");
 }
 
+/// Issue #22 R5: a cancel drops the provider call in flight. The fake model takes the
+/// request and does not answer for an hour; the run's timeout is ten minutes; the run
+/// must end `cancelled` long before either, and free its only slot for the next run.
+#[tokio::test]
+async fn cancel_drops_a_provider_call_in_flight() {
+    let model = Model::start();
+    model.delay(3_600_000);
+    let dir = scratch("cancel_in_flight", &model);
+    let server = Server::start(&dir, &["--max-concurrent-runs", "1"]);
+    let client = Client::new(&server);
+    let body = json!({"context": {"turns": 1, "tag": "hung"}, "timeout_ms": 600_000});
+    let (status, accepted) = client.post("/v1/agents/turns/runs", &body).await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["run_id"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    while model.prompts_of("hung").is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the call never reached the model"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    model.delay(0);
+    let (status, answer) = client
+        .post(&format!("/v1/runs/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 202, "{answer}");
+
+    // `until_final` gives up after a minute: far below the run's timeout.
+    let run = client.until_final(&id).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    assert_eq!(run["error"]["kind"], "Cancelled", "{run}");
+    let events = client.events(&id, None).await;
+    let result = events
+        .iter()
+        .map(|(_, event)| event)
+        .find(|event| event["type"] == "provider_result")
+        .expect("a provider_result for the dropped call");
+    assert_eq!(result["error"]["kind"], "cancelled", "{result}");
+    let (_, finished) = events.last().expect("events");
+    assert_eq!(finished["type"], "run_finished", "{finished}");
+    assert_eq!(
+        finished["outcome"], "cancelled",
+        "one vocabulary: {finished}"
+    );
+
+    // The slot is free: the next run is claimed and completes.
+    let (status, next) = client.submit("after", 1, true).await;
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(next["status"], "completed", "{next}");
+}
+
 #[tokio::test]
 async fn a_reload_serves_new_runs_and_running_runs_keep_their_version() {
     let model = Model::start();

@@ -200,18 +200,18 @@ impl Toolbox {
         self.redactor = redactor;
     }
 
-    /// Runs the tool `invocation` asks for until the run's deadline: its result,
-    /// redacted, or `None` if the deadline came first.
+    /// Runs the tool `invocation` asks for until the run's deadline or cancel: its
+    /// result, redacted, or why it was dropped.
     pub(crate) async fn run(
         &self,
         invocation: &ToolInvocation,
         clock: &RunClock,
-    ) -> Option<Result<Json, String>> {
+    ) -> Result<Result<Json, String>, Stopped> {
         let result = match self.tools.get(&invocation.name) {
-            Some(tool) => clock.until_deadline(tool.call(invocation)).await?,
+            Some(tool) => clock.until_stopped(tool.call(invocation)).await?,
             None => Err("the tool has a descriptor but no implementation".to_string()),
         };
-        Some(self.redacted(result))
+        Ok(self.redacted(result))
     }
 
     /// True if the tool `name` is declared idempotent: running it twice does no harm.
@@ -328,8 +328,9 @@ pub async fn run(
 /// The toolbox's descriptors replace `options.tools`. The timeout holds even inside a
 /// render: a watchdog thread sets the run's [`Machine::deadline_flag`] at the deadline.
 /// Cancelling through `options.interrupt` ([`Interrupt::cancel`](crate::Interrupt::cancel))
-/// stops the run at its next instruction, or within a few hundred template instructions
-/// mid-render, though not while the driver awaits a provider or a tool. Nobody listens,
+/// stops the run at its next instruction, within a few hundred template instructions
+/// mid-render, or at once while the driver awaits a provider or a tool (the call is
+/// dropped; a command tool's process group is killed with it). Nobody listens,
 /// so `options.events` is turned off: use [`run_with_listener`] for the events.
 pub async fn run_with_tools(
     program: Arc<Program>,
@@ -385,13 +386,15 @@ async fn drive(
             Action::CallProvider(request) => {
                 let relayed = relay.as_mut().zip(listener.as_mut());
                 match call_provider(provider, &request, &clock, relayed).await {
-                    Some(result) => machine.handle_provider_response(clock.now(), result),
-                    None => machine.handle_timeout(clock.timed_out_at()),
+                    Ok(result) => machine.handle_provider_response(clock.now(), result),
+                    Err(Stopped::Deadline) => machine.handle_timeout(clock.timed_out_at()),
+                    Err(Stopped::Interrupted) => {}
                 }
             }
             Action::CallTool(invocation) => match toolbox.run(&invocation, &clock).await {
-                Some(result) => machine.handle_tool_result(clock.now(), result),
-                None => machine.handle_timeout(clock.timed_out_at()),
+                Ok(result) => machine.handle_tool_result(clock.now(), result),
+                Err(Stopped::Deadline) => machine.handle_timeout(clock.timed_out_at()),
+                Err(Stopped::Interrupted) => {}
             },
             Action::Continue => continue,
             Action::Done => return machine.into_outcome(),
@@ -432,7 +435,7 @@ impl DeltaRelay {
     }
 }
 
-/// Calls `provider` until the run's deadline (`None` if it came first). With a relay,
+/// Calls `provider` until the run's deadline or cancel (then why it stopped). With a relay,
 /// the provider gets its sink, and every delta it sends reaches the listener, in order,
 /// before the answer goes back to the machine.
 pub(crate) async fn call_provider(
@@ -440,10 +443,10 @@ pub(crate) async fn call_provider(
     request: &ProviderRequest,
     clock: &RunClock,
     relayed: Option<(&mut DeltaRelay, &mut Listener<'_>)>,
-) -> Option<Result<Completion, ProviderError>> {
+) -> Result<Result<Completion, ProviderError>, Stopped> {
     let Some((relay, listener)) = relayed else {
         return clock
-            .until_deadline(provider.complete(request, clock.call()))
+            .until_stopped(provider.complete(request, clock.call()))
             .await;
     };
     let DeltaRelay {
@@ -457,7 +460,7 @@ pub(crate) async fn call_provider(
         listener(&Event::provider_delta(*seq, clock.now(), step, index, text));
         index += 1;
     };
-    let answer = clock.until_deadline(provider.complete(request, call));
+    let answer = clock.until_stopped(provider.complete(request, call));
     tokio::pin!(answer);
     loop {
         tokio::select! {
@@ -487,7 +490,19 @@ pub(crate) struct RunClock {
     /// The same deadline in machine time.
     machine_deadline: Duration,
     call: CallContext,
+    /// The embedder's cancel flag ([`Machine::cancel_flag`]).
+    cancel: aplc_vm::Interrupt,
     _watchdog: crate::watchdog::Armed,
+}
+
+/// Why an awaited call did not finish: it was dropped, and the machine must hear why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// The run's deadline came first: [`Machine::handle_timeout`], journaled.
+    Deadline,
+    /// The run was cancelled (or its embedder set the flag): nothing is handed in or
+    /// journaled for the call; the next [`Machine::poll`] ends the run as the flag says.
+    Interrupted,
 }
 
 impl RunClock {
@@ -511,6 +526,7 @@ impl RunClock {
             deadline,
             machine_deadline: machine.deadline(),
             call: CallContext::new(deadline.into_std()),
+            cancel: machine.cancel_flag().clone(),
             _watchdog: crate::watchdog::arm(watch_at, machine.deadline_flag()),
         }
     }
@@ -531,9 +547,19 @@ impl RunClock {
         &self.call
     }
 
-    /// `work`'s output, or `None` if the run's deadline came first.
-    pub(crate) async fn until_deadline<T>(&self, work: impl Future<Output = T>) -> Option<T> {
-        tokio::time::timeout_at(self.deadline, work).await.ok()
+    /// `work`'s output, or why it was dropped: the run's deadline or its cancel came
+    /// first. This is the one place a driver awaits a provider or a tool, so every host
+    /// (the CLI, the service's workers, the durable driver) stops a call the same way.
+    pub(crate) async fn until_stopped<T>(
+        &self,
+        work: impl Future<Output = T>,
+    ) -> Result<T, Stopped> {
+        tokio::select! {
+            // A call that finished as the flag was set still counts: its answer is real.
+            biased;
+            out = tokio::time::timeout_at(self.deadline, work) => out.map_err(|_| Stopped::Deadline),
+            _ = self.cancel.interrupted() => Err(Stopped::Interrupted),
+        }
     }
 }
 
@@ -624,5 +650,49 @@ mod tests {
         let outcome = run(program(), RunOptions::default(), &provider).await;
         assert!(outcome.error.is_none());
         assert!(!provider.had_sink.load(Ordering::SeqCst));
+    }
+
+    /// Takes the call and never answers.
+    struct Hung;
+
+    impl Provider for Hung {
+        fn complete<'a>(
+            &'a self,
+            _request: &'a ProviderRequest,
+            _call: &'a CallContext,
+        ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// Issue #22 R5: a cancel drops the call in flight; the run ends `cancelled`, not at
+    /// its (here an hour away) deadline, and its events say so.
+    #[tokio::test]
+    async fn a_cancel_drops_the_provider_call_in_flight() {
+        let options = RunOptions {
+            timeout: Duration::from_secs(3600),
+            ..RunOptions::default()
+        };
+        let interrupt = options.interrupt.clone();
+        let mut events = Vec::new();
+        let mut listener = |event: &Event| {
+            if matches!(event.kind, EventKind::ProviderCall { .. }) {
+                interrupt.cancel();
+            }
+            events.push(event.to_json());
+        };
+        let toolbox = Toolbox::new();
+        let run = run_with_listener(program(), options, &Hung, &toolbox, &mut listener);
+        let outcome = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("the cancel ended the run");
+        let error = outcome.error.expect("cancelled");
+        assert_eq!(error.kind, aplc_vm::RunErrorKind::Cancelled);
+        let result = events.iter().find(|e| e["type"] == "provider_result");
+        assert_eq!(
+            result.expect("a provider_result")["error"]["kind"],
+            "cancelled"
+        );
+        assert_eq!(events.last().expect("events")["outcome"], "cancelled");
     }
 }

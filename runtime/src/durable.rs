@@ -21,9 +21,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
-use crate::driver::{DeltaRelay, Listener, Provider, RunClock, Toolbox, call_provider};
+use crate::driver::{DeltaRelay, Listener, Provider, RunClock, Stopped, Toolbox, call_provider};
 use crate::redact::Redactor;
-use crate::store::{Batch, Lease, LoadedRun, NewRun, RunStore, StoreError, StoredCheckpoint};
+use crate::store::{
+    Batch, Lease, LoadedRun, NewRun, QueueStatus, RunStore, StoreError, StoredCheckpoint,
+};
 use aplc_vm::journal::Input;
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Event, Interrupt, Machine, Program, ProviderError, RunOptions, RunOutcome};
@@ -236,7 +238,7 @@ pub fn outcome_json(outcome: &RunOutcome) -> Json {
         })
     });
     json!({
-        "status": if outcome.error.is_some() { "failed" } else { "succeeded" },
+        "status": QueueStatus::of_run(outcome).as_str(),
         "error": error,
         "steps": outcome.steps,
         "last_step_errors": outcome.last_step_errors,
@@ -899,7 +901,7 @@ impl Live<'_, '_> {
                     );
                     committed?;
                     match answer {
-                        Some(result) => {
+                        Ok(result) => {
                             let at = now();
                             let result = result.map_err(|mut e: ProviderError| {
                                 e.message = journal.redactor.redact(&e.message);
@@ -914,7 +916,7 @@ impl Live<'_, '_> {
                             journal.events(&mut machine, &mut self.listener, &mut self.relay);
                             journal.maybe_checkpoint(&machine, at);
                         }
-                        None => self.timeout(&mut machine, &mut journal, clock.timed_out_at()),
+                        Err(stopped) => self.stopped(&mut machine, &mut journal, &clock, stopped),
                     }
                 }
                 Action::CallTool(invocation) => {
@@ -928,11 +930,11 @@ impl Live<'_, '_> {
                     }
                     journal.commit(machine.steps(), None).await?;
                     match self.toolbox.run(&invocation, &clock).await {
-                        Some(result) => {
+                        Ok(result) => {
                             self.tool_result(&mut machine, &mut journal, now(), result);
                             journal.commit(machine.steps(), None).await?;
                         }
-                        None => self.timeout(&mut machine, &mut journal, clock.timed_out_at()),
+                        Err(stopped) => self.stopped(&mut machine, &mut journal, &clock, stopped),
                     }
                 }
                 Action::Continue => {}
@@ -948,10 +950,22 @@ impl Live<'_, '_> {
         }
     }
 
-    fn timeout(&mut self, machine: &mut Machine, journal: &mut Journal<'_>, at: Duration) {
-        machine.handle_timeout(at);
-        journal.input(&Input::Timeout { at });
-        journal.events(machine, &mut self.listener, &mut self.relay);
+    /// A call that was dropped. At the deadline, the timeout is an input like any other.
+    /// A cancelled call is not journaled: the next poll ends the run `cancelled`, and a
+    /// cancelled run is final, never resumed, so its journal need not replay past it.
+    fn stopped(
+        &mut self,
+        machine: &mut Machine,
+        journal: &mut Journal<'_>,
+        clock: &RunClock,
+        stopped: Stopped,
+    ) {
+        if stopped == Stopped::Deadline {
+            let at = clock.timed_out_at();
+            machine.handle_timeout(at);
+            journal.input(&Input::Timeout { at });
+            journal.events(machine, &mut self.listener, &mut self.relay);
+        }
     }
 
     fn tool_result(

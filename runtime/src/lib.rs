@@ -9,6 +9,7 @@
 //! * [`durable`]: durable runs, journaled in a [`store`] (SQLite or PostgreSQL), that
 //!   resume after a crash without repeating a paid call.
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
+//! * [`files`]: the one bounded reader of whole input files.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
 //! * [`input`]: reading a user's file with the one input size limit.
 //! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool.
@@ -21,8 +22,8 @@
 pub mod anthropic;
 pub mod driver;
 pub mod durable;
+pub mod files;
 pub mod http;
-pub mod input;
 pub mod manifest;
 pub mod openai;
 mod redact;

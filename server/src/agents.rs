@@ -14,7 +14,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use aplc_runtime::durable::bundle_hash;
-use aplc_runtime::input::read_input;
+use aplc_runtime::files::{MAX_INPUT_LEN, read_at_most};
 use aplc_vm::Program;
 use aplc_vm::text::truncate_chars;
 
@@ -228,7 +228,7 @@ fn agent_name(path: &Path) -> Option<String> {
 /// compiler's diagnostics).
 fn load_agent(name: &str, path: &Path) -> Result<Agent, String> {
     // The CLI's input limit: a huge (or sparse) file is refused from its size, unread.
-    let bytes = read_input(path).map_err(|e| format!("cannot read the file; skipped: {e}"))?;
+    let bytes = read_at_most(path, MAX_INPUT_LEN, "files").map_err(|e| format!("{e}; skipped"))?;
     let program = if aplc_vm::bundle::is_bundle(&bytes) {
         Program::load(&bytes).map_err(|e| format!("unreadable bundle: {e}"))?
     } else {

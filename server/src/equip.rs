@@ -93,7 +93,7 @@ impl Equipment {
     }
 }
 
+/// The CLI's bounded reader: a providers or tools file is config, never gigabytes.
 fn read(path: &Path) -> Result<String, ServeError> {
-    std::fs::read_to_string(path)
-        .map_err(|e| ServeError::Config(format!("cannot read {}: {e}", path.display())))
+    aplc_runtime::files::read_text(path).map_err(ServeError::Config)
 }

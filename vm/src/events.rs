@@ -235,8 +235,10 @@ pub enum RunStatus {
     Completed,
     /// No run error, but the last step's `errors` were not empty (`aplc run` exits 3).
     CompletedWithErrors,
-    /// A run error ended the run.
+    /// A run error other than a cancellation ended the run.
     Failed,
+    /// The run was cancelled (the run error `cancelled`).
+    Cancelled,
 }
 
 /// What a run consumed.
@@ -617,6 +619,9 @@ impl Recorder {
         }
         self.finished = true;
         let outcome = match (error, errors_left) {
+            (Some(error), _) if error.kind == crate::RunErrorKind::Cancelled => {
+                RunStatus::Cancelled
+            }
             (Some(_), _) => RunStatus::Failed,
             (None, true) => RunStatus::CompletedWithErrors,
             (None, false) => RunStatus::Completed,

@@ -6,10 +6,17 @@
 //! `vendor/minijinja/APLC-PATCH.md`), so one slow render cannot outlast the run's
 //! timeout. Nothing here reads a clock: whoever holds the flag decides when to set it
 //! (the tokio driver arms a watchdog thread, `watchdog.rs`).
+//!
+//! A driver that awaits a provider or a tool races the call against
+//! [`Interrupt::interrupted`], so a cancel stops the call at once rather than when it
+//! ends. That future is plain `std` (a waker list), so the machine still pulls in no
+//! async runtime.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::future::Future;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 
 /// Not interrupted.
 const NONE: u8 = 0;
@@ -22,7 +29,16 @@ const CANCELLED: u8 = 2;
 ///
 /// Clones share the flag. A flag, once set, stays set; use a fresh one per run.
 #[derive(Debug, Clone, Default)]
-pub struct Interrupt(Arc<AtomicU8>);
+pub struct Interrupt(Arc<Shared>);
+
+#[derive(Debug, Default)]
+struct Shared {
+    reason: AtomicU8,
+    /// The tasks awaiting [`Interrupt::interrupted`], woken when the flag is set. One
+    /// entry per task (see `register`), so the list stays as small as the number of
+    /// tasks that ever waited on this run.
+    wakers: Mutex<Vec<Waker>>,
+}
 
 /// Why a run was interrupted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,25 +58,60 @@ impl Interrupt {
 
     /// Marks the run's deadline as passed (unless the run was already interrupted).
     pub fn deadline(&self) {
-        let _ = self
-            .0
-            .compare_exchange(NONE, DEADLINE, Ordering::Relaxed, Ordering::Relaxed);
+        self.set(DEADLINE);
     }
 
     /// Cancels the run (unless it was already interrupted).
     pub fn cancel(&self) {
-        let _ = self
-            .0
-            .compare_exchange(NONE, CANCELLED, Ordering::Relaxed, Ordering::Relaxed);
+        self.set(CANCELLED);
     }
 
     /// Why the run was interrupted, if it was.
     pub fn reason(&self) -> Option<InterruptReason> {
-        match self.0.load(Ordering::Relaxed) {
+        match self.0.reason.load(Ordering::Relaxed) {
             NONE => None,
             DEADLINE => Some(InterruptReason::Deadline),
             _ => Some(InterruptReason::Cancelled),
         }
+    }
+
+    /// Resolves once the flag is set, with the reason: a driver races each provider or
+    /// tool call against it and drops the call when it resolves.
+    pub fn interrupted(&self) -> impl Future<Output = InterruptReason> + Send + '_ {
+        std::future::poll_fn(move |cx| {
+            if let Some(reason) = self.reason() {
+                return Poll::Ready(reason);
+            }
+            self.register(cx.waker());
+            // The flag may have been set after the first look and before the waker was
+            // registered: the setter then found no waker to wake.
+            self.reason().map_or(Poll::Pending, Poll::Ready)
+        })
+    }
+
+    fn set(&self, reason: u8) {
+        let set =
+            self.0
+                .reason
+                .compare_exchange(NONE, reason, Ordering::Relaxed, Ordering::Relaxed);
+        if set.is_ok() {
+            let wakers = std::mem::take(&mut *self.wakers());
+            wakers.into_iter().for_each(Waker::wake);
+        }
+    }
+
+    /// Adds `waker` unless its task is listed already: a task polls the future again on
+    /// every wake-up of whatever it races, and must not add an entry each time.
+    fn register(&self, waker: &Waker) {
+        let mut wakers = self.wakers();
+        if !wakers.iter().any(|w| w.will_wake(waker)) {
+            wakers.push(waker.clone());
+        }
+    }
+
+    fn wakers(&self) -> std::sync::MutexGuard<'_, Vec<Waker>> {
+        // A panic while holding the lock cannot leave the list half-changed.
+        self.0.wakers.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -129,5 +180,36 @@ mod tests {
         cancelled.cancel();
         cancelled.deadline();
         assert_eq!(cancelled.reason(), Some(InterruptReason::Cancelled));
+    }
+
+    /// Counts its wake-ups.
+    struct Counter(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Counter {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn interrupted_wakes_its_task_once_when_the_flag_is_set() {
+        let flag = Interrupt::new();
+        let counter = Arc::new(Counter(Default::default()));
+        let waker = Waker::from(counter.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut waiting = std::pin::pin!(flag.interrupted());
+        // Polled again and again, as a select! does: one registration only.
+        for _ in 0..3 {
+            assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        }
+        assert_eq!(flag.wakers().len(), 1);
+        // A clone, as the embedder holds it.
+        flag.clone().cancel();
+        assert_eq!(counter.0.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            waiting.as_mut().poll(&mut cx),
+            Poll::Ready(InterruptReason::Cancelled)
+        );
+        assert!(flag.wakers().is_empty());
     }
 }

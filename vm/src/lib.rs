@@ -59,7 +59,7 @@ pub use interrupt::{Interrupt, InterruptReason};
 pub use jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};
 pub use machine::{
     Action, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions,
-    RunOutcome, run_scripted, run_scripted_with_listener,
+    RunOutcome, options_error, run_scripted, run_scripted_with_listener,
 };
 pub mod names;
 pub use names::{RESERVED_VARIABLES, user_defaults};

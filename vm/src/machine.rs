@@ -378,22 +378,13 @@ impl Machine {
         let bundle = program.bundle();
         events.run_started(bundle, &options);
         let store = Store::new(program.initial_vars().clone());
-        let mut error = None;
         for (name, value) in &options.with_context {
-            if let Some(problem) = invalid_context_name(name) {
-                error = Some(RunError {
-                    kind: RunErrorKind::InvalidOptions,
-                    message: format!("with_context: cannot set `{name}`: {problem}"),
-                    step: None,
-                    span: None,
-                });
+            if invalid_context_name(name).is_some() {
                 break;
             }
             store.set(name, value.clone());
         }
-        if error.is_none() {
-            error = missing_inputs(&program, &options.with_context);
-        }
+        let error = options_error(&program, &options);
         let steps = program.bundle().steps.len();
         Machine {
             program,
@@ -446,6 +437,13 @@ impl Machine {
         &self.interrupt[0]
     }
 
+    /// The embedder's flag ([`RunOptions::interrupt`]): a driver races every provider and
+    /// tool call against [`Interrupt::interrupted`] on it, so a cancel needs no call to
+    /// end first.
+    pub fn cancel_flag(&self) -> &Interrupt {
+        &self.interrupt[1]
+    }
+
     /// The run's live store (for embedders that inspect a run in progress).
     pub fn vars(&self) -> Vars {
         self.store.vars()
@@ -476,10 +474,15 @@ impl Machine {
             match self.state {
                 State::Done => return Action::Done,
                 State::AwaitingProvider | State::AwaitingTool { .. } => {
-                    self.fail(
-                        RunErrorKind::Protocol,
-                        "poll called while a provider or tool call is outstanding".into(),
-                    );
+                    // A driver that drops the call because the run was interrupted
+                    // (`Interrupt::interrupted`) polls for the end: that is no misuse.
+                    match crate::interrupt::reason(&self.interrupt) {
+                        Some(reason) => self.abandon_call(reason),
+                        None => self.fail(
+                            RunErrorKind::Protocol,
+                            "poll called while a provider or tool call is outstanding".into(),
+                        ),
+                    }
                     return Action::Done;
                 }
                 State::Running | State::PromptFailed | State::Responded(_) => {}
@@ -1163,6 +1166,20 @@ impl Machine {
         );
     }
 
+    /// Ends the run whose outstanding call the driver dropped because of `reason`. A
+    /// provider call gets its `provider_result`, as one the deadline cuts short does.
+    fn abandon_call(&mut self, reason: InterruptReason) {
+        if matches!(self.state, State::AwaitingProvider) {
+            let step = step_name(&self.program, self.step);
+            let error = match reason {
+                InterruptReason::Deadline => ("timeout", "no answer before the run's deadline"),
+                _ => ("cancelled", "the run was cancelled during the call"),
+            };
+            (self.events).provider_result(step, None, None, Some(error));
+        }
+        self.fail_interrupted(reason);
+    }
+
     fn fail_interrupted(&mut self, reason: InterruptReason) {
         match reason {
             InterruptReason::Deadline => self.fail_timeout(),
@@ -1309,6 +1326,23 @@ fn tool_context(vars: &Vars) -> serde_json::Value {
 /// The slots of the `result_*` variables, reset to their initial values before every
 /// provider call (§2.4).
 const RESULT_SLOTS: [usize; 8] = names::slots_of(Section::Result);
+
+/// The error a run of `program` with `options` ends with before its first step, if any:
+/// a `with_context` name that cannot be set ([`RunErrorKind::InvalidOptions`]), or a
+/// declared input that `with_context` does not give ([`RunErrorKind::MissingInput`]).
+/// [`Machine::new`] checks this; a host that starts many runs of the same options
+/// (`aplc bench`) checks it once, up front.
+pub fn options_error(program: &Program, options: &RunOptions) -> Option<RunError> {
+    let invalid = options.with_context.iter().find_map(|(name, _)| {
+        invalid_context_name(name).map(|problem| RunError {
+            kind: RunErrorKind::InvalidOptions,
+            message: format!("with_context: cannot set `{name}`: {problem}"),
+            step: None,
+            span: None,
+        })
+    });
+    invalid.or_else(|| missing_inputs(program, &options.with_context))
+}
 
 /// The run error for the declared inputs that `with_context` does not give, if any:
 /// one `missing input: <name>` line per missing input, in declaration order.

@@ -11,14 +11,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use aplc_compiler::MAX_SOURCE_LEN;
 use aplc_runtime::driver::Toolbox;
 use aplc_vm::minijinja::{Environment, Expression};
+use aplc_vm::text::{escape_control, truncate_chars};
 use aplc_vm::{DEFAULT_TIMEOUT, Program, RunOptions, ScriptedProvider};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
 use crate::CompileArgs;
-use crate::input::{read_json, read_text};
+use crate::input::{into_text, read_at_most, read_json};
 use crate::run::load_program;
 
 /// The suffix that marks a test file during discovery.
@@ -72,17 +74,23 @@ pub(crate) fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InvalidFile> {
     }
     let mut files = Vec::new();
     for path in paths {
-        let metadata = std::fs::metadata(path).map_err(|e| InvalidFile {
+        let invalid = |message: String| InvalidFile {
             file: path.display().to_string(),
-            message: format!("cannot read: {e}"),
-        })?;
+            message,
+        };
+        let metadata = std::fs::metadata(path).map_err(|e| invalid(format!("cannot read: {e}")))?;
         if metadata.is_dir() {
             let mut found = Vec::new();
             walk(path, &mut found)?;
             found.sort();
             files.extend(found);
-        } else {
+        } else if metadata.is_file() {
             files.push(path.clone());
+        } else {
+            // Opening a FIFO waits for a writer, maybe forever; a device may never end.
+            return Err(invalid(
+                "not a regular file (a FIFO, socket or device): a test file must be a file".into(),
+            ));
         }
     }
     Ok(files)
@@ -106,11 +114,17 @@ fn walk(dir: &Path, found: &mut Vec<PathBuf>) -> Result<(), InvalidFile> {
             if !name.starts_with('.') && name != "target" {
                 walk(&entry.path(), found)?;
             }
-        } else if name.ends_with(SUFFIX) {
+        } else if name.ends_with(SUFFIX) && is_regular_file(&entry.path()) {
             found.push(entry.path());
         }
     }
     Ok(())
+}
+
+/// True for a regular file, through a symbolic link too. A FIFO, socket or device named
+/// like a test file is skipped: opening a FIFO waits for a writer, maybe forever.
+fn is_regular_file(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file())
 }
 
 /// The file as written: `deny_unknown_fields` everywhere, so a misspelt key (`expects`,
@@ -155,8 +169,12 @@ pub(crate) fn load<'env>(
         file: display.clone(),
         message,
     };
-    let text = read_text(path).map_err(|f| invalid(f.message))?;
-    let raw: RawFile = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    // Parsed TOML costs many times its size in memory: a test file gets the limit of an
+    // agent's source, checked before a byte is read.
+    let bytes =
+        read_at_most(path, MAX_SOURCE_LEN as u64, "test files").map_err(|f| invalid(f.message))?;
+    let text = into_text(path, bytes).map_err(|f| invalid(f.message))?;
+    let raw: RawFile = toml::from_str(&text).map_err(|e| invalid(toml_error(&text, &e)))?;
     if raw.cases.is_empty() {
         return Err(invalid(
             "no test cases: add at least one `[[case]]` table".into(),
@@ -195,6 +213,48 @@ pub(crate) fn load<'env>(
         program: Arc::new(program),
         cases,
     })
+}
+
+/// How many characters of the offending line a TOML error shows on each side of the
+/// error, and of the parser's message: a one-line file of megabytes must not print
+/// megabytes (toml's own `Display` prints the whole line).
+const EXCERPT_CHARS: usize = 80;
+const MESSAGE_CHARS: usize = 400;
+
+/// `error` as `line L, column C: MESSAGE` and the offending line, clipped around the
+/// column, with a caret under it; control characters escaped.
+fn toml_error(text: &str, error: &toml::de::Error) -> String {
+    let message = truncate_chars(error.message().trim(), MESSAGE_CHARS);
+    let Some(at) = error.span().map(|span| span.start.min(text.len())) else {
+        return format!("TOML parse error: {}", escape_control(&message));
+    };
+    let at = (0..=at)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+    let line = text[..at].matches('\n').count() + 1;
+    let before = &text[line_start..at];
+    let column = before.chars().count() + 1;
+    let shown_before: String = {
+        let mut tail: Vec<char> = before.chars().rev().take(EXCERPT_CHARS).collect();
+        tail.reverse();
+        tail.into_iter().collect()
+    };
+    let cut_before = if shown_before.len() < before.len() {
+        "…"
+    } else {
+        ""
+    };
+    let after = truncate_chars(&text[at..line_end], EXCERPT_CHARS);
+    let excerpt = format!("{cut_before}{shown_before}{after}");
+    let caret = " ".repeat(cut_before.chars().count() + shown_before.chars().count());
+    format!(
+        "TOML parse error at line {line}, column {column}: {}\n  | {}\n  | {caret}^",
+        escape_control(&message),
+        escape_control(excerpt.trim_end_matches('\r')),
+    )
 }
 
 fn load_case<'env>(

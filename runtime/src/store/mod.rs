@@ -310,7 +310,8 @@ impl Enqueued {
     }
 }
 
-/// A queued run's status, as the service reports it.
+/// A run's status: the one vocabulary of the service's API, its logs and metrics,
+/// `aplc runs list/show` and the stored outcome's `status` (spec/serve.md, "Statuses").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QueueStatus {
     /// Waiting for a worker.
@@ -354,8 +355,28 @@ impl QueueStatus {
         )
     }
 
+    /// The final status of a run that ended with `outcome`.
+    pub fn of_run(outcome: &aplc_vm::RunOutcome) -> QueueStatus {
+        match &outcome.error {
+            None => QueueStatus::Completed,
+            Some(error) if error.kind == aplc_vm::RunErrorKind::Cancelled => QueueStatus::Cancelled,
+            Some(_) => QueueStatus::Failed,
+        }
+    }
+
+    /// The status of a stored run: [`QueueStatus::of_outcome`] once finished, `running`
+    /// before (running now, or crashed and waiting to be resumed or claimed).
+    pub fn of_summary(summary: &RunSummary) -> QueueStatus {
+        match (&summary.state, &summary.outcome) {
+            (RunState::Finished, Some(outcome)) => QueueStatus::of_outcome(outcome),
+            _ => QueueStatus::Running,
+        }
+    }
+
     /// The final status a stored outcome means (the driver's `outcome_json`): a run
-    /// error of kind `Cancelled` is a cancellation, any other a failure.
+    /// error of kind `Cancelled` is a cancellation, any other a failure. It reads the
+    /// error, not the outcome's `status`, so outcomes stored by older versions (which
+    /// said `succeeded` for `completed`, and `failed` for a cancellation) read the same.
     pub fn of_outcome(outcome: &serde_json::Value) -> QueueStatus {
         match outcome.get("error") {
             None | Some(serde_json::Value::Null) => QueueStatus::Completed,
@@ -663,6 +684,45 @@ fn json_column(text: &str, what: &str) -> Result<serde_json::Value, StoreError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One vocabulary (issue #22): outcomes stored before it said `succeeded`, and
+    /// `failed` for a cancellation; they read as `completed` and `cancelled`.
+    #[test]
+    fn stored_outcomes_of_any_version_read_in_one_vocabulary() {
+        let summary = |state, outcome| RunSummary {
+            id: "r".into(),
+            agent: "a.apl".into(),
+            bundle_hash: String::new(),
+            state,
+            steps: 1,
+            started_at_ms: 0,
+            updated_at_ms: 0,
+            inputs: 0,
+            events: 0,
+            outcome,
+        };
+        let cancelled = serde_json::json!({"status": "failed", "error": {"kind": "Cancelled"}});
+        for (outcome, status) in [
+            (
+                serde_json::json!({"status": "succeeded", "error": null}),
+                "completed",
+            ),
+            (
+                serde_json::json!({"status": "completed", "error": null}),
+                "completed",
+            ),
+            (cancelled, "cancelled"),
+            (
+                serde_json::json!({"status": "failed", "error": {"kind": "Timeout"}}),
+                "failed",
+            ),
+        ] {
+            let stored = summary(RunState::Finished, Some(outcome));
+            assert_eq!(QueueStatus::of_summary(&stored).as_str(), status);
+        }
+        let unfinished = summary(RunState::Running, None);
+        assert_eq!(QueueStatus::of_summary(&unfinished).as_str(), "running");
+    }
 
     #[test]
     fn parses_both_schemes() {
