@@ -15,7 +15,8 @@
 //! `with_context` is true. The manifest is the only place tools come from on the
 //! command line; it never contains secrets, and nothing from it is printed but names.
 //! Command tools run without the environment variables the caller names as holding
-//! secrets (`hidden_env`; the CLI passes the run's provider key variables).
+//! secrets (`hidden_env`; the CLI, `aplc serve` and `aplc test` pass
+//! [`crate::Secrets::variables`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -65,9 +66,9 @@ enum KeyEntry {
 
 /// Builds a toolbox from a JSON manifest: an object from tool name to entry. `base` is the
 /// manifest's folder, against which a relative `cwd` is resolved. Command tools run
-/// without the environment variables named in `hidden_env` (those that hold the run's
-/// provider secrets: a tool has no business reading them, and what it prints may be
-/// shown).
+/// without the environment variables named in `hidden_env` (those that hold secrets,
+/// [`crate::Secrets::variables`]: a tool has no business reading them, and what it prints
+/// may be shown).
 ///
 /// HTTP tools get one client, built on first need; [`toolbox_from_manifest_with_client`]
 /// passes one in instead (to share it with the provider).
