@@ -400,6 +400,68 @@ fn slow_tools_are_killed_at_their_timeout() {
     );
 }
 
+/// Issue #22 F13: a tool that prints its result and exits while a background child keeps
+/// its stdout open returns that result when it exits (not at its timeout), and the child
+/// is killed with the tool's process group.
+#[test]
+fn a_tool_that_leaves_a_background_child_returns_its_result_and_the_child_dies() {
+    let dir = scratch("background");
+    let tool = json!({
+        "command": ["sh", "-c", "(sleep 303 & echo $! > sleep.pid) ; echo '\"started\"'"],
+        "cwd": ".",
+        "timeout_ms": 20000,
+        "descriptor": {"name": "starter"},
+    });
+    let (code, ctx) = run_agent(
+        &dir,
+        ONE_STEP,
+        json!([calls(&[("s", "starter", "{}")])]),
+        json!({"starter": tool}),
+        &[],
+    );
+    assert_eq!(
+        ctx["result_tool_calls"][0],
+        json!({"role": "tool", "tool_call_id": "s", "content": "started", "with_error": false}),
+        "{ctx}"
+    );
+    assert_eq!(code, 0);
+    let pid: i32 = std::fs::read_to_string(dir.join("sleep.pid"))
+        .expect("the tool wrote the background pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // SIGKILL takes effect at once, but the process may take a moment to go on a loaded
+    // machine: wait for it, boundedly.
+    let started = std::time::Instant::now();
+    while alive(pid) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the background `sleep 303` (pid {pid}) outlived the tool call"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// True while process `pid` runs. A zombie has ended: where PID 1 does not reap orphans
+/// (some containers), `kill(pid, 0)` still finds it, so its state is read too.
+fn alive(pid: i32) -> bool {
+    // SAFETY: `kill` with signal 0 only checks that the process exists.
+    let exists = unsafe { libc::kill(pid, 0) } == 0;
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state == "Z" || state == "X")
+        })
+        .unwrap_or(false);
+    exists && !zombie
+}
+
 /// Issue #22 R2: command tools inherit none of the variables aplc treats as secret (the
 /// store URL, OTLP headers, serve tokens, provider keys), and a secret value a tool
 /// prints anyway (read from a file here) is redacted from the result, `--json`, the
