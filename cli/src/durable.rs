@@ -40,6 +40,11 @@ impl StoreArgs {
     pub(crate) fn url(&self) -> Result<Option<StoreUrl>, Failure> {
         self.store.as_deref().map(parse_url).transpose()
     }
+
+    /// The store URL as given, for its password (a secret).
+    pub(crate) fn raw(&self) -> Option<&str> {
+        self.store.as_deref()
+    }
 }
 
 /// A store from the command line.
@@ -186,7 +191,9 @@ pub(crate) fn run(
 pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     let url = parse_url(&args.store.store)?;
     let id = check_id(&args.run_id)?;
-    let equipment = args.with.equip(args.output.record.is_some())?;
+    let equipment = args
+        .with
+        .equip(args.output.record.is_some(), Some(&args.store.store))?;
     let expected = match &args.agent {
         Some(file) => Some(crate::run::load_program(
             file,

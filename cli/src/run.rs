@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aplc_runtime::Redactor;
+use aplc_runtime::Secrets;
 use aplc_runtime::driver::{self, Provider, Scripted};
 use aplc_runtime::http::HttpClient;
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
@@ -117,8 +117,9 @@ pub(crate) struct Equipment {
 }
 
 impl WithArgs {
-    /// Builds the provider and the toolbox.
-    pub(crate) fn equip(&self, recording: bool) -> Result<Equipment, Failure> {
+    /// Builds the provider and the toolbox. `store` is the run's store URL, whose
+    /// password is a secret.
+    pub(crate) fn equip(&self, recording: bool, store: Option<&str>) -> Result<Equipment, Failure> {
         // One HTTP client for the provider and HTTP tools: one set of redirect, proxy and
         // body-size rules, one connection pool. Not built for a mock run without tools.
         let http = if self.mock.is_none() || self.tools.is_some() {
@@ -126,7 +127,12 @@ impl WithArgs {
         } else {
             None
         };
-        let mut secrets = Secrets::new();
+        // Every secret aplc knows of (spec/limits.md, "Secrets and redaction"), whichever
+        // this run uses: tools see none of their variables, and no output shows a value.
+        let mut secrets = Secrets::from_env();
+        if let Some(url) = store {
+            secrets.store_url(url);
+        }
         let Selected {
             provider,
             no_key,
@@ -178,7 +184,9 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let equipment = args.with.equip(args.output.record.is_some())?;
+    let equipment = args
+        .with
+        .equip(args.output.record.is_some(), args.store.raw())?;
     let options = RunOptions {
         timeout: Duration::from_millis(args.timeout),
         max_runs: args.max_runs,
@@ -427,44 +435,6 @@ fn run_failure(program: &Program, error: &RunError) -> Failure {
     Failure { code, message }
 }
 
-/// A run's provider secrets: the environment variables that hold them, which command
-/// tools do not inherit, and their values, which are redacted from every tool result and
-/// error message (spec/tools.md, "Tools and secrets").
-#[derive(Default)]
-pub(crate) struct Secrets {
-    variables: Vec<String>,
-    values: Vec<String>,
-}
-
-impl Secrets {
-    /// `OPENAI_API_KEY` and its value, whichever provider the run uses: it is the
-    /// default provider's key, and a secret of the user's whether this run sends it or not.
-    pub(crate) fn new() -> Secrets {
-        let mut secrets = Secrets::default();
-        let value = std::env::var("OPENAI_API_KEY").ok();
-        secrets.variable("OPENAI_API_KEY", value);
-        secrets
-    }
-
-    /// A variable that holds (or would hold) a secret, and its value if it is set.
-    fn variable(&mut self, name: &str, value: Option<String>) {
-        if !self.variables.iter().any(|v| v == name) {
-            self.variables.push(name.to_owned());
-        }
-        self.values.extend(value);
-    }
-
-    /// The variables command tools must not inherit.
-    pub(crate) fn variables(&self) -> &[String] {
-        &self.variables
-    }
-
-    /// A redactor for every value.
-    pub(crate) fn redactor(&self) -> Redactor {
-        Redactor::new(self.values.iter().map(String::as_str))
-    }
-}
-
 /// The provider [`select_provider`] chose.
 struct Selected {
     provider: Box<dyn Provider>,
@@ -484,7 +454,9 @@ fn select_provider(
     secrets: &mut Secrets,
 ) -> Result<Selected, Failure> {
     // Even when the flag's provider is not used (`--mock`), the value is the user's key.
-    secrets.values.extend(args.api_key.clone());
+    if let Some(key) = &args.api_key {
+        secrets.value(key);
+    }
     let http_flags = args.api_key.is_some() || args.base_url.is_some();
     match (&args.mock, &args.providers) {
         (Some(_), Some(_)) => Err(Failure::usage(
@@ -510,14 +482,6 @@ fn select_provider(
                      each route names its own base_url and api_key_env"
                 );
             }
-            // Every variable the file names (`api_key_env`, `headers_env`) holds a secret:
-            // the lookups are recorded for `secrets`.
-            let read = std::cell::RefCell::new(Vec::new());
-            let env = |name: &str| {
-                let value = std::env::var(name).ok();
-                read.borrow_mut().push((name.to_owned(), value.clone()));
-                value
-            };
             let text = read_json(path)?;
             let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
                 Failure::usage(format!(
@@ -528,14 +492,14 @@ fn select_provider(
             if args.stream {
                 stream_every_route(&mut config);
             }
-            let router = match http {
-                Some(http) => Router::from_config_with_client(&config, &env, http),
-                None => Router::from_config(&config, &env),
-            }
-            .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-            for (name, value) in read.into_inner() {
-                secrets.variable(&name, value);
-            }
+            // Every variable the file names (`api_key_env`, `headers_env`) holds a secret:
+            // `secrets` records the lookups.
+            let router = secrets
+                .reading(|env| match http {
+                    Some(http) => Router::from_config_with_client(&config, env, http),
+                    None => Router::from_config(&config, env),
+                })
+                .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
             Ok(Selected {
                 provider: Box::new(router),
                 no_key: false,

@@ -46,6 +46,14 @@ struct Model {
 
 impl Model {
     fn start() -> Model {
+        Model::answering(|body| {
+            let prompt = last_user_message(body);
+            json!({"role": "assistant", "content": format!("answer to: {prompt}")})
+        })
+    }
+
+    /// A model whose answer to each request (its body) is `message`.
+    fn answering(message: fn(&str) -> Json) -> Model {
         let prompts = Arc::new(Mutex::new(Vec::new()));
         let delay_ms = Arc::new(AtomicU64::new(0));
         let (log, delay) = (prompts.clone(), delay_ms.clone());
@@ -77,7 +85,7 @@ impl Model {
                             "choices": [{
                                 "index": 0,
                                 "finish_reason": "stop",
-                                "message": {"role": "assistant", "content": format!("answer to: {prompt}")},
+                                "message": message(&body),
                             }],
                             "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12},
                         })
@@ -1051,6 +1059,56 @@ async fn failover_between_two_processes_on_postgres() {
     );
 }
 
+/// Issue #22 R2: a tool of `aplc serve` inherits no secret variable (`APLC_SERVE_TOKENS`
+/// here), and a token it prints anyway (read from a file) is redacted from the API answer,
+/// the events and the log.
+#[tokio::test]
+async fn a_tool_never_sees_or_shows_the_serve_tokens() {
+    const FILE_TOKEN: &str = "file-token-5e6f7a8b";
+    // Calls the tool until the request carries its result, then answers.
+    let model = Model::answering(|body| {
+        if body.contains("\"role\":\"tool\"") {
+            return json!({"role": "assistant", "content": "done"});
+        }
+        let call = json!({"id": "c1", "type": "function", "function": {"name": "envdump", "arguments": "{}"}});
+        json!({"role": "assistant", "content": null, "tool_calls": [call]})
+    });
+    let dir = scratch("tool-secrets", &model);
+    let agent = "# pre: go\n{{ set_context('allowed_tools', ['envdump']) }}\n\n# prompt: go\n## user\nDump.\n";
+    std::fs::write(dir.join("agents/envdump.apl"), agent).unwrap();
+    let tool = json!({"envdump": {"command": ["sh", "-c", "env; cat leak.txt"], "cwd": ".",
+                                  "descriptor": {"name": "envdump"}}});
+    std::fs::write(dir.join("tools.json"), tool.to_string()).unwrap();
+    std::fs::write(dir.join("tokens.txt"), format!("{FILE_TOKEN}\n")).unwrap();
+    std::fs::write(dir.join("leak.txt"), format!("{TOKEN} {FILE_TOKEN}")).unwrap();
+    let server = Server::start(&dir, &["--tools", "tools.json", "--tokens", "tokens.txt"]);
+    let client = Client::new(&server);
+
+    let (status, run) = client
+        .post("/v1/agents/envdump/runs?wait=true", &json!({"context": {}}))
+        .await;
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["status"], "completed", "{run}");
+    let content = run["context"]["result_tool_calls"][0]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the tool's output: {run}"))
+        .to_string();
+    assert!(content.contains("PATH="), "{content}");
+    assert!(!content.contains("APLC_SERVE_TOKENS="), "{content}");
+    assert_eq!(content.matches("<redacted>").count(), 2, "{content}");
+    let id = run["run_id"].as_str().expect("run id");
+    let events = format!("{:?}", client.events(id, None).await);
+    for (what, text) in [
+        ("answer", run.to_string()),
+        ("events", events),
+        ("log", server.log()),
+    ] {
+        for token in [TOKEN, FILE_TOKEN] {
+            assert!(!text.contains(token), "{token} is in the {what}: {text}");
+        }
+    }
+}
+
 /// A run queued with tools the restarted server no longer has cannot replay: it ends as
 /// failed (error kind `Resume`) instead of being claimed forever.
 #[tokio::test]
@@ -1260,17 +1318,33 @@ async fn runs_join_their_requests_trace_and_stream_deltas_live() {
     assert_eq!(status, 202, "{accepted}");
     let id = accepted["run_id"].as_str().unwrap().to_string();
     let live = client.events(&id, None).await;
-    let deltas: Vec<&(Option<u64>, Json)> = live
-        .iter()
-        .filter(|(_, event)| event["type"] == "provider_delta")
-        .collect();
-    assert_eq!(deltas.len(), 2, "{live:?}");
-    for (sse_id, delta) in &deltas {
-        assert_eq!(*sse_id, None, "a delta is not journaled: no id");
-        assert_eq!(delta["index"], 0);
-        assert!(
-            delta["text"].as_str().unwrap().contains("run traced turn "),
-            "{delta}"
+    // Each call's deltas (its text, maybe in two: the server's tokens are secrets, so
+    // the redactor holds a tail back until the call ends) come before the call's result.
+    let mut calls: Vec<String> = Vec::new();
+    let mut open = false;
+    for (sse_id, event) in &live {
+        match event["type"].as_str() {
+            Some("provider_call") => {
+                calls.push(String::new());
+                open = true;
+            }
+            Some("provider_result") => open = false,
+            Some("provider_delta") => {
+                assert!(open, "a delta outside its call: {live:?}");
+                assert_eq!(*sse_id, None, "a delta is not journaled: no id");
+                calls
+                    .last_mut()
+                    .unwrap()
+                    .push_str(event["text"].as_str().unwrap());
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(calls.len(), 2, "{live:?}");
+    for (turn, text) in calls.iter().enumerate() {
+        assert_eq!(
+            text,
+            &format!("answer to: V1 run traced turn {} of 2.", turn + 1)
         );
     }
     let seqs: Vec<u64> = live.iter().filter_map(|(seq, _)| *seq).collect();

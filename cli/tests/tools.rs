@@ -33,6 +33,19 @@ fn aplc(args: &[&str]) -> Output {
 /// Writes an agent, its mock responses and a manifest into `dir`, runs it with `--json`,
 /// and returns the exit code and the final context.
 fn run_agent(dir: &Path, agent: &str, mock: Json, manifest: Json, extra: &[&str]) -> (i32, Json) {
+    let (code, context, _) = run_agent_env(dir, agent, mock, manifest, extra, &[]);
+    (code, context)
+}
+
+/// [`run_agent`] with more environment variables; also returns the whole output.
+fn run_agent_env(
+    dir: &Path,
+    agent: &str,
+    mock: Json,
+    manifest: Json,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, Json, Output) {
     std::fs::write(dir.join("agent.apl"), agent).unwrap();
     std::fs::write(dir.join("mock.json"), mock.to_string()).unwrap();
     std::fs::write(dir.join("tools.json"), manifest.to_string()).unwrap();
@@ -48,12 +61,17 @@ fn run_agent(dir: &Path, agent: &str, mock: Json, manifest: Json, extra: &[&str]
         "--json",
     ];
     args.extend_from_slice(extra);
-    let out = aplc(&args);
+    let out = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        .args(&args)
+        .env("NO_COLOR", "1")
+        .envs(env.iter().copied())
+        .output()
+        .expect("aplc runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     let context = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("no JSON context ({e}); stderr:\n{stderr}"));
-    (out.status.code().unwrap_or(-1), context)
+    (out.status.code().unwrap_or(-1), context, out)
 }
 
 fn python_tool(mode: &str, descriptor: Json) -> Json {
@@ -380,6 +398,141 @@ fn slow_tools_are_killed_at_their_timeout() {
             .unwrap()
             .contains("timed out after 300 ms")
     );
+}
+
+/// Issue #22 F13: a tool that prints its result and exits while a background child keeps
+/// its stdout open returns that result when it exits (not at its timeout), and the child
+/// is killed with the tool's process group.
+#[test]
+fn a_tool_that_leaves_a_background_child_returns_its_result_and_the_child_dies() {
+    let dir = scratch("background");
+    let tool = json!({
+        "command": ["sh", "-c", "(sleep 303 & echo $! > sleep.pid) ; echo '\"started\"'"],
+        "cwd": ".",
+        "timeout_ms": 20000,
+        "descriptor": {"name": "starter"},
+    });
+    let (code, ctx) = run_agent(
+        &dir,
+        ONE_STEP,
+        json!([calls(&[("s", "starter", "{}")])]),
+        json!({"starter": tool}),
+        &[],
+    );
+    assert_eq!(
+        ctx["result_tool_calls"][0],
+        json!({"role": "tool", "tool_call_id": "s", "content": "started", "with_error": false}),
+        "{ctx}"
+    );
+    assert_eq!(code, 0);
+    let pid: i32 = std::fs::read_to_string(dir.join("sleep.pid"))
+        .expect("the tool wrote the background pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // SIGKILL takes effect at once, but the process may take a moment to go on a loaded
+    // machine: wait for it, boundedly.
+    let started = std::time::Instant::now();
+    while alive(pid) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the background `sleep 303` (pid {pid}) outlived the tool call"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// True while process `pid` runs. A zombie has ended: where PID 1 does not reap orphans
+/// (some containers), `kill(pid, 0)` still finds it, so its state is read too.
+fn alive(pid: i32) -> bool {
+    // SAFETY: `kill` with signal 0 only checks that the process exists.
+    let exists = unsafe { libc::kill(pid, 0) } == 0;
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state == "Z" || state == "X")
+        })
+        .unwrap_or(false);
+    exists && !zombie
+}
+
+/// Issue #22 R2: command tools inherit none of the variables aplc treats as secret (the
+/// store URL, OTLP headers, serve tokens, provider keys), and a secret value a tool
+/// prints anyway (read from a file here) is redacted from the result, `--json`, the
+/// events and the journal.
+#[test]
+fn command_tools_never_see_or_show_the_store_otlp_or_token_secrets() {
+    let dir = scratch("secrets");
+    const PASSWORD: &str = "hunter2hunter2";
+    const OTLP: &str = "sekrit-otlp-token-31337";
+    const SERVE: &str = "serve-token-0a1b2c3d";
+    const ANTHROPIC: &str = "sk-ant-from-env-998877";
+    let store_url = format!("postgres://u:{PASSWORD}@127.0.0.1/x");
+    let otlp = format!("authorization=Bearer {OTLP}");
+    let env = [
+        ("APLC_STORE", store_url.as_str()),
+        ("OTEL_EXPORTER_OTLP_HEADERS", otlp.as_str()),
+        ("APLC_SERVE_TOKENS", SERVE),
+        ("ANTHROPIC_API_KEY", ANTHROPIC),
+    ];
+    // The tool prints its whole environment, then the secrets it finds in a file.
+    std::fs::write(
+        dir.join("leak.txt"),
+        format!("{PASSWORD} {OTLP} {SERVE} {ANTHROPIC}"),
+    )
+    .unwrap();
+    let tool = json!({
+        "command": ["sh", "-c", "env; cat leak.txt"],
+        "cwd": ".",
+        "descriptor": {"name": "envdump"},
+    });
+    let events = dir.join("events.jsonl").to_string_lossy().into_owned();
+    let store = format!("sqlite:{}", dir.join("runs.db").display());
+    let (code, ctx, out) = run_agent_env(
+        &dir,
+        ONE_STEP,
+        json!([calls(&[("e", "envdump", "{}")])]),
+        json!({"envdump": tool}),
+        &["--events", &events, "--store", &store],
+        &env,
+    );
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let content = ctx["result_tool_calls"][0]["content"]
+        .as_str()
+        .expect("the tool's output")
+        .to_string();
+    for (name, _) in env {
+        assert!(
+            !content.contains(&format!("{name}=")),
+            "{name} reached the tool: {content}"
+        );
+    }
+    assert!(
+        content.contains("PATH="),
+        "the tool has an environment: {content}"
+    );
+    // What the tool printed of the file is redacted (a space next to a secret may go
+    // with it: `Bearer <token>`'s windows hold the space).
+    assert!(content.contains("<redacted>"), "{content}");
+    let mut journal = std::fs::read(dir.join("runs.db")).expect("the journal");
+    journal.extend(std::fs::read(dir.join("runs.db-wal")).unwrap_or_default());
+    let texts = [
+        ("stdout", String::from_utf8_lossy(&out.stdout).into_owned()),
+        ("stderr", String::from_utf8_lossy(&out.stderr).into_owned()),
+        ("events", std::fs::read_to_string(&events).expect("events")),
+        ("journal", String::from_utf8_lossy(&journal).into_owned()),
+    ];
+    for (what, text) in texts {
+        for secret in [PASSWORD, OTLP, SERVE, ANTHROPIC] {
+            assert!(!text.contains(secret), "{secret} is in the {what}");
+        }
+    }
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use aplc_runtime::driver::{BoxFuture, CallContext, DeltaSink, Provider};
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
-use aplc_runtime::{DeltaRedactor, Redactor};
+use aplc_runtime::{DeltaRedactor, Redactor, Secrets};
 use aplc_vm::tools::{ToolRegistry, ToolSpec};
 use aplc_vm::{
     Action, Completion, Event, EventKind, Interrupt, Machine, Program, ProviderError,
@@ -231,29 +231,28 @@ impl NativeRun {
         }
         .with_context_json(&context);
 
-        let mut secrets: Vec<String> = config.api_key.iter().cloned().collect();
-        let env_key = std::env::var("OPENAI_API_KEY").ok();
-        secrets.extend(env_key.clone());
+        // The one list of secrets (spec/limits.md, "Secrets and redaction"), plus the
+        // `api_key` argument and the variables a providers file reads.
+        let mut secrets = Secrets::from_env();
+        if let Some(key) = &config.api_key {
+            secrets.value(key);
+        }
         let fallback = match &config.providers_json {
             Some(text) => {
-                let read = std::cell::RefCell::new(Vec::new());
-                let env = |name: &str| {
-                    let value = std::env::var(name).ok();
-                    read.borrow_mut().extend(value.clone());
-                    value
-                };
-                let router = Router::from_config_json(text, &env)
+                let router = secrets
+                    .reading(|env| Router::from_config_json(text, env))
                     .map_err(|e| PyValueError::new_err(format!("providers: {e}")))?;
-                secrets.extend(read.into_inner());
                 Fallback::Ready(Arc::new(router))
             }
             None => Fallback::Http {
                 base_url: config.base_url,
-                api_key: config.api_key.or(env_key),
+                api_key: config
+                    .api_key
+                    .or_else(|| std::env::var("OPENAI_API_KEY").ok()),
                 built: OnceLock::new(),
             },
         };
-        let redactor = Redactor::new(secrets.iter().map(String::as_str));
+        let redactor = secrets.redactor();
 
         let interrupt = options.interrupt.clone();
         let machine = Machine::new(program, options);

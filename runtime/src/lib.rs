@@ -11,8 +11,8 @@
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
 //! * [`files`]: the one bounded reader of whole input files.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
-//! * [`input`]: reading a user's file with the one input size limit.
-//! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool.
+//! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool;
+//!   [`Secrets`]: the one list of secrets (variables tools never see, values redacted).
 //! * [`telemetry`]: OpenTelemetry spans and metrics of runs, from their events, exported
 //!   over OTLP/HTTP.
 //! * [`store`]: durable run stores, SQLite (embedded default) and PostgreSQL, behind one
@@ -28,9 +28,11 @@ pub mod manifest;
 pub mod openai;
 mod redact;
 pub mod routing;
+pub mod secrets;
 pub mod store;
 pub mod telemetry;
 mod transport;
 pub mod watchdog;
 
 pub use redact::{DeltaRedactor, Redactor, StreamRedactor};
+pub use secrets::Secrets;

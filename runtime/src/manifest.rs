@@ -15,7 +15,8 @@
 //! `with_context` is true. The manifest is the only place tools come from on the
 //! command line; it never contains secrets, and nothing from it is printed but names.
 //! Command tools run without the environment variables the caller names as holding
-//! secrets (`hidden_env`; the CLI passes the run's provider key variables).
+//! secrets (`hidden_env`; the CLI, `aplc serve` and `aplc test` pass
+//! [`crate::Secrets::variables`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -65,9 +66,9 @@ enum KeyEntry {
 
 /// Builds a toolbox from a JSON manifest: an object from tool name to entry. `base` is the
 /// manifest's folder, against which a relative `cwd` is resolved. Command tools run
-/// without the environment variables named in `hidden_env` (those that hold the run's
-/// provider secrets: a tool has no business reading them, and what it prints may be
-/// shown).
+/// without the environment variables named in `hidden_env` (those that hold secrets,
+/// [`crate::Secrets::variables`]: a tool has no business reading them, and what it prints
+/// may be shown).
 ///
 /// HTTP tools get one client, built on first need; [`toolbox_from_manifest_with_client`]
 /// passes one in instead (to share it with the provider).
@@ -236,32 +237,22 @@ impl CommandTool {
         // tool's own leftovers.)
         let group = ProcessGroup(child.id());
         let input = serde_json::to_vec(&request_body(invocation)).unwrap_or_default();
-        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+        let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             return Err("cannot connect to the tool's standard streams".into());
         };
-        let write = async move {
-            // A tool that exits without reading its input is not an error here: its exit
-            // status says how it went.
-            let _ = stdin.write_all(&input).await;
-            drop(stdin);
-        };
-        let work = async {
-            let ((), out, err, status) =
-                tokio::join!(write, capped(stdout), capped(stderr), child.wait());
-            (out, err, status)
-        };
-        let (out, err, status) = match tokio::time::timeout(self.timeout, work).await {
-            Ok(done) => done,
-            Err(_) => {
-                group.kill();
-                let _ = child.kill().await;
-                return Err(format!(
-                    "timed out after {} ms and was killed",
-                    self.timeout.as_millis()
-                ));
-            }
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let pipes = (stdin, stdout, stderr);
+        let Some(Collected { status, out, err }) =
+            collect(&mut child, pipes, &group, input, deadline).await
+        else {
+            group.kill();
+            let _ = child.kill().await;
+            return Err(format!(
+                "timed out after {} ms and was killed",
+                self.timeout.as_millis()
+            ));
         };
         let status = status.map_err(|e| format!("cannot wait for `{program}`: {e}"))?;
         let (out, err) = (out?, err?);
@@ -282,6 +273,88 @@ impl CommandTool {
         Ok(serde_json::from_str(text.trim())
             .unwrap_or_else(|_| Json::String(text.trim_end().to_string())))
     }
+}
+
+/// How long the pipes of a tool that has exited may stay open before its process group
+/// is killed: what the tool wrote before it exited is already in the pipe, so this only
+/// waits for a background process that keeps the pipe open (and is then killed).
+const OUTPUT_GRACE: Duration = Duration::from_millis(300);
+
+/// A command tool's stdin, stdout and stderr.
+type Pipes = (
+    tokio::process::ChildStdin,
+    tokio::process::ChildStdout,
+    tokio::process::ChildStderr,
+);
+
+/// What a command tool's process left: its exit status, stdout and stderr.
+struct Collected {
+    status: std::io::Result<std::process::ExitStatus>,
+    out: Result<Vec<u8>, String>,
+    err: Result<Vec<u8>, String>,
+}
+
+/// Writes `input` to the child's stdin and reads its stdout and stderr until it exits
+/// (`None` if `deadline` comes first). The result is taken when the tool's own process
+/// exits, not when its pipes close: a background process it started may keep them open.
+/// Past the exit, the pipes get [`OUTPUT_GRACE`] to close; then the group is killed
+/// (`spec/tools.md`: it ends with the call) and what was read is the output.
+async fn collect(
+    child: &mut tokio::process::Child,
+    (mut stdin, stdout, stderr): Pipes,
+    group: &ProcessGroup,
+    input: Vec<u8>,
+    deadline: tokio::time::Instant,
+) -> Option<Collected> {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let (status, read) = {
+        let write = async move {
+            // A tool that exits without reading its input is not an error here: its exit
+            // status says how it went.
+            let _ = stdin.write_all(&input).await;
+            drop(stdin);
+        };
+        let streams = async {
+            let ((), out, err) =
+                tokio::join!(write, capped(stdout, &mut out), capped(stderr, &mut err));
+            (out, err)
+        };
+        let mut streams = std::pin::pin!(streams);
+        let first = tokio::time::timeout_at(deadline, async {
+            tokio::select! {
+                status = child.wait() => Ok(status),
+                read = &mut streams => Err(read),
+            }
+        })
+        .await
+        .ok()?;
+        match first {
+            Ok(status) => (status, after_exit(group, streams.as_mut()).await),
+            Err(read) => (
+                tokio::time::timeout_at(deadline, child.wait()).await.ok()?,
+                Some(read),
+            ),
+        }
+    };
+    // Pipes still open after the kill (held by a process that left the group) are left:
+    // what was read from them is the output.
+    let (out_read, err_read) = read.unwrap_or((Ok(()), Ok(())));
+    Some(Collected {
+        status,
+        out: out_read.map(|()| out),
+        err: err_read.map(|()| err),
+    })
+}
+
+/// The end of a tool's output once its process has exited: the pipes get
+/// [`OUTPUT_GRACE`] to close, then the group is killed (closing the pipes its background
+/// processes held) and they get as long again. `None` if they are still open.
+async fn after_exit<F: Future + Unpin>(group: &ProcessGroup, mut streams: F) -> Option<F::Output> {
+    if let Ok(read) = tokio::time::timeout(OUTPUT_GRACE, &mut streams).await {
+        return Some(read);
+    }
+    group.kill();
+    tokio::time::timeout(OUTPUT_GRACE, streams).await.ok()
 }
 
 /// A tool's process group, killed (with `SIGKILL`) when this is dropped: a tool's
@@ -327,18 +400,26 @@ impl Tool for CommandTool {
     }
 }
 
-/// Reads a stream to its end, failing once it passes [`MAX_TOOL_OUTPUT`].
-async fn capped(stream: impl tokio::io::AsyncRead + Unpin) -> Result<Vec<u8>, String> {
-    let mut buf = Vec::new();
-    let mut limited = stream.take(MAX_TOOL_OUTPUT as u64 + 1);
-    limited
-        .read_to_end(&mut buf)
-        .await
-        .map_err(|e| format!("cannot read the tool's output: {e}"))?;
-    if buf.len() > MAX_TOOL_OUTPUT {
-        return Err(format!("the tool wrote more than {MAX_TOOL_OUTPUT} bytes"));
+/// Reads a stream to its end into `buf`, failing once it passes [`MAX_TOOL_OUTPUT`]. What
+/// was read stays in `buf` if the reading is dropped before the end.
+async fn capped(
+    mut stream: impl tokio::io::AsyncRead + Unpin,
+    buf: &mut Vec<u8>,
+) -> Result<(), String> {
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("cannot read the tool's output: {e}"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        if buf.len() + n > MAX_TOOL_OUTPUT {
+            return Err(format!("the tool wrote more than {MAX_TOOL_OUTPUT} bytes"));
+        }
+        buf.extend_from_slice(&chunk[..n]);
     }
-    Ok(buf)
 }
 
 /// The start of a long message, for error texts.

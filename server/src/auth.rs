@@ -33,6 +33,12 @@ impl Tokens {
         self.0.is_empty()
     }
 
+    /// The tokens, for the server's secrets: tools never see them and no output shows
+    /// them.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().filter_map(|t| std::str::from_utf8(t).ok())
+    }
+
     /// True if `presented` is one of the tokens, compared in constant time.
     fn accepts(&self, presented: &[u8]) -> bool {
         let mut found = subtle::Choice::from(0);

@@ -3,13 +3,14 @@
 //!
 //! A providers file (spec/providers.md) routes models to providers, reading each route's
 //! key from the variable it names; without one, the OpenAI API with `OPENAI_API_KEY`.
-//! Every variable read for a key is a secret: its value is redacted from what runs
-//! journal (errors, events, outcomes) and command tools do not inherit it.
+//! Every variable read for a key is a secret, as are the tokens, the store's password and
+//! the environment's secrets ([`Secrets`]): their values are redacted from what runs
+//! journal (errors, events, outcomes) and command tools do not inherit the variables.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use aplc_runtime::Redactor;
+use aplc_runtime::Secrets;
 use aplc_runtime::driver::{Provider, Toolbox};
 use aplc_runtime::durable::DurableOptions;
 use aplc_runtime::http::HttpClient;
@@ -27,29 +28,22 @@ pub(crate) struct Equipment {
 }
 
 impl Equipment {
-    pub(crate) fn load(providers: Option<&Path>, tools: Option<&Path>) -> Result<Self, ServeError> {
+    /// The provider and tools of `providers` and `tools`. `secrets` holds every secret the
+    /// server knows besides those (the environment's, the tokens, the store's password);
+    /// the variables the providers file reads are added to it.
+    pub(crate) fn load(
+        providers: Option<&Path>,
+        tools: Option<&Path>,
+        mut secrets: Secrets,
+    ) -> Result<Self, ServeError> {
         let config = |message: String| ServeError::Config(message);
         let http = HttpClient::new().map_err(config)?;
-        let mut secret_vars = vec!["OPENAI_API_KEY".to_string()];
-        let mut secret_values: Vec<String> =
-            std::env::var("OPENAI_API_KEY").ok().into_iter().collect();
         let provider: Arc<dyn Provider> = match providers {
             Some(path) => {
                 let text = read(path)?;
-                let read_vars = std::sync::Mutex::new(Vec::new());
-                let env = |name: &str| {
-                    let value = std::env::var(name).ok();
-                    if let Ok(mut read) = read_vars.lock() {
-                        read.push((name.to_string(), value.clone()));
-                    }
-                    value
-                };
-                let router = Router::from_config_json_with_client(&text, &env, &http)
+                let router = secrets
+                    .reading(|env| Router::from_config_json_with_client(&text, env, &http))
                     .map_err(|e| config(format!("{}: {e}", path.display())))?;
-                for (name, value) in read_vars.into_inner().unwrap_or_default() {
-                    secret_vars.push(name);
-                    secret_values.extend(value);
-                }
                 Arc::new(router)
             }
             None => {
@@ -67,7 +61,7 @@ impl Equipment {
                 Arc::new(OpenAiProvider::new(openai).map_err(config)?)
             }
         };
-        let redactor = Redactor::new(secret_values.iter().map(String::as_str));
+        let redactor = secrets.redactor();
         let mut toolbox = match tools {
             Some(path) => {
                 let text = read(path)?;
@@ -76,7 +70,7 @@ impl Equipment {
                     &text,
                     base,
                     &http,
-                    &secret_vars,
+                    secrets.variables(),
                 )
                 .map_err(|e| config(format!("{}: {e}", path.display())))?
             }

@@ -17,7 +17,7 @@ use aplc_runtime::store::StoreError;
 use axum::response::sse::Event;
 use futures_util::Stream;
 use tokio::sync::broadcast;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use crate::api::AppState;
 use crate::worker::LiveEvent;
@@ -73,6 +73,12 @@ impl Cursor {
             if self.live.is_none() {
                 self.live = self.state.live.subscribe(&self.id);
             }
+            // What the broadcast already holds goes first: a delta made before an event
+            // the store now has (a call's held-back redacted tail, sent just before the
+            // call's result) must not come after it.
+            if self.drain_live() {
+                continue;
+            }
             match self.state.store.events(&self.id, self.next, PAGE).await {
                 Ok(events) if !events.is_empty() => {
                     for json in events {
@@ -122,21 +128,41 @@ impl Cursor {
             () = tokio::time::sleep(POLL) => None,
             _ = stop.changed() => None,
         };
+        if let Some(received) = received {
+            self.take(received);
+        }
+    }
+
+    /// Takes every live event already received, without waiting; true if any is ready.
+    fn drain_live(&mut self) -> bool {
+        while let Some(live) = self.live.as_mut() {
+            match live.try_recv() {
+                Ok(event) => self.take(Ok(event)),
+                Err(TryRecvError::Lagged(n)) => self.take(Err(RecvError::Lagged(n))),
+                Err(TryRecvError::Closed) => self.take(Err(RecvError::Closed)),
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        !self.ready.is_empty()
+    }
+
+    /// A live event: the next journaled one or a delta is ready to send.
+    fn take(&mut self, received: Result<LiveEvent, RecvError>) {
         match received {
-            Some(Ok(LiveEvent {
+            Ok(LiveEvent {
                 seq: Some(seq),
                 json,
-            })) if seq == self.next => {
+            }) if seq == self.next => {
                 self.ready
                     .push_back(Event::default().id(seq.to_string()).data(&*json));
                 self.next += 1;
             }
-            Some(Ok(LiveEvent { seq: None, json })) => {
+            Ok(LiveEvent { seq: None, json }) => {
                 self.ready.push_back(Event::default().data(&*json));
             }
             // Older than what was sent, or past a gap the store fills.
-            Some(Ok(_)) | Some(Err(RecvError::Lagged(_))) | None => {}
-            Some(Err(RecvError::Closed)) => self.live = None,
+            Ok(_) | Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => self.live = None,
         }
     }
 

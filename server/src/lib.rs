@@ -134,6 +134,18 @@ pub enum ServeError {
     Io(String),
 }
 
+/// Every secret the server knows before it reads its providers file: the environment's
+/// (`APLC_SERVE_TOKENS`, provider keys, OTLP headers, ...), each accepted token (from a
+/// tokens file too) and the store's password.
+fn secrets(config: &ServeConfig) -> aplc_runtime::Secrets {
+    let mut secrets = aplc_runtime::Secrets::from_env();
+    secrets.values(config.tokens.values());
+    if let StoreUrl::Postgres(url) = &config.store {
+        secrets.store_url(url);
+    }
+    secrets
+}
+
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down: stops claiming runs, lets
 /// running runs go on for up to `drain_timeout`, stops the rest (they resume from their
 /// journal at the next start) and returns.
@@ -156,7 +168,11 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
         idle_timeout: config.idle_timeout,
         drain_timeout: config.drain_timeout,
     };
-    let equipment = equip::Equipment::load(config.providers.as_deref(), config.tools.as_deref())?;
+    let equipment = equip::Equipment::load(
+        config.providers.as_deref(),
+        config.tools.as_deref(),
+        secrets(&config),
+    )?;
     let agents = agents::Agents::load(config.agents.clone())?;
     let store: Arc<dyn RunStore> = store::open(&config.store).await?;
     tracing::info!(store = %config.store, "store open");

@@ -294,8 +294,8 @@ fn load_case<'env>(
             let path = base.join(manifest);
             let text = read_json(&path).map_err(|f| f.message)?;
             let dir = path.parent().unwrap_or(Path::new("."));
-            // Tests run with mocks, but `OPENAI_API_KEY` may be set: tools do not get it.
-            let secrets = crate::run::Secrets::new();
+            // Tests run with mocks, but secrets may be set: tools do not get them.
+            let secrets = aplc_runtime::Secrets::from_env();
             let mut toolbox =
                 aplc_runtime::manifest::toolbox_from_manifest(&text, dir, secrets.variables())
                     .map_err(|e| format!("tools `{manifest}`: {e}"))?;

@@ -581,7 +581,7 @@ const MAGIC: &str = "aplc-run-store";
 /// The secrets a PostgreSQL URL may carry: the password of its user info and a
 /// `password=` query parameter, percent-decoded too (the server sees the decoded form,
 /// and so may an error message).
-fn url_secrets(url: &str) -> Vec<String> {
+pub(crate) fn url_secrets(url: &str) -> Vec<String> {
     let mut secrets = Vec::new();
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
@@ -621,7 +621,7 @@ fn redact_url(url: &str) -> String {
     redact_with(url, url)
 }
 
-fn percent_decode(text: &str) -> String {
+pub(crate) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
