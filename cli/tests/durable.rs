@@ -5,6 +5,9 @@
 #[path = "support/http.rs"]
 mod http;
 use http::read_request;
+#[path = "support/process.rs"]
+mod process;
+use process::{aplc, root, scratch_in, succeed};
 
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
@@ -132,18 +135,9 @@ fn answer(body: &str, ledger: &str) -> Json {
 // ---------------------------------------------------------------------------------------
 // The agent, its tools and the aplc binary.
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// A scratch directory for one test, emptied first.
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("durable")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    scratch_in("durable", name)
 }
 
 /// Writes the tool manifest (`count` or `count_slow`, never idempotent) and the context.
@@ -169,17 +163,6 @@ fn setup(dir: &Path, mode: &str) {
         json!({"turns": TURNS}).to_string(),
     )
     .unwrap();
-}
-
-fn aplc(dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_aplc"));
-    command
-        .current_dir(dir)
-        .args(args)
-        .env_remove("APLC_STORE")
-        .env_remove("OPENAI_API_KEY")
-        .stdin(Stdio::null());
-    command
 }
 
 fn agent() -> String {
@@ -224,19 +207,6 @@ fn resume_command(dir: &Path, model: &Model, store: &str, id: &str) -> Command {
             &model.url,
         ],
     )
-}
-
-#[track_caller]
-fn succeed(command: &mut Command) -> Output {
-    let output = command.output().expect("run aplc");
-    assert!(
-        output.status.success(),
-        "aplc failed ({:?}):\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
 }
 
 /// The final context, without the fields that measure time.

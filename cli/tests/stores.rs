@@ -5,35 +5,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+#[path = "support/process.rs"]
+mod process;
+use process::{aplc, fail, root, scratch_in, succeed};
 
 /// A scratch directory for one test, emptied first.
 fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("stores")
-        .join(name);
-    if dir.exists() {
-        // A failed run may have left it read-only.
-        let _ = Command::new("chmod").args(["-R", "u+w"]).arg(&dir).status();
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-fn aplc(dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_aplc"));
-    command
-        .current_dir(dir)
-        .args(args)
-        .env_remove("APLC_STORE")
-        .env_remove("OPENAI_API_KEY")
-        .stdin(Stdio::null());
-    command
+    scratch_in("stores", name)
 }
 
 /// `aplc run` of a scripted agent (no model) with `extra` flags: three steps.
@@ -44,28 +24,6 @@ fn mock_run(dir: &Path, extra: &[&str]) -> Command {
     let mut args = vec!["run", agent.as_str(), "--mock", mock.as_str(), "--quiet"];
     args.extend_from_slice(extra);
     aplc(dir, &args)
-}
-
-#[track_caller]
-fn succeed(command: &mut Command) -> Output {
-    let output = command.output().expect("run aplc");
-    assert!(
-        output.status.success(),
-        "aplc failed ({:?}):\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
-
-/// The exit code and stderr of a command expected to fail.
-#[track_caller]
-fn fail(command: &mut Command) -> (Option<i32>, String) {
-    let output = command.output().expect("run aplc");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(!output.status.success(), "aplc succeeded:\n{stderr}");
-    (output.status.code(), stderr)
 }
 
 /// Every file and directory under `dir`: a hash of its bytes (0 for a directory), its

@@ -1,0 +1,62 @@
+//! The `aplc` binary as a child process, for the tests that drive it through its command
+//! line: the repository root, scratch directories, a command with a clean environment,
+//! and the checks on how it ended.
+
+#![allow(dead_code)] // Each test binary uses its own part of this module.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// The repository's root (fixtures live below it).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A scratch directory `group/name` for one test, emptied first (made writable again
+/// first: a failed run may have left it read-only).
+pub fn scratch_in(group: &str, name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(group)
+        .join(name);
+    if dir.exists() {
+        let _ = Command::new("chmod").args(["-R", "u+w"]).arg(&dir).status();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// `aplc ARGS` in `dir`, with no store or key from the test's own environment.
+pub fn aplc(dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_aplc"));
+    command
+        .current_dir(dir)
+        .args(args)
+        .env_remove("APLC_STORE")
+        .env_remove("OPENAI_API_KEY")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs `command`, which must succeed; its output.
+#[track_caller]
+pub fn succeed(command: &mut Command) -> Output {
+    let output = command.output().expect("run aplc");
+    assert!(
+        output.status.success(),
+        "aplc failed ({:?}):\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// Runs `command`, which must fail; its exit code and stderr.
+#[track_caller]
+pub fn fail(command: &mut Command) -> (Option<i32>, String) {
+    let output = command.output().expect("run aplc");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "aplc succeeded:\n{stderr}");
+    (output.status.code(), stderr)
+}
