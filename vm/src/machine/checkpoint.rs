@@ -21,7 +21,8 @@ use minijinja::Value;
 use minijinja::value::durable::{self, Number};
 use minijinja::value::{Tuple, ValueKind};
 
-use super::{Machine, RunError, RunErrorKind, RunOptions, State, ToolRound};
+use super::{Machine, State, ToolRound};
+use crate::run::{RunError, RunErrorKind, RunOptions};
 use crate::bundle::{Role, SourceSpan, StepId};
 use crate::events::{Phase, Recorder, RecorderState};
 use crate::exchange::{
