@@ -178,8 +178,8 @@ pub(crate) fn in_memory(
     let runtime = runtime()?;
     // The progress line would redraw over the streamed text on a terminal.
     let progress = !output.quiet && !stream && std::io::stderr().is_terminal();
-    let trace = exporting
-        .and_then(|e| e.run(secrets.redactor(), None, &program.bundle().source_name));
+    let trace =
+        exporting.and_then(|e| e.run(secrets.redactor(), None, &program.bundle().source_name));
     let mut sinks = Sinks::open(
         output.events.as_deref(),
         progress,
