@@ -7,7 +7,6 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use aplc_runtime::Secrets;
 use aplc_runtime::driver::{self, Provider, Scripted};

@@ -46,7 +46,7 @@ use crate::journal::{Checkpoint, JournalError};
 use imbl::Vector;
 use minijinja::Value;
 
-use crate::bundle::{Instr, MessageEntry, SourceSpan, StepId, TemplateId};
+use crate::bundle::{Instr, MessageEntry, StepId, TemplateId};
 use crate::env::render;
 use crate::events::{Event, Phase, Recorder};
 use crate::exchange::{Completion, Message, Part, ProviderError, ProviderRequest, ToolCall};
