@@ -16,7 +16,7 @@ use clap::{Args, Subcommand};
 
 use crate::Failure;
 use crate::events::Sinks;
-use crate::run::{Equipment, OutputArgs, RunArgs, WithArgs, report, runtime};
+use crate::run::{Equipment, OutputArgs, WithArgs, report, runtime};
 
 /// Where a run is journaled.
 #[derive(Args, Debug)]
@@ -138,17 +138,18 @@ async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn RunStore>, Failure> {
 /// `aplc run --store`: a journaled run.
 pub(crate) fn run(
     url: StoreUrl,
-    args: &RunArgs,
+    store_args: &StoreArgs,
+    output: &OutputArgs,
     program: Arc<Program>,
     options: RunOptions,
     equipment: Equipment,
     exporting: Option<&crate::telemetry::Exporting>,
 ) -> Result<ExitCode, Failure> {
-    let id = match &args.store.run_id {
+    let id = match &store_args.run_id {
         Some(id) => check_id(id)?,
         None => durable::new_run_id(),
     };
-    let config = config(&equipment, args.store.checkpoint_every);
+    let config = config(&equipment, store_args.checkpoint_every);
     let runtime = runtime()?;
     let store = runtime.block_on(open(&url))?;
     eprintln!("run id: {id}");
@@ -157,7 +158,7 @@ pub(crate) fn run(
         let agent = &program.bundle().source_name;
         e.run(equipment.secrets.redactor(), Some(id.clone()), agent)
     });
-    let mut sinks = sinks(&args.output, &equipment)?.with_trace(trace.clone());
+    let mut sinks = sinks(output, &equipment)?.with_trace(trace.clone());
     let calls = &RunTrace::provider_of(trace.as_ref(), &equipment.provider);
     // The machine makes its first event only once the run is stored: a run that never
     // got that far (a read-only store, an id already taken) has nothing to resume.
@@ -184,7 +185,7 @@ pub(crate) fn run(
     let hint = started
         .load(std::sync::atomic::Ordering::Relaxed)
         .then_some(hint.as_str());
-    finish(sinks, finished, &args.output, &equipment, hint)
+    finish(sinks, finished, output, &equipment, hint)
 }
 
 /// `aplc resume`.

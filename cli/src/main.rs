@@ -22,6 +22,7 @@ mod inspect;
 mod progress;
 mod record;
 mod run;
+mod run_command;
 mod serve;
 mod signals;
 mod telemetry;
@@ -71,7 +72,7 @@ enum Command {
         report: compile::ReportArgs,
     },
     /// Run an agent: an .apl file (compiled in memory) or a bundle.
-    Run(run::RunArgs),
+    Run(run_command::RunArgs),
     /// Continue an unfinished durable run (`aplc run --store`) after a crash or a kill:
     /// takes the same provider and tool flags as `run`, prints like `run`.
     Resume(durable::ResumeArgs),
@@ -141,7 +142,7 @@ fn main() -> ExitCode {
             compile,
             report,
         } => compile::build(&file, &output, &compile, &report),
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run_command::run(args),
         Command::Resume(args) => durable::resume(args),
         Command::Runs(command) => durable::runs(command),
         Command::Graph(args) => graph::graph(&args),

@@ -1,10 +1,12 @@
-//! `aplc run`: load or compile an agent and run it with a provider.
+//! Running an agent from the command line: loading or compiling it, its provider and
+//! tools (`WithArgs`), what it prints and records (`OutputArgs`), and the in-memory run
+//! of `aplc run` (`run_command.rs`). `aplc resume` and `run --store` (`durable.rs`) share
+//! all but the in-memory run; this module imports neither of them.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use aplc_runtime::Secrets;
 use aplc_runtime::driver::{self, Provider, Scripted};
@@ -21,34 +23,6 @@ use crate::events::Sinks;
 use crate::input::{display_name, into_text, print_diagnostics, read_bytes, read_json};
 use crate::record::Recorder;
 use crate::{CompileArgs, Failure};
-
-#[derive(Args, Debug)]
-pub(crate) struct RunArgs {
-    /// The agent: .apl source or a bundle (recognised by its magic bytes).
-    file: PathBuf,
-    /// A JSON object whose entries are injected as variables (`with_context`).
-    #[arg(long, value_name = "CONTEXT.json")]
-    context: Option<PathBuf>,
-    /// Cap on successful provider calls (`global_runs`) for the whole run.
-    #[arg(long, value_name = "N")]
-    max_runs: Option<u64>,
-    /// Cap on steps entered in the whole run: one more fails it with `Step budget
-    /// exceeded` (a loop that retries on errors never reaches --max-runs).
-    #[arg(long, value_name = "N", default_value_t = aplc_vm::DEFAULT_MAX_STEPS,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    max_steps: u64,
-    /// Wall-clock timeout for the whole run, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 120_000)]
-    timeout: u64,
-    #[command(flatten)]
-    compile: CompileArgs,
-    #[command(flatten)]
-    pub(crate) with: WithArgs,
-    #[command(flatten)]
-    pub(crate) output: OutputArgs,
-    #[command(flatten)]
-    pub(crate) store: crate::durable::StoreArgs,
-}
 
 /// The provider and the tools of a run: shared by `aplc run` and `aplc resume`.
 #[derive(Args, Debug)]
@@ -183,33 +157,15 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))
 }
 
-pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let equipment = args
-        .with
-        .equip(args.output.record.is_some(), args.store.raw())?;
-    let options = RunOptions {
-        timeout: Duration::from_millis(args.timeout),
-        max_runs: args.max_runs,
-        max_steps: args.max_steps,
-        ..RunOptions::default()
-    };
-    let options = context_options(options, args.context.as_deref())?;
-    let program = Arc::new(load_program(&args.file, &args.compile, &options)?);
-    // Only now is it certain that the run will call the HTTP provider: an unreadable or
-    // invalid agent fails above without a warning about a key it never needed.
-    warn_no_key(equipment.no_key);
-    // Dropped last, on every way out: the drop flushes what is still batched.
-    let exporting = args.output.telemetry.start()?;
-    if let Some(store) = args.store.url()? {
-        return crate::durable::run(
-            store,
-            &args,
-            program,
-            options,
-            equipment,
-            exporting.as_ref(),
-        );
-    }
+/// Runs the agent in memory (`aplc run` without `--store`), printing and recording what
+/// `output` asks for.
+pub(crate) fn in_memory(
+    output: &OutputArgs,
+    program: Arc<Program>,
+    options: RunOptions,
+    equipment: Equipment,
+    exporting: Option<&crate::telemetry::Exporting>,
+) -> Result<ExitCode, Failure> {
     let Equipment {
         provider,
         toolbox,
@@ -220,14 +176,13 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
 
     let runtime = runtime()?;
     // The progress line would redraw over the streamed text on a terminal.
-    let progress = !args.output.quiet && !stream && std::io::stderr().is_terminal();
-    let trace = exporting
-        .as_ref()
-        .and_then(|e| e.run(secrets.redactor(), None, &program.bundle().source_name));
+    let progress = !output.quiet && !stream && std::io::stderr().is_terminal();
+    let trace =
+        exporting.and_then(|e| e.run(secrets.redactor(), None, &program.bundle().source_name));
     let mut sinks = Sinks::open(
-        args.output.events.as_deref(),
+        output.events.as_deref(),
         progress,
-        args.output.verbose,
+        output.verbose,
         secrets.redactor(),
     )?
     .streaming(stream)
@@ -248,8 +203,8 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         .map_err(|e| Failure::run(e.to_string()))?
         .map_err(|signal| signal.failure())?;
     written?;
-    let result = report(&program, &outcome, args.output.json, stream);
-    match &args.output.record {
+    let result = report(&program, &outcome, output.json, stream);
+    match &output.record {
         Some(path) => provider.write_after(path, result),
         None => result,
     }

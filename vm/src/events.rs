@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use crate::bundle::Bundle;
-use crate::machine::{RunError, RunOptions};
+use crate::run::{RunError, RunOptions};
 
 /// The version of the events' JSON form, carried by [`EventKind::RunStarted`]. It changes
 /// when a field is removed, renamed or changes meaning; adding a field or an event type

@@ -18,6 +18,7 @@ use minijinja::value::limits;
 use minijinja::value::{Kwargs, Object, Rest, Tuple, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
+use crate::caps::{MAX_WIDTH, limit_error};
 use crate::names::{
     ADD_CONTEXT, CONTEXT, CONTEXT_HISTORY, GET_CONTEXT, GET_JSON_PATH, INC_CONTEXT, SET_CONTEXT,
     Unsettable, check_settable,
@@ -274,10 +275,9 @@ fn center(args: &[Value], kwargs: Kwargs) -> Result<Value, Error> {
         return Ok(Value::from(s));
     }
     // The padding is an allocation of `width` characters.
-    if width > crate::jinja2::MAX_WIDTH {
-        return Err(crate::jinja2::limit_error(format!(
-            "{F}(): width {width} exceeds the limit of {}",
-            crate::jinja2::MAX_WIDTH
+    if width > MAX_WIDTH {
+        return Err(limit_error(format!(
+            "{F}(): width {width} exceeds the limit of {MAX_WIDTH}"
         )));
     }
     let margin = width - len;

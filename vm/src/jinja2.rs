@@ -27,6 +27,7 @@ use std::sync::LazyLock;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
+use crate::caps::{MAX_WIDTH, limit_error};
 use crate::helpers::{bind, count_arg, invalid, text};
 use crate::python::{py_repr, py_str, py_type_name};
 
@@ -135,10 +136,6 @@ pub const JINJA2_TESTS: &[&str] = &[
 /// Jinja2 3.1's default globals (`jinja2.defaults.DEFAULT_NAMESPACE`).
 pub const JINJA2_GLOBALS: &[&str] = &["range", "dict", "lipsum", "cycler", "joiner", "namespace"];
 
-/// The largest width or precision a filter or a `%` conversion accepts (`wordwrap`,
-/// `center`, `'%*d'`, `'%.*f'`): wider text is never useful in a prompt, and a width is
-/// an allocation.
-pub(crate) const MAX_WIDTH: usize = 10_000;
 /// The largest string `wordwrap` and `percent_format` build (4 MiB, the default render
 /// output cap), since their output can be larger than their input.
 pub(crate) const MAX_RESULT_BYTES: usize = 4 * 1024 * 1024;
@@ -952,13 +949,6 @@ fn int_arg(func: &str, param: &str, value: &Value, default: i64) -> Result<i64, 
         "{func}(): {param} must be an integer, got {}",
         py_repr(value).unwrap_or_else(|_| py_type_name(value).to_string())
     )))
-}
-
-/// A size limit of spec/limits.md refused a value: the same error kind as minijinja's
-/// own value limits, so the run's error message points at spec/limits.md.
-#[cold]
-pub(crate) fn limit_error(message: String) -> Error {
-    Error::new(ErrorKind::ValueTooLarge, message)
 }
 
 #[cold]

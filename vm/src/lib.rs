@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod bundle;
+mod caps;
 mod dialect;
 mod env;
 mod events;
@@ -32,6 +33,7 @@ mod provider;
 mod python;
 mod request;
 mod response;
+mod run;
 mod store;
 mod template_check;
 pub mod text;
@@ -58,9 +60,9 @@ pub use exchange::{
 pub use interrupt::{Interrupt, InterruptReason};
 pub use jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};
 pub use machine::{
-    Action, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, Machine, RunError, RunErrorKind, RunOptions,
-    RunOutcome, options_error, run_scripted, run_scripted_with_listener,
+    Action, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,
 };
+pub use run::{DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError, RunErrorKind, RunOptions};
 pub mod names;
 pub use names::{RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};

@@ -4,13 +4,14 @@
 //! `'%5.2f' % x`, because Jinja2 evaluates `%` with Python's operator. minijinja's `%` is
 //! arithmetic only; [`percent_format`] gives the string case Python's semantics so the
 //! operator can be routed to it. Every width and precision is capped at
-//! [`MAX_WIDTH`](super::MAX_WIDTH) and the result at
+//! [`MAX_WIDTH`](crate::caps::MAX_WIDTH) and the result at
 //! [`MAX_RESULT_BYTES`](super::MAX_RESULT_BYTES).
 
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
-use super::{MAX_RESULT_BYTES, MAX_WIDTH};
+use super::MAX_RESULT_BYTES;
+use crate::caps::{MAX_WIDTH, limit_error};
 use crate::python::{py_repr, py_str, py_type_name};
 
 /// `format % args` with Python's semantics (CPython's `PyUnicode_Format`).
@@ -25,7 +26,7 @@ use crate::python::{py_repr, py_str, py_type_name};
 /// * The errors are Python's: "not all arguments converted during string formatting",
 ///   "not enough arguments for format string", "format requires a mapping",
 ///   "unsupported format character ...", "%d format: a real number is required, not
-///   str", and so on; a width or precision above [`MAX_WIDTH`](super::MAX_WIDTH) and a
+///   str", and so on; a width or precision above [`MAX_WIDTH`](crate::caps::MAX_WIDTH) and a
 ///   result above [`MAX_RESULT_BYTES`](super::MAX_RESULT_BYTES) are errors too.
 ///
 /// The result is always a string.
@@ -43,7 +44,7 @@ pub fn percent_format(format: &str, args: &Value) -> Result<Value, Error> {
         pos += 1;
         pos = ctx.format_one(&chars, pos, &mut out)?;
         if out.len() > MAX_RESULT_BYTES {
-            return Err(super::limit_error(format!(
+            return Err(limit_error(format!(
                 "'%' formatting: the result exceeds the limit of {MAX_RESULT_BYTES} bytes"
             )));
         }
@@ -410,7 +411,7 @@ fn digits(chars: &[char], mut pos: usize, what: &str) -> Result<(Option<usize>, 
 fn capped(what: &str, value: u64) -> Result<usize, Error> {
     match usize::try_from(value) {
         Ok(v) if v <= MAX_WIDTH => Ok(v),
-        _ => Err(super::limit_error(format!(
+        _ => Err(limit_error(format!(
             "'%' formatting: {what} {value} exceeds the limit of {MAX_WIDTH}"
         ))),
     }

@@ -21,7 +21,7 @@ use minijinja::Value;
 use minijinja::value::durable::{self, Number};
 use minijinja::value::{Tuple, ValueKind};
 
-use super::{Machine, RunError, RunErrorKind, RunOptions, State, ToolRound};
+use super::{Machine, State, ToolRound};
 use crate::bundle::{Role, SourceSpan, StepId};
 use crate::events::{Phase, Recorder, RecorderState};
 use crate::exchange::{
@@ -31,6 +31,7 @@ use crate::exchange::{
 use crate::interrupt::Interrupt;
 use crate::journal::{Checkpoint, JournalError};
 use crate::program::Program;
+use crate::run::{RunError, RunErrorKind, RunOptions};
 use crate::store::{History, Snapshot, Store, Vars};
 use crate::tools::Ledger;
 
