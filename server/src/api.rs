@@ -423,20 +423,23 @@ async fn read_body(request: Request, timeout: Duration) -> Result<Bytes, ApiErro
     })
 }
 
-/// The run request of a body: a JSON object, else 400. The object is checked before it
-/// is read as a [`RunRequest`]: serde reads a struct from a JSON array too (its fields
-/// in order), so `[]` would otherwise be a request with every field left out.
+/// The run request of a body: a JSON object, else 400. Only a body that starts as an
+/// object is read as a [`RunRequest`]: serde reads a struct from a JSON array too (its
+/// fields in order), so `[]` would otherwise be a request with every field left out. The
+/// body is parsed once, straight into the request (no intermediate `Value` tree), which
+/// also refuses a top-level key given twice instead of keeping the last.
 fn run_request(body: &[u8]) -> Result<RunRequest, ApiError> {
     const SHAPE: &str = "the body must be a JSON object such as {\"context\": {}}";
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(SHAPE));
+    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid body: {e}"));
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => serde_json::from_slice(body).map_err(invalid),
+        // Not an object: invalid JSON still gets the parser's words, valid JSON the shape.
+        Some(_) => {
+            serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(invalid)?;
+            Err(ApiError::bad_request(SHAPE))
+        }
+        None => Err(ApiError::bad_request(SHAPE)),
     }
-    let value: JsonValue = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))?;
-    if !value.is_object() {
-        return Err(ApiError::bad_request(SHAPE));
-    }
-    serde_json::from_value(value).map_err(|e| ApiError::bad_request(format!("invalid body: {e}")))
 }
 
 /// 422 for a `context` entry a run cannot set (`context_history`, a reserved variable, a
@@ -671,5 +674,32 @@ impl utoipa::Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(body: &str) -> String {
+        match run_request(body.as_bytes()) {
+            Ok(_) => panic!("{body} was read as a run request"),
+            Err(e) => e.message,
+        }
+    }
+
+    #[test]
+    fn only_a_json_object_is_a_run_request() {
+        assert!(run_request(br#" {"context": {"a": 1}} "#).is_ok());
+        for body in ["", "  ", "[]", "1", "null", r#"[{"context": {}}]"#] {
+            assert!(refused(body).contains("must be a JSON object"), "{body}");
+        }
+        // Invalid JSON gets the parser's words, wherever it starts.
+        for body in ["[", "{", "{\"context\": }"] {
+            assert!(refused(body).starts_with("invalid body: "), "{body}");
+        }
+        // A key given twice is refused, not silently replaced by its second value.
+        let twice = refused(r#"{"context": {"a": 1}, "context": {"a": 2}}"#);
+        assert!(twice.contains("duplicate field `context`"), "{twice}");
     }
 }
