@@ -17,6 +17,20 @@
 //!   over OTLP/HTTP.
 //! * [`store`]: durable run stores, SQLite (embedded default) and PostgreSQL, behind one
 //!   [`store::RunStore`] interface.
+//!
+//! # Cargo features
+//!
+//! All on by default; an embedder that needs none of them sets `default-features = false`
+//! and keeps the driver, the HTTP providers, routing, tools, the durable driver and the
+//! store's trait, without bundled SQLite, tokio-postgres or the OpenTelemetry SDK.
+//!
+//! * `sqlite`: `sqlite:PATH` run stores (rusqlite, with SQLite compiled in).
+//! * `postgres`: `postgres://` run stores (tokio-postgres).
+//! * `otel`: the `telemetry` module, OpenTelemetry export over OTLP/HTTP.
+//!
+//! A store URL parses in every build; [`store::open`] of one whose backend is compiled
+//! out is an error naming the feature (`this aplc was built without the `postgres`
+//! feature`), so code that calls it compiles the same either way.
 #![deny(missing_docs)]
 
 pub mod anthropic;
@@ -30,6 +44,7 @@ mod redact;
 pub mod routing;
 pub mod secrets;
 pub mod store;
+#[cfg(feature = "otel")]
 pub mod telemetry;
 mod transport;
 pub mod watchdog;

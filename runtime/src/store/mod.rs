@@ -9,7 +9,20 @@
 
 use crate::driver::BoxFuture;
 
+// Each backend is a cargo feature (both on by default). A URL whose backend is compiled
+// out still parses, and opening it is an error that names the feature (`compiled_out`).
+mod compiled_out;
+#[cfg(not(feature = "postgres"))]
+use compiled_out::postgres;
+#[cfg(not(feature = "sqlite"))]
+use compiled_out::sqlite;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use sql::*;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 /// Where a store lives: `sqlite:PATH` or `postgres://…` (`postgresql://…`).
@@ -77,8 +90,8 @@ impl std::fmt::Debug for StoreUrl {
 /// Opens (creating and migrating if needed) the store at `url`.
 pub async fn open(url: &StoreUrl) -> Result<std::sync::Arc<dyn RunStore>, StoreError> {
     match url {
-        StoreUrl::Sqlite(path) => Ok(std::sync::Arc::new(sqlite::SqliteStore::open(path).await?)),
-        StoreUrl::Postgres(url) => Ok(std::sync::Arc::new(postgres::PgStore::open(url).await?)),
+        StoreUrl::Sqlite(path) => sqlite::open(path).await,
+        StoreUrl::Postgres(url) => postgres::open(url).await,
     }
 }
 
@@ -88,9 +101,7 @@ pub async fn open(url: &StoreUrl) -> Result<std::sync::Arc<dyn RunStore>, StoreE
 /// into a database with no aplc tables).
 pub async fn open_read_only(url: &StoreUrl) -> Result<std::sync::Arc<dyn RunStore>, StoreError> {
     match url {
-        StoreUrl::Sqlite(path) => Ok(std::sync::Arc::new(
-            sqlite::SqliteStore::open_read_only(path).await?,
-        )),
+        StoreUrl::Sqlite(path) => sqlite::open_read_only(path).await,
         StoreUrl::Postgres(_) => open(url).await,
     }
 }
@@ -386,23 +397,6 @@ impl QueueStatus {
             Some(_) => QueueStatus::Failed,
         }
     }
-
-    /// Reads [`QueueStatus::as_str`] back.
-    pub(super) fn from_column(text: &str) -> Result<QueueStatus, StoreError> {
-        QueueStatus::ALL
-            .into_iter()
-            .find(|s| s.as_str() == text)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown queue status `{text}`")))
-    }
-
-    /// The status of an unfinished queued run: claimed or not.
-    pub(super) fn of_claimed(claimed: bool) -> QueueStatus {
-        if claimed {
-            QueueStatus::Running
-        } else {
-            QueueStatus::Queued
-        }
-    }
 }
 
 /// How often a busy worker's claims also look for the runs of dead workers
@@ -430,59 +424,6 @@ pub struct Claim {
 /// How often a store deletes the idempotency keys older than [`IDEMPOTENCY_WINDOW_MS`]
 /// (the first enqueue after an hour does it, in its own transaction).
 pub const IDEMPOTENCY_PURGE: std::time::Duration = std::time::Duration::from_secs(60 * 60);
-
-/// Something a store does at most once per period: the takeover scan of claims, the
-/// purge of expired idempotency keys. Due at first.
-#[derive(Debug)]
-pub(super) struct Every {
-    period: std::time::Duration,
-    last: std::sync::Mutex<Option<std::time::Instant>>,
-}
-
-impl Every {
-    pub(super) fn new(period: std::time::Duration) -> Every {
-        Every {
-            period,
-            last: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Whether it is due; if so, it counts as done from now.
-    pub(super) fn due(&self) -> bool {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let now = std::time::Instant::now();
-        if last.is_some_and(|at| now.duration_since(at) < self.period) {
-            return false;
-        }
-        *last = Some(now);
-        true
-    }
-
-    /// Records that it was done now, due or not.
-    pub(super) fn done(&self) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now());
-    }
-}
-
-/// What one scan of a claim looks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Scan {
-    /// Runs never claimed, oldest first.
-    New,
-    /// Claimed runs whose holder is gone (a dead worker's), oldest first.
-    Abandoned,
-}
-
-/// The scans of one claim, in order ([`RunStore::claim`]): abandoned runs first when
-/// `takeover` is due, after the new ones otherwise. A store runs them in turn until one
-/// finds a run, and calls `takeover.done()` before an abandoned scan.
-pub(super) fn claim_order(takeover: &Every) -> [Scan; 2] {
-    if takeover.due() {
-        [Scan::Abandoned, Scan::New]
-    } else {
-        [Scan::New, Scan::Abandoned]
-    }
-}
 
 /// A queued run as the service shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -572,12 +513,6 @@ pub enum StoreError {
     Database(String),
 }
 
-/// The newest schema version this build reads and writes (both backends).
-const SCHEMA_VERSION: i64 = 2;
-
-/// The value of the `magic` row in `aplc_meta`: what marks a database as an aplc store.
-const MAGIC: &str = "aplc-run-store";
-
 /// The secrets a PostgreSQL URL may carry: the password of its user info and a
 /// `password=` query parameter, percent-decoded too (the server sees the decoded form,
 /// and so may an error message).
@@ -639,46 +574,6 @@ pub(crate) fn percent_decode(text: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Milliseconds since the Unix epoch, for `updated_at_ms`.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// A count from the database (never negative when the store is ours).
-fn count(value: i64, what: &str) -> Result<u64, StoreError> {
-    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("negative {what}: {value}")))
-}
-
-/// A count for the database.
-fn db_int(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-impl RunState {
-    /// The spelling in the `state` column.
-    fn as_str(self) -> &'static str {
-        match self {
-            RunState::Running => "running",
-            RunState::Finished => "finished",
-        }
-    }
-
-    fn from_column(text: &str) -> Result<RunState, StoreError> {
-        match text {
-            "running" => Ok(RunState::Running),
-            "finished" => Ok(RunState::Finished),
-            other => Err(StoreError::Corrupt(format!("unknown run state `{other}`"))),
-        }
-    }
-}
-
-/// Parses a JSON column.
-fn json_column(text: &str, what: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("{what} is not JSON: {e}")))
 }
 
 #[cfg(test)]

@@ -1784,3 +1784,9 @@ fn error_text(error: &tokio_postgres::Error) -> String {
         None => error.to_string(),
     }
 }
+
+/// Opens (creating and migrating if needed) the PostgreSQL store at `url`
+/// ([`super::open`]).
+pub(super) async fn open(url: &str) -> Result<Arc<dyn RunStore>, StoreError> {
+    Ok(Arc::new(PgStore::open(url).await?))
+}

@@ -1499,6 +1499,16 @@ fn open_failure(path: &Path, error: &rusqlite::Error) -> StoreError {
     open_error(error).unwrap_or_else(|| StoreError::Open(format!("{}: {error}", path.display())))
 }
 
+/// Opens (creating and migrating if needed) the SQLite store at `path` ([`super::open`]).
+pub(super) async fn open(path: &Path) -> Result<Arc<dyn RunStore>, StoreError> {
+    Ok(Arc::new(SqliteStore::open(path).await?))
+}
+
+/// Opens the SQLite store at `path` read-only ([`super::open_read_only`]).
+pub(super) async fn open_read_only(path: &Path) -> Result<Arc<dyn RunStore>, StoreError> {
+    Ok(Arc::new(SqliteStore::open_read_only(path).await?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
