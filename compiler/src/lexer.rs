@@ -8,7 +8,7 @@
 use logos::Logos;
 
 use crate::diagnostic::{Code, Diagnostic, Span};
-use crate::parser::indented_phase_heading;
+use crate::heading::indented_phase_heading;
 
 /// The kind of one source line.
 #[derive(Logos, Debug, Clone, Copy, PartialEq, Eq)]

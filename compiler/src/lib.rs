@@ -25,6 +25,7 @@ mod blocks;
 mod codegen;
 pub mod diagnostic;
 pub mod graph;
+mod heading;
 mod ir;
 mod lexer;
 mod lower;

@@ -22,8 +22,9 @@ use crate::ast::{File, Phase, PhaseKind};
 use crate::blocks::{self, Unclosed};
 use crate::diagnostic::{Code, Diagnostic, Severity, Span};
 use crate::graph::{self, CheckedStep, Flow, To};
+use crate::heading::indented_phase_heading;
 use crate::ir::{Edge, EdgeTo, Ir, Step, Template};
-use crate::parser::{find_jinja, indented_phase_heading, suggest};
+use crate::parser::{find_jinja, suggest};
 use crate::relaxed::{self, TemplateMap};
 use crate::{names, variables};
 

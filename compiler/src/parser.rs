@@ -9,8 +9,9 @@ use aplc_vm::bundle::Role;
 use chumsky::input::{Input as _, Stream};
 use chumsky::prelude::*;
 
-use crate::ast::{File, Heading, Phase, PhaseHeader, PhaseKind, RoleLine, Section};
+use crate::ast::{File, Heading, Phase, PhaseHeader, RoleLine, Section};
 use crate::diagnostic::{Code, Diagnostic, Span};
+use crate::heading::{PHASES, heading_grammar};
 use crate::lexer::{Line, LineKind};
 
 /// Parses classified lines into a [`File`].
@@ -150,39 +151,6 @@ fn lines_span(lines: &[Line<'_>], at: usize) -> Span {
         _ => Span::new(at, at),
     }
 }
-
-/// What a heading line says, before any rule about its meaning is applied.
-struct RawHeading<'a> {
-    /// The keyword word and its span within the line.
-    keyword: Option<(&'a str, SimpleSpan)>,
-    /// The text after the colon and its span within the line.
-    name: Option<(&'a str, SimpleSpan)>,
-}
-
-/// `heading := '#' ws* word? ws* (':' any*)? end`
-fn heading_grammar<'a>() -> impl Parser<'a, &'a str, RawHeading<'a>, extra::Err<Rich<'a, char>>> {
-    let ws = one_of(" \t").repeated();
-    let word = any()
-        .filter(|c: &char| c.is_alphanumeric() || *c == '_')
-        .repeated()
-        .at_least(1)
-        .to_slice()
-        .map_with(|w, e| (w, e.span()));
-    let name = just(':').ignore_then(any().repeated().to_slice().map_with(|s, e| (s, e.span())));
-    just('#')
-        .ignore_then(ws)
-        .ignore_then(word.or_not())
-        .then_ignore(ws)
-        .then(name.or_not())
-        .then_ignore(end())
-        .map(|(keyword, name)| RawHeading { keyword, name })
-}
-
-const PHASES: [(&str, PhaseKind); 3] = [
-    ("pre", PhaseKind::Pre),
-    ("prompt", PhaseKind::Prompt),
-    ("post", PhaseKind::Post),
-];
 
 /// Parses and checks a phase heading line, reporting what is wrong with it.
 fn phase_heading<'src>(line: Line<'src>, diagnostics: &mut Vec<Diagnostic>) -> Heading<'src> {
@@ -325,25 +293,6 @@ fn not_a_phase(text: &str, span: Span, invalid: impl Fn(&str, Span) -> Diagnosti
         ))
 }
 
-/// The phase keyword and step name of a line that would be a valid phase heading were it
-/// not indented by one to three spaces (`  # prompt: answer`), for APL0021. Four spaces
-/// or a tab make a Markdown code block: clearly text on purpose.
-pub(crate) fn indented_phase_heading(text: &str) -> Option<(PhaseKind, &str)> {
-    let trimmed = text.trim_start_matches(' ');
-    let indent = text.len() - trimmed.len();
-    if !(1..=3).contains(&indent) || !trimmed.starts_with('#') || trimmed.starts_with("##") {
-        return None;
-    }
-    let raw = heading_grammar().parse(trimmed).into_output()?;
-    let (word, _) = raw.keyword?;
-    let kind = PHASES
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(word))
-        .map(|&(_, kind)| kind)?;
-    let name = raw.name.map_or("", |(n, _)| n.trim());
-    Some((kind, name))
-}
-
 const LITERAL_HELP: &str = "a `#` at column 0 starts a phase; to keep this line as text, indent it or put it in a code fence";
 
 /// The role a `##` line names, if it is `## <role>` with optional trailing colons and spaces.
@@ -380,6 +329,7 @@ pub(crate) fn suggest<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ast::PhaseKind;
     use crate::lexer::lex;
 
     fn parse_src(src: &str) -> (File<'_>, Vec<Diagnostic>) {
@@ -466,28 +416,6 @@ mod tests {
             diags[0].labels[0].message,
             "expected `:` after the phase keyword"
         );
-    }
-
-    #[test]
-    fn indented_phase_headings() {
-        assert_eq!(
-            indented_phase_heading("  # prompt: answer"),
-            Some((PhaseKind::Prompt, "answer"))
-        );
-        assert_eq!(
-            indented_phase_heading(" #POST:x "),
-            Some((PhaseKind::Post, "x"))
-        );
-        for text in [
-            "# prompt: a",
-            "    # prompt: code block",
-            "\t# prompt: tab",
-            "  # A title",
-            "  ## user",
-            "  # promptly: x",
-        ] {
-            assert_eq!(indented_phase_heading(text), None, "{text}");
-        }
     }
 
     #[test]

@@ -1,19 +1,18 @@
-//! The HTTP API (spec/serve.md): routes, handlers, the one error type, and the OpenAPI
-//! document derived from the handlers' annotations.
+//! The HTTP API (spec/serve.md): routes, handlers, and the OpenAPI document derived from
+//! the handlers' annotations. Below them: the shared state ([`crate::state`]), the one
+//! error type ([`crate::error`]) and the extractors that map a malformed query or body
+//! to it ([`crate::extract`]).
 //!
 //! Cross-cutting concerns are layers, not handler code: the bearer-token check
 //! ([`crate::auth`]), the body size limit (413) and the request log line.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aplc_runtime::durable::{self, NewDurableRun};
-use aplc_runtime::store::{Enqueued, QueueEntry, QueuedRun, RunStore, StoreError};
+use aplc_runtime::store::{Enqueued, NewRun, QueueEntry, QueuedRun};
 use aplc_vm::RunOptions;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -21,62 +20,17 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as JsonValue, json};
-use tokio::sync::watch;
 use utoipa::{OpenApi, ToSchema};
 
-use crate::ServeConfig;
-use crate::agents::Agents;
-use crate::equip::Equipment;
-use crate::metrics::Metrics;
-use crate::worker::LiveRuns;
+use crate::agents::Agent;
+use crate::error::{ApiError, ErrorBody, ErrorDetail};
+use crate::extract::{ApiQuery, JsonBody};
+use crate::state::AppState;
 
 /// The longest idempotency key accepted.
 const MAX_IDEMPOTENCY_KEY: usize = 256;
 /// How often `?wait=true` polls the store for a run another process executes.
 const WAIT_POLL: Duration = Duration::from_millis(250);
-
-/// Everything the handlers and workers share.
-#[derive(Clone)]
-pub(crate) struct AppState {
-    pub(crate) store: Arc<dyn RunStore>,
-    pub(crate) agents: Arc<Agents>,
-    pub(crate) equipment: Arc<Equipment>,
-    pub(crate) live: Arc<LiveRuns>,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) tokens: Arc<crate::Tokens>,
-    /// Wakes the dispatcher when a run is queued.
-    pub(crate) work: Arc<tokio::sync::Notify>,
-    /// Set once the server shuts down: streams and waits end.
-    pub(crate) stop: watch::Receiver<bool>,
-    /// OpenTelemetry export, when on.
-    pub(crate) telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
-    wait_limit: Duration,
-    body_timeout: Duration,
-}
-
-impl AppState {
-    pub(crate) fn new(
-        store: Arc<dyn RunStore>,
-        agents: Arc<Agents>,
-        equipment: Equipment,
-        config: &ServeConfig,
-        stop: watch::Receiver<bool>,
-    ) -> AppState {
-        AppState {
-            store,
-            agents,
-            equipment: Arc::new(equipment),
-            live: Arc::new(LiveRuns::default()),
-            metrics: Arc::new(Metrics::default()),
-            tokens: Arc::new(config.tokens.clone()),
-            work: Arc::new(tokio::sync::Notify::new()),
-            stop,
-            telemetry: config.telemetry.clone(),
-            wait_limit: config.wait_limit,
-            body_timeout: config.body_timeout,
-        }
-    }
-}
 
 /// The application: every route, with auth on all but `/healthz`.
 pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
@@ -89,7 +43,7 @@ pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(
-            state.clone(),
+            state.tokens.clone(),
             crate::auth::require_token,
         ));
     Router::new()
@@ -99,90 +53,6 @@ pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(middleware::from_fn(log_request))
         .with_state(state)
-}
-
-/// The error body of every failed request.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct ErrorBody {
-    error: ErrorDetail,
-}
-
-/// What went wrong.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct ErrorDetail {
-    /// A stable, machine-readable code: `unauthorized`, `not_found`, `invalid_body`,
-    /// `body_too_large`, `body_timeout`, `missing_inputs`, `invalid_context`, `store`.
-    code: String,
-    /// What happened, for people.
-    message: String,
-}
-
-/// An error answer: a status and `{"error": {"code", "message"}}`.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn unauthorized(message: &str) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
-    }
-
-    fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-
-    fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", message)
-    }
-
-    fn store(error: StoreError) -> ApiError {
-        match error {
-            StoreError::NotFound(id) => ApiError::not_found(format!("no run `{id}`")),
-            error => {
-                tracing::error!(error = %error, "store error");
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store",
-                    format!("the run store failed: {error}"),
-                )
-            }
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code.to_string(),
-                message: self.message,
-            },
-        };
-        let mut response = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        if self.status == StatusCode::REQUEST_TIMEOUT {
-            // The rest of the body may still come: the connection cannot be reused.
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        response
-    }
 }
 
 /// One log line per request: method, route, status and time. Never headers or bodies
@@ -307,35 +177,61 @@ struct Accepted {
 async fn submit(
     State(state): State<AppState>,
     Path(name): Path<String>,
-    query: Result<Query<WaitQuery>, QueryRejection>,
+    ApiQuery(query): ApiQuery<WaitQuery>,
     headers: HeaderMap,
-    request: Request,
+    body: JsonBody,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let body = read_body(request, state.body_timeout).await?;
     let agent = state
         .agents
         .get(&name)
         .ok_or_else(|| ApiError::not_found(format!("no agent `{name}`")))?;
-    let request = run_request(&body)?;
-    let context = request.context.unwrap_or_default();
+    let mut request: RunRequest = body.parse()?;
+    let context = request.context.take().unwrap_or_default();
     check_context_names(&context)?;
+    check_inputs(&name, &agent, &context)?;
+    check_request(&request)?;
+    let queued = QueuedRun {
+        run: run_record(&state, &agent, &request, &context)?,
+        agent: name,
+        idempotency_key: request.idempotency_key,
+        traceparent: traceparent(&headers),
+    };
+    let id = enqueue(&state, queued).await?;
+    if query.wait
+        && let Some(entry) = wait_for_end(&state, &id).await?
+    {
+        return Ok((StatusCode::OK, Json(RunView::of(entry))).into_response());
+    }
+    accepted(&state, id).await
+}
+
+/// 422 when `context` lacks an input the agent declares.
+fn check_inputs(
+    name: &str,
+    agent: &Agent,
+    context: &Map<String, JsonValue>,
+) -> Result<(), ApiError> {
     let missing: Vec<&str> = agent
         .inputs
         .iter()
         .filter(|input| !context.contains_key(*input))
         .map(String::as_str)
         .collect();
-    if !missing.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "missing_inputs",
-            format!(
-                "agent `{name}` needs these inputs in `context`: {}",
-                missing.join(", ")
-            ),
-        ));
+    if missing.is_empty() {
+        return Ok(());
     }
+    Err(ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "missing_inputs",
+        format!(
+            "agent `{name}` needs these inputs in `context`: {}",
+            missing.join(", ")
+        ),
+    ))
+}
+
+/// 400 for an idempotency key of the wrong length, or a zero step cap or timeout.
+fn check_request(request: &RunRequest) -> Result<(), ApiError> {
     if let Some(key) = &request.idempotency_key
         && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY)
     {
@@ -348,98 +244,58 @@ async fn submit(
             "max_steps and timeout_ms must be at least 1",
         ));
     }
+    Ok(())
+}
+
+/// The stored form of a new run of `agent` with the request's options and `context`.
+fn run_record(
+    state: &AppState,
+    agent: &Agent,
+    request: &RunRequest,
+    context: &Map<String, JsonValue>,
+) -> Result<NewRun, ApiError> {
     let options = RunOptions {
         timeout: Duration::from_millis(request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)),
         max_runs: request.max_runs,
         max_steps: request.max_steps.unwrap_or(aplc_vm::DEFAULT_MAX_STEPS),
         ..RunOptions::default()
     }
-    .with_context_json(&context);
+    .with_context_json(context);
     let run = NewDurableRun {
         id: durable::new_run_id(),
         program: agent.program.clone(),
         options,
     };
     let equipment = &state.equipment;
-    let record = durable::new_run_record(&run, &equipment.toolbox, &equipment.durable)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    let traceparent = headers
+    durable::new_run_record(&run, &equipment.toolbox, &equipment.durable)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
+/// The W3C trace context the request carries, if it is plausible (at most 256 bytes).
+fn traceparent(headers: &HeaderMap) -> Option<String> {
+    headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .filter(|v| v.len() <= 256)
-        .map(str::to_string);
-    let enqueued = state
-        .store
-        .enqueue(QueuedRun {
-            run: record,
-            agent: name.clone(),
-            idempotency_key: request.idempotency_key,
-            traceparent,
-        })
-        .await
-        .map_err(ApiError::store)?;
+        .map(str::to_string)
+}
+
+/// Queues the run (or finds the one its idempotency key started) and wakes a worker for
+/// a new one; the run's id.
+async fn enqueue(state: &AppState, queued: QueuedRun) -> Result<String, ApiError> {
+    let agent = queued.agent.clone();
+    let enqueued = state.store.enqueue(queued).await.map_err(ApiError::store)?;
     let id = enqueued.id().to_string();
     match &enqueued {
         Enqueued::New(_) => {
-            tracing::info!(run_id = %id, agent = %name, "run queued");
+            tracing::info!(run_id = %id, agent = %agent, "run queued");
             state.work.notify_one();
         }
         Enqueued::Existing(_) => {
-            tracing::info!(run_id = %id, agent = %name, "idempotency key: existing run");
+            tracing::info!(run_id = %id, agent = %agent, "idempotency key: existing run");
         }
     }
-    if query.wait
-        && let Some(entry) = wait_for_end(&state, &id).await?
-    {
-        return Ok((StatusCode::OK, Json(RunView::of(entry))).into_response());
-    }
-    accepted(&state, id).await
-}
-
-/// The request's body, read in at most `timeout` (408 past it: a client that trickles a
-/// body must not hold a connection and a buffer for long) and up to the body limit (413).
-async fn read_body(request: Request, timeout: Duration) -> Result<Bytes, ApiError> {
-    let read = tokio::time::timeout(timeout, Bytes::from_request(request, &())).await;
-    let Ok(body) = read else {
-        return Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "body_timeout",
-            format!(
-                "the request body did not arrive within {} ms",
-                timeout.as_millis()
-            ),
-        ));
-    };
-    body.map_err(|e: BytesRejection| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                "the request body is over the server's limit",
-            )
-        } else {
-            ApiError::bad_request(e.body_text())
-        }
-    })
-}
-
-/// The run request of a body: a JSON object, else 400. Only a body that starts as an
-/// object is read as a [`RunRequest`]: serde reads a struct from a JSON array too (its
-/// fields in order), so `[]` would otherwise be a request with every field left out. The
-/// body is parsed once, straight into the request (no intermediate `Value` tree), which
-/// also refuses a top-level key given twice instead of keeping the last.
-fn run_request(body: &[u8]) -> Result<RunRequest, ApiError> {
-    const SHAPE: &str = "the body must be a JSON object such as {\"context\": {}}";
-    let invalid = |e: serde_json::Error| ApiError::bad_request(format!("invalid body: {e}"));
-    match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => serde_json::from_slice(body).map_err(invalid),
-        // Not an object: invalid JSON still gets the parser's words, valid JSON the shape.
-        Some(_) => {
-            serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(invalid)?;
-            Err(ApiError::bad_request(SHAPE))
-        }
-        None => Err(ApiError::bad_request(SHAPE)),
-    }
+    Ok(id)
 }
 
 /// 422 for a `context` entry a run cannot set (`context_history`, a reserved variable, a
@@ -681,13 +537,17 @@ impl utoipa::Modify for BearerAuth {
 mod tests {
     use super::*;
 
+    /// The run request of a body, as `submit` reads it.
+    fn run_request(body: &[u8]) -> Result<RunRequest, ApiError> {
+        crate::extract::json_object(body)
+    }
+
     fn refused(body: &str) -> String {
         match run_request(body.as_bytes()) {
             Ok(_) => panic!("{body} was read as a run request"),
-            Err(e) => e.message,
+            Err(e) => e.message().to_string(),
         }
     }
-
     #[test]
     fn only_a_json_object_is_a_run_request() {
         assert!(run_request(br#" {"context": {"a": 1}} "#).is_ok());

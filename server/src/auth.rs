@@ -4,13 +4,15 @@
 //! whatever the first comparisons gave, so the time taken says nothing about how much of
 //! a token matched or which one. They are never logged: `Tokens`' `Debug` shows a count.
 
+use std::sync::Arc;
+
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use crate::api::{ApiError, AppState};
+use crate::error::ApiError;
 
 /// The tokens a server accepts.
 #[derive(Clone, Default)]
@@ -73,7 +75,7 @@ pub fn parse_tokens(text: &str, separator: char) -> Result<Vec<String>, String> 
 
 /// The middleware: a request without an accepted `Authorization: Bearer TOKEN` gets 401.
 pub(crate) async fn require_token(
-    State(state): State<AppState>,
+    State(tokens): State<Arc<Tokens>>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -82,7 +84,7 @@ pub(crate) async fn require_token(
         .get(AUTHORIZATION)
         .and_then(|value| bearer_credentials(value.as_bytes()));
     match presented {
-        Some(token) if !token.is_empty() && state.tokens.accepts(token) => next.run(request).await,
+        Some(token) if !token.is_empty() && tokens.accepts(token) => next.run(request).await,
         Some(_) => ApiError::unauthorized("the bearer token is not accepted").into_response(),
         None => ApiError::unauthorized("missing `Authorization: Bearer TOKEN`").into_response(),
     }

@@ -19,8 +19,8 @@ use futures_util::Stream;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-use crate::api::AppState;
-use crate::worker::LiveEvent;
+use crate::live::LiveEvent;
+use crate::state::AppState;
 
 /// Events read from the store at a time.
 const PAGE: u64 = 256;

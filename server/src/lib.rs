@@ -25,9 +25,13 @@ mod api;
 mod auth;
 mod connections;
 mod equip;
+mod error;
 mod events;
+mod extract;
+mod live;
 mod logging;
 mod metrics;
+mod state;
 mod worker;
 
 pub use auth::{Tokens, parse_tokens};
@@ -184,7 +188,7 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
         .map_err(|e| ServeError::Io(format!("cannot read the bound address: {e}")))?;
 
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let state = api::AppState::new(store, agents, equipment, &config, stop.clone());
+    let state = state::AppState::new(store, agents, equipment, &config, stop.clone());
     let reload = tokio::spawn(agents::watch(
         state.agents.clone(),
         config.reload_interval,

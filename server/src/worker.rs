@@ -6,7 +6,7 @@
 //! submit in this process or, for runs submitted elsewhere and runs left by a dead
 //! worker, for [`IDLE_POLL`]. Each claimed run is a task of its own: it replays the
 //! run's journal (nothing for a new run), goes on live, and hands its events to the
-//! process's [`LiveRuns`] for the SSE streams.
+//! process's [`LiveRuns`](crate::live::LiveRuns) for the SSE streams.
 //!
 //! **Cancel.** A cancel request is stored ([`RunStore::request_cancel`]), so it reaches the
 //! run wherever it executes: this process sets the run's interrupt at once when it runs
@@ -18,9 +18,8 @@
 //! as after a crash, and the next start (or another process) resumes them. Dropping a
 //! run drops its lease, which frees the run for another worker.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aplc_runtime::durable::{self, DurableError};
@@ -28,84 +27,17 @@ use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunStore, StoreE
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::api::AppState;
+use crate::live::{LiveEvent, LiveEvents};
+use crate::state::AppState;
 
 /// How often an idle dispatcher looks for runs it was not told about.
 const IDLE_POLL: Duration = Duration::from_millis(500);
 /// How often an executing run reads its cancel flag from the store.
 const CANCEL_POLL: Duration = Duration::from_millis(500);
-/// Live events kept for a slow SSE reader before it falls back to the store.
-const LIVE_BUFFER: usize = 1024;
-
-/// A live event: its sequence number (`None` for a transient event such as a token
-/// delta, which is not journaled) and its JSON text, redacted.
-#[derive(Debug, Clone)]
-pub(crate) struct LiveEvent {
-    pub(crate) seq: Option<u64>,
-    pub(crate) json: Arc<str>,
-}
-
-/// A run this process executes.
-struct LiveRun {
-    events: LiveEvents,
-    interrupt: Interrupt,
-}
-
-/// A run's live event channel, made when the first SSE reader subscribes: most runs have
-/// none, and a channel allocates its whole buffer up front (the profile of 1,000 runs
-/// under load showed `broadcast::channel` among the server's top symbols).
-#[derive(Clone, Default)]
-struct LiveEvents(Arc<Mutex<Option<broadcast::Sender<LiveEvent>>>>);
-
-impl LiveEvents {
-    fn subscribe(&self) -> broadcast::Receiver<LiveEvent> {
-        let mut sender = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        sender
-            .get_or_insert_with(|| broadcast::channel(LIVE_BUFFER).0)
-            .subscribe()
-    }
-
-    /// Sends `event` to the readers, if there are any.
-    fn send(&self, event: impl FnOnce() -> LiveEvent) {
-        let sender = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(sender) = sender.as_ref().filter(|s| s.receiver_count() > 0) {
-            // A reader that went away meanwhile is fine: the events are journaled.
-            let _ = sender.send(event());
-        }
-    }
-}
-
-/// The runs this process executes, by id.
-#[derive(Default)]
-pub(crate) struct LiveRuns {
-    runs: Mutex<HashMap<String, LiveRun>>,
-    /// Told whenever a run of this process ends (`?wait=true` and SSE wake on it).
-    pub(crate) finished: tokio::sync::Notify,
-}
-
-impl LiveRuns {
-    /// A receiver of the run's live events, if it executes here.
-    pub(crate) fn subscribe(&self, id: &str) -> Option<broadcast::Receiver<LiveEvent>> {
-        self.lock().get(id).map(|run| run.events.subscribe())
-    }
-
-    /// Cancels the run if it executes here; true if it does.
-    pub(crate) fn cancel(&self, id: &str) -> bool {
-        self.lock()
-            .get(id)
-            .map(|run| run.interrupt.cancel())
-            .is_some()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, LiveRun>> {
-        self.runs.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
 /// Claims and runs queued runs until `stop`, then drains.
 pub(crate) async fn dispatch(
     state: AppState,
@@ -214,14 +146,7 @@ async fn execute(state: AppState, claim: Claim, slot: Slot) {
     } = claim;
     let id = lease.run_id().to_string();
     let interrupt = Interrupt::new();
-    let events = LiveEvents::default();
-    state.live.lock().insert(
-        id.clone(),
-        LiveRun {
-            events: events.clone(),
-            interrupt: interrupt.clone(),
-        },
-    );
+    let events = state.live.insert(id.clone(), interrupt.clone());
     // Removes the run from `live` however the task ends (an abort at shutdown included).
     let _registered = Registered {
         state: state.clone(),
@@ -442,7 +367,7 @@ async fn watch_cancel(store: Arc<dyn RunStore>, id: String, interrupt: Interrupt
     }
 }
 
-/// A run's entry in [`LiveRuns`], removed on drop.
+/// A run's entry in [`LiveRuns`](crate::live::LiveRuns), removed on drop.
 struct Registered {
     state: AppState,
     id: String,
@@ -450,7 +375,7 @@ struct Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.state.live.lock().remove(&self.id);
+        self.state.live.remove(&self.id);
         self.state
             .metrics
             .runs_in_flight

@@ -11,67 +11,58 @@
 //!   the pure [`wire`] formats that encode and decode them.
 //! * [`ScriptedProvider`]: canned completions, for tests, `--mock` and benches.
 //!
+//! The code is in three layered folders, each using only those before it: `template/`
+//! (the environment, the context store, helpers and filters), `provider/` (the request,
+//! the exchange types, wire formats, tools) and `run/` (options, machine, events,
+//! journal); the bundle format and a few leaf modules sit beside them.
+//!
 //! This crate performs no I/O at all: no files, sockets, threads or clocks, with any
 //! features. The `aplc-runtime` crate drives a [`Machine`] with tokio and owns the
 //! providers, tools and HTTP.
 #![deny(missing_docs)]
 
 pub mod bundle;
-mod caps;
-mod dialect;
-mod env;
-mod events;
-mod exchange;
-mod helpers;
 mod interrupt;
-mod jinja2;
-pub mod journal;
-mod machine;
-mod messages;
+pub mod names;
 mod program;
 mod provider;
-mod python;
-mod request;
-mod response;
 mod run;
-mod store;
-mod template_check;
+mod template;
 pub mod text;
 
-pub mod tools;
-pub mod wire;
+pub use provider::{tools, wire};
+pub use run::journal;
 
-pub use dialect::{Dialect, any_dialect_helper};
+pub use bundle::dialect::{Dialect, any_dialect_helper};
 /// The names of the dialect helpers.
 pub mod dialect_names {
-    pub use crate::dialect::{
+    pub use crate::bundle::dialect::{
         ADD, CURRENT_STEP, DEC, GET, INC, NEXT, PREV, REM, RESULT, SET, SET_JSON_PATH,
     };
 }
-pub use env::{Limits, template_env, template_env_for};
-pub use events::{
-    EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage,
-    Totals,
-};
-pub use exchange::{
+pub use interrupt::{Interrupt, InterruptReason};
+pub use names::{RESERVED_VARIABLES, user_defaults};
+pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
+pub use provider::exchange::{
     Completion, Content, FinishReason, Message, OutputFormat, Part, ProviderError,
     ProviderErrorKind, ProviderRequest, Role, Sampling, ToolCall, ToolDefinition, Usage,
 };
-pub use interrupt::{Interrupt, InterruptReason};
-pub use jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};
-pub use machine::{
+pub use provider::request::build_request;
+pub use provider::scripted::ScriptedProvider;
+pub use run::events::{
+    EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage,
+    Totals,
+};
+pub use run::machine::{
     Action, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,
 };
 pub use run::{DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError, RunErrorKind, RunOptions};
-pub mod names;
-pub use names::{RESERVED_VARIABLES, user_defaults};
-pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
-pub use provider::ScriptedProvider;
-pub use request::build_request;
-pub use store::{Snapshot, Store, Vars, value_from_json};
-pub use template_check::{
+pub use template::check::{
     MAX_EXPRESSION_DEPTH, TemplateFault, check_depth, check_statements, check_template,
 };
+pub use template::env::{Limits, template_env, template_env_for};
+pub use template::jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};
+pub use template::store::{Snapshot, Store, Vars, value_from_json};
 
 /// Re-exported so embedders and the compiler use the exact same template engine.
 pub use minijinja;

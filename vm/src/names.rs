@@ -347,7 +347,7 @@ pub fn is_identifier(s: &str) -> bool {
 
 /// The store slot of the variable whose name constant is `$name` (`slot_of!(RUNS)`),
 /// resolved at build time: the executor's hot paths write by slot
-/// ([`Vars::set_slot`](crate::store::Vars::set_slot)) and skip matching the name.
+/// ([`Vars::set_slot`](crate::template::store::Vars::set_slot)) and skip matching the name.
 macro_rules! slot_of {
     ($name:ident) => {
         const { $crate::names::index_of($crate::names::$name) }

@@ -10,10 +10,10 @@ use minijinja::Environment;
 
 use crate::Dialect;
 use crate::bundle::{self, Bundle, BundleError, StepId, TemplateId, TemplateKind};
-use crate::env::{Limits, template_env_for};
 use crate::names::VARIABLES;
-use crate::store::Vars;
-use crate::template_check::check_template;
+use crate::template::check::check_template;
+use crate::template::env::{Limits, template_env_for};
+use crate::template::store::Vars;
 
 /// A decoded, validated bundle with its templates compiled.
 ///

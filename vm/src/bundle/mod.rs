@@ -7,6 +7,7 @@
 //! These are the only types in the workspace that derive `Serialize`/`Deserialize`.
 
 mod codec;
+pub(crate) mod dialect;
 mod instr;
 mod listing;
 mod validate;

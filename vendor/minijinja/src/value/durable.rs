@@ -1,7 +1,7 @@
 //! aplc patch: what a checkpoint needs to copy a value exactly.
 //!
 //! Not part of upstream minijinja; see `APLC-PATCH.md`. aplc's checkpoints
-//! (`vm/src/machine/checkpoint.rs`) write a run's values to bytes and rebuild them
+//! (`vm/src/run/machine/checkpoint.rs`) write a run's values to bytes and rebuild them
 //! exactly: `1` stays an integer and `1.0` a float, a namespace stays a mutable
 //! namespace, a map built by a template stays the engine's own ordered map. The types
 //! and representations that tell these apart are private to the crate; these functions

@@ -40,7 +40,7 @@ pub(crate) const INTERRUPT_INTERVAL: u32 = 256;
 
 /// aplc patch: the built-in filters, functions and methods whose result can nest deeper
 /// than their arguments (`[[x]]` from `[x]`); their results get the depth check.
-/// Embedders check their own (aplc does in `vm/src/helpers.rs`).
+/// Embedders check their own (aplc does in `vm/src/template/helpers.rs`).
 const NESTING_FILTERS: &[&str] = &["batch", "slice", "groupby", "items", "dictsort", "zip"];
 const NESTING_FUNCTIONS: &[&str] = &["dict", "namespace"];
 const NESTING_METHODS: &[&str] = &["items"];
