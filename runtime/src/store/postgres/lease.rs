@@ -1,5 +1,7 @@
 //! Leases: session-level advisory locks on the store's lock connection, and the task
-//! that owns that connection (locks, unlocks and the claim of a new run, in order).
+//! that owns that connection (locks, unlocks and the claim of a new run, in order). The
+//! claim's statement is here because it takes a lock: [`CLAIM_NEW`], whose rows
+//! `queue.rs` turns into claims.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -7,9 +9,8 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Client;
 
-use super::queue::{CLAIM_NEW, NewClaim};
-use super::{PgStore, Statements, db_error};
-use crate::store::{Lease, StoreError};
+use super::{PgStore, Statements, db_error, summary_row_at};
+use crate::store::{Lease, LoadedRun, StoreError, json_column};
 
 /// The run ids whose advisory locks this store holds, and the way to the lock task.
 pub(super) struct Locks {
@@ -105,6 +106,90 @@ impl PgStore {
             }
         }
     }
+}
+
+/// Claims the oldest run never claimed, in one statement on the lock connection (whose
+/// session then holds the run's advisory lock). The candidate is found through the index
+/// of open runs, passing over the few running ones at its head, without looking at
+/// anyone's locks; `SKIP LOCKED` passes over a row another claim is taking this instant.
+/// Its lock is tried on that one row (the `LIMIT` is applied before the lock function:
+/// the materialized CTE) and the row is marked claimed either way: a lock that another
+/// session holds means the run is someone's already (a `claimed` flag lost with an
+/// asynchronous commit), and the next claim passes over it.
+pub(super) const CLAIM_NEW: &str = concat!(
+    "WITH candidate AS (
+         SELECT run_id FROM run_queue
+         WHERE final_status IS NULL AND NOT claimed
+         ORDER BY enqueued_at_ms, run_id
+         LIMIT 1
+         FOR UPDATE SKIP LOCKED),
+     attempt AS MATERIALIZED (
+         SELECT run_id,
+                pg_try_advisory_lock(hashtextextended('aplc-run:' || run_id, 0)) AS locked
+         FROM candidate)
+     UPDATE run_queue q SET claimed = TRUE
+     FROM attempt
+     LEFT JOIN runs ON runs.id = attempt.run_id
+     LEFT JOIN bundles b ON b.hash = runs.bundle_hash
+     WHERE q.run_id = attempt.run_id
+     RETURNING q.run_id, attempt.locked, q.agent, q.cancel_requested, q.traceparent, ",
+    summary_columns!(),
+    ", b.bytes, runs.options"
+);
+
+/// A row [`CLAIM_NEW`] returned.
+pub(super) struct NewClaim {
+    pub(super) id: String,
+    pub(super) locked: bool,
+    pub(super) agent: String,
+    pub(super) cancel_requested: bool,
+    pub(super) traceparent: Option<String>,
+    /// The run as stored, when nothing is journaled (the statement read its row: a run
+    /// with a journal is loaded afterwards).
+    pub(super) loaded: Option<LoadedRun>,
+}
+
+impl NewClaim {
+    pub(super) fn of_row(url: &str, row: &tokio_postgres::Row) -> Result<NewClaim, StoreError> {
+        let error = |e: tokio_postgres::Error| db_error(url, &e);
+        Ok(NewClaim {
+            id: row.try_get(0).map_err(error)?,
+            locked: row.try_get(1).map_err(error)?,
+            agent: row.try_get(2).map_err(error)?,
+            cancel_requested: row.try_get(3).map_err(error)?,
+            traceparent: row.try_get(4).map_err(error)?,
+            // A run whose row does not read is claimed all the same (the statement took
+            // its lock): the worker's own load fails, and it ends the run failed.
+            loaded: unstarted_run(row).ok().flatten(),
+        })
+    }
+}
+
+/// The run [`CLAIM_NEW`] read (its columns from the sixth on), if it has nothing
+/// journaled: its load is its row, its bundle and its options.
+fn unstarted_run(row: &tokio_postgres::Row) -> Result<Option<LoadedRun>, StoreError> {
+    // No run row (a damaged store): `RunStore::load` reports it.
+    if row.get::<_, Option<String>>(5).is_none() {
+        return Ok(None);
+    }
+    let summary = summary_row_at(row, 5)?;
+    if summary.inputs > 0 || summary.events > 0 {
+        return Ok(None);
+    }
+    let (Some(bundle), Some(options)) = (
+        row.get::<_, Option<Vec<u8>>>(15),
+        row.get::<_, Option<String>>(16),
+    ) else {
+        return Ok(None);
+    };
+    Ok(Some(LoadedRun {
+        events: 0,
+        options: json_column(&options, "the run options")?,
+        summary,
+        bundle,
+        checkpoints: Vec::new(),
+        inputs: Vec::new(),
+    }))
 }
 
 /// The lock task: owns the lock connection and runs locks and unlocks in order. It ends

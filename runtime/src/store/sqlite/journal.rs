@@ -3,8 +3,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::writer::Job;
-use super::{SqliteStore, db_error};
+use super::{Job, SqliteStore, db_error};
 use crate::driver::BoxFuture;
 use crate::store::{
     Batch, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,

@@ -9,8 +9,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
-use super::writer::Job;
-use super::{Lessee, SqliteStore, Writer, db_error};
+use super::{Job, Lessee, SqliteStore, Writer, db_error};
 use crate::store::{Lease, StoreError};
 
 /// A lease: a row of `leases` naming this store. Dropping it frees the run in this

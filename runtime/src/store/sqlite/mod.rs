@@ -43,10 +43,10 @@ use std::sync::{Arc, Mutex, mpsc};
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
 use tokio::sync::oneshot;
 
-use super::{Every, IDEMPOTENCY_PURGE, RunStore, StoreError, TAKEOVER_SCAN};
+use super::{Batch, Every, IDEMPOTENCY_PURGE, NewRun, RunStore, StoreError, TAKEOVER_SCAN};
 use lease::hold;
 use schema::{check_file, connect, connect_read_only, migrate};
-use writer::{Job, write_loop};
+use writer::{QueueWrite, write_loop};
 
 mod journal;
 mod lease;
@@ -103,6 +103,19 @@ impl Drop for SqliteStore {
             let _ = thread.join();
         }
     }
+}
+
+/// A write for the writer thread, with where to send its result.
+enum Job {
+    /// A new run, and its lease for `holder`.
+    Create(NewRun, Lessee, oneshot::Sender<Result<(), StoreError>>),
+    /// The lease of an existing run for `holder`.
+    Acquire(String, Lessee, oneshot::Sender<Result<(), StoreError>>),
+    Append(String, Batch, oneshot::Sender<Result<(), StoreError>>),
+    /// Deletes `holder`'s lease row of a run; nobody waits for it.
+    Release(String, Arc<str>),
+    /// A write of the service's queue, answering with its own type.
+    Queue(Box<dyn QueueWrite>),
 }
 
 /// The writer thread's queue, shared by the store and its leases.

@@ -1,30 +1,17 @@
 //! The writer thread: every job queued when it is free runs in its own savepoint of one
 //! transaction, and they commit together (group commit).
 
-use std::sync::{Arc, mpsc};
+use std::sync::mpsc;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use tokio::sync::oneshot;
 
 use super::lease::{release_lease, take_lease};
-use super::{Lessee, SqliteStore, begin, db_error};
+use super::{Job, SqliteStore, begin, db_error};
 use crate::store::{Batch, NewRun, QueueStatus, RunState, StoreError, count, db_int, now_ms};
 
 /// The most jobs committed in one transaction (bounds the latency of the first).
 const MAX_GROUP: usize = 512;
-
-/// A write for the writer thread, with where to send its result.
-pub(super) enum Job {
-    /// A new run, and its lease for `holder`.
-    Create(NewRun, Lessee, oneshot::Sender<Result<(), StoreError>>),
-    /// The lease of an existing run for `holder`.
-    Acquire(String, Lessee, oneshot::Sender<Result<(), StoreError>>),
-    Append(String, Batch, oneshot::Sender<Result<(), StoreError>>),
-    /// Deletes `holder`'s lease row of a run; nobody waits for it.
-    Release(String, Arc<str>),
-    /// A write of the service's queue, answering with its own type.
-    Queue(Box<dyn QueueWrite>),
-}
 
 /// A queue write for the writer thread: run in its own savepoint of the group's
 /// transaction, answered once the group's commit is known.
