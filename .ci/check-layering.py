@@ -8,6 +8,8 @@
   the core alone; the runtime on the core alone (it never compiles source); the server
   (`aplc serve`) on the core, the compiler and the runtime, and nothing below it on the
   server.
+* `aplc-test-support` (the tests' shared helpers) is a dev-dependency only: no crate
+  depends on it for its build, and it depends on no aplc crate.
 
 Reads the graph Cargo resolved; compiles nothing. Fails naming the path to each
 forbidden crate.
@@ -29,7 +31,13 @@ ALLOWED_INTERNAL = {
     "aplc-compiler": {"aplc-vm"},
     "aplc-runtime": {"aplc-vm"},
     "aplc-server": {"aplc-vm", "aplc-compiler", "aplc-runtime"},
+    # The tests' shared helpers depend on no aplc crate (and nothing on them: see
+    # `DEV_ONLY`).
+    "aplc-test-support": set(),
 }
+
+# Crates only tests may use: no crate has them as a normal dependency.
+DEV_ONLY = {"aplc-test-support"}
 
 
 def main():
@@ -82,10 +90,20 @@ def main():
                         f"the sans-IO core depends on {names[pid]}: {' -> '.join(path)}"
                     )
 
+    for pid, deps in normal.items():
+        for dep in deps:
+            if names[dep] in DEV_ONLY:
+                failures.append(
+                    f"{names[pid]} depends on {names[dep]} for its build: make it a dev-dependency"
+                )
+
     if failures:
         print("\n".join(failures), file=sys.stderr)
         sys.exit(1)
-    print("layering ok: aplc-vm has no I/O crate; crates depend downwards only")
+    print(
+        "layering ok: aplc-vm has no I/O crate; crates depend downwards only; "
+        "the test helpers are dev-only"
+    )
 
 
 if __name__ == "__main__":

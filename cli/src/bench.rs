@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
 use aplc_runtime::durable::DurableOptions;
 use aplc_runtime::store::{
-    Batch, Lease, LoadedRun, NewRun, RunStore, RunSummary, StoreError, StoreUrl,
+    Batch, Lease, LoadedRun, NewRun, RunJournal, RunSummary, StoreError, StoreUrl,
 };
 use aplc_runtime::telemetry::RunDetails;
 use aplc_vm::text::escape_control;
@@ -357,14 +357,14 @@ fn concurrent(
 /// Counts a store's commits and the time they take.
 #[derive(Debug)]
 struct Timed {
-    inner: Arc<dyn RunStore>,
+    inner: Arc<dyn RunJournal>,
     commits: AtomicU64,
     nanos: AtomicU64,
     /// Time spent creating runs (their rows and leases).
     create_nanos: AtomicU64,
 }
 
-impl RunStore for Timed {
+impl RunJournal for Timed {
     fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
         Box::pin(async move {
             let start = Instant::now();

@@ -2,12 +2,10 @@
 //! OpenAI-compatible server on 127.0.0.1 that answers slowly, SIGKILLed while a call is in
 //! flight, then `aplc resume`d. For SQLite and for a throwaway PostgreSQL cluster.
 
-#[path = "support/http.rs"]
-mod http;
-use http::read_request;
-#[path = "support/process.rs"]
-mod process;
-use process::{aplc, root, scratch_in, succeed};
+use aplc_test_support::http::read_request;
+use aplc_test_support::pg;
+use aplc_test_support::process::{root, succeed};
+use aplc_test_support::{aplc, scratch_in};
 
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
@@ -18,9 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
-
-#[path = "../../runtime/tests/support/pg.rs"]
-mod pg;
 
 const TURNS: u64 = 6;
 
@@ -137,7 +132,7 @@ fn answer(body: &str, ledger: &str) -> Json {
 
 /// A scratch directory for one test, emptied first.
 fn scratch(name: &str) -> PathBuf {
-    scratch_in("durable", name)
+    scratch_in!("durable", name)
 }
 
 /// Writes the tool manifest (`count` or `count_slow`, never idempotent) and the context.
@@ -188,11 +183,11 @@ fn run_command(dir: &Path, model: &Model, extra: &[&str]) -> Command {
         &model.url,
     ];
     args.extend_from_slice(extra);
-    aplc(dir, &args)
+    aplc!(dir, &args)
 }
 
 fn resume_command(dir: &Path, model: &Model, store: &str, id: &str) -> Command {
-    aplc(
+    aplc!(
         dir,
         &[
             "resume",
@@ -332,14 +327,14 @@ fn crash_during_provider_call(name: &str, store: &str) {
     assert_eq!(sent[2], sent[3], "the call in flight is the one sent again");
 
     // The store has it, finished.
-    let show = succeed(&mut aplc(
+    let show = succeed(&mut aplc!(
         &dir,
         &["runs", "show", "crash-provider", "--store", store],
     ));
     let show = String::from_utf8_lossy(&show.stdout);
     assert!(show.contains("status:   completed"), "{show}");
     assert!(show.contains(&format!("steps:    {TURNS}")), "{show}");
-    let list = succeed(&mut aplc(&dir, &["runs", "list", "--store", store]));
+    let list = succeed(&mut aplc!(&dir, &["runs", "list", "--store", store]));
     let list = String::from_utf8_lossy(&list.stdout);
     let row = list
         .lines()
@@ -349,7 +344,7 @@ fn crash_during_provider_call(name: &str, store: &str) {
         row.contains("crash_loop.apl") && row.contains("completed"),
         "{row}"
     );
-    let events = succeed(&mut aplc(
+    let events = succeed(&mut aplc!(
         &dir,
         &["runs", "events", "crash-provider", "--store", store],
     ));
@@ -513,7 +508,7 @@ fn bad_stores_and_unknown_runs_get_clear_errors() {
     )
     .unwrap();
     let store = format!("sqlite:{}", foreign.display());
-    let output = aplc(&dir, &["runs", "list", "--store", &store])
+    let output = aplc!(&dir, &["runs", "list", "--store", &store])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -524,14 +519,14 @@ fn bad_stores_and_unknown_runs_get_clear_errors() {
     );
 
     let good = sqlite("bad-stores-good");
-    let output = aplc(&dir, &["runs", "show", "nope", "--store", &good])
+    let output = aplc!(&dir, &["runs", "show", "nope", "--store", &good])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("no run `nope`"), "{stderr}");
 
-    let output = aplc(&dir, &["runs", "list", "--store", "mysql://x"])
+    let output = aplc!(&dir, &["runs", "list", "--store", "mysql://x"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -539,7 +534,7 @@ fn bad_stores_and_unknown_runs_get_clear_errors() {
     assert!(stderr.contains("invalid store URL"), "{stderr}");
 
     // A password in the URL never shows, even when the server is not there.
-    let output = aplc(
+    let output = aplc!(
         &dir,
         &[
             "runs",
@@ -572,7 +567,7 @@ fn secrets_never_reach_the_store() {
     let db = dir.join("runs.db");
     let store = format!("sqlite:{}", db.display());
     let agent = agent();
-    let output = aplc(
+    let output = aplc!(
         &dir,
         &[
             "run",
@@ -596,7 +591,7 @@ fn secrets_never_reach_the_store() {
     .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!stderr.contains(KEY), "{stderr}");
-    let events = succeed(&mut aplc(
+    let events = succeed(&mut aplc!(
         &dir,
         &["runs", "events", "secret", "--store", &store],
     ));
@@ -626,7 +621,7 @@ fn aplc_store_sets_the_default_store() {
     let mock = root().join("fixtures/run/loop_by_runs.mock.json");
     let (fixture, mock) = (fixture.display().to_string(), mock.display().to_string());
     let output = succeed(
-        aplc(
+        aplc!(
             &dir,
             &[
                 "run", &fixture, "--mock", &mock, "--run-id", "from-env", "--quiet",
@@ -636,7 +631,7 @@ fn aplc_store_sets_the_default_store() {
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("run id: from-env"), "{stderr}");
-    let list = succeed(aplc(&dir, &["runs", "list"]).env("APLC_STORE", &store));
+    let list = succeed(aplc!(&dir, &["runs", "list"]).env("APLC_STORE", &store));
     let list = String::from_utf8_lossy(&list.stdout);
     assert!(
         list.lines()
@@ -645,9 +640,9 @@ fn aplc_store_sets_the_default_store() {
     );
     // The whole final context, history included, is rebuilt from the journal.
     let show =
-        succeed(aplc(&dir, &["runs", "show", "from-env", "--json"]).env("APLC_STORE", &store));
+        succeed(aplc!(&dir, &["runs", "show", "from-env", "--json"]).env("APLC_STORE", &store));
     let context: Json = serde_json::from_slice(&show.stdout).unwrap();
-    let plain = succeed(&mut aplc(
+    let plain = succeed(&mut aplc!(
         &dir,
         &["run", &fixture, "--mock", &mock, "--json", "--quiet"],
     ));

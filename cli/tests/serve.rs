@@ -5,9 +5,8 @@
 //! the run's `tag` and the turn: the fake model counts the requests per `(tag, turn)`, so a
 //! test can tell whether a journaled call was sent twice.
 
-#[path = "support/http.rs"]
-mod http;
-use http::read_request;
+use aplc_test_support::http::read_request;
+use aplc_test_support::{otlp, pg};
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -21,14 +20,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value as Json, json};
 
 const TOKEN: &str = "test-token-4f1d";
-
-#[path = "../../runtime/tests/support/pg.rs"]
-mod pg;
-
-// Shared test support; this file uses the receiver and `string`.
-#[path = "../../runtime/tests/support/otlp.rs"]
-#[allow(dead_code)]
-mod otlp;
 
 // ---------------------------------------------------------------------------------------
 // A fake model: a thread per connection on 127.0.0.1.

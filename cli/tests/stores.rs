@@ -7,13 +7,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-#[path = "support/process.rs"]
-mod process;
-use process::{aplc, fail, root, scratch_in, succeed};
+use aplc_test_support::process::{fail, root, succeed};
+use aplc_test_support::{aplc, scratch_in};
 
 /// A scratch directory for one test, emptied first.
 fn scratch(name: &str) -> PathBuf {
-    scratch_in("stores", name)
+    scratch_in!("stores", name)
 }
 
 /// `aplc run` of a scripted agent (no model) with `extra` flags: three steps.
@@ -23,7 +22,7 @@ fn mock_run(dir: &Path, extra: &[&str]) -> Command {
     let (agent, mock) = (agent.display().to_string(), mock.display().to_string());
     let mut args = vec!["run", agent.as_str(), "--mock", mock.as_str(), "--quiet"];
     args.extend_from_slice(extra);
-    aplc(dir, &args)
+    aplc!(dir, &args)
 }
 
 /// Every file and directory under `dir`: a hash of its bytes (0 for a directory), its
@@ -93,7 +92,7 @@ fn a_read_only_store_is_inspected_without_a_write() {
     let inspect = |args: &[&str]| {
         let mut all = args.to_vec();
         all.extend_from_slice(&["--store", &store]);
-        let output = succeed(&mut aplc(&dir, &all));
+        let output = succeed(&mut aplc!(&dir, &all));
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
     // Modes as a careful operator sets them: a 0444 file in a 0555 directory.
@@ -111,7 +110,7 @@ fn a_read_only_store_is_inspected_without_a_write() {
     assert!(inspect(&["runs", "show", "done"]).contains("steps:"));
     assert!(inspect(&["runs", "show", "done", "--json"]).contains("context_history"));
     assert!(inspect(&["runs", "events", "done"]).contains("run_finished"));
-    let (code, stderr) = fail(&mut aplc(
+    let (code, stderr) = fail(&mut aplc!(
         &dir,
         &["runs", "show", "nope", "--store", &store],
     ));
@@ -129,9 +128,9 @@ fn a_missing_or_empty_file_lists_no_runs_and_stays_as_it_was() {
     let before = snapshot(&dir);
     for name in ["empty.db", "missing.db"] {
         let store = format!("sqlite:{}", dir.join(name).display());
-        let list = succeed(&mut aplc(&dir, &["runs", "list", "--store", &store]));
+        let list = succeed(&mut aplc!(&dir, &["runs", "list", "--store", &store]));
         assert_eq!(String::from_utf8_lossy(&list.stdout).lines().count(), 1);
-        let (code, stderr) = fail(&mut aplc(&dir, &["runs", "show", "x", "--store", &store]));
+        let (code, stderr) = fail(&mut aplc!(&dir, &["runs", "show", "x", "--store", &store]));
         assert_eq!(code, Some(2), "{stderr}");
     }
     assert_eq!(snapshot(&dir), before);
@@ -163,7 +162,7 @@ fn a_device_is_refused_and_nothing_is_made_beside_it() {
     let (code, stderr) = fail(&mut mock_run(&dir, &["--store", "sqlite:/dev/null"]));
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("not a regular file"), "{stderr}");
-    let (_, stderr) = fail(&mut aplc(
+    let (_, stderr) = fail(&mut aplc!(
         &dir,
         &["runs", "list", "--store", "sqlite:/dev/null"],
     ));
@@ -186,7 +185,7 @@ fn a_schema_record_that_disagrees_is_refused() {
     .unwrap();
     drop(conn);
     for command in [
-        &mut aplc(&dir, &["runs", "list", "--store", &store]),
+        &mut aplc!(&dir, &["runs", "list", "--store", &store]),
         &mut mock_run(&dir, &["--store", &store]),
     ] {
         let (code, stderr) = fail(command);
@@ -226,7 +225,7 @@ fn a_tampered_bundle_is_refused_on_resume() {
     drop(conn);
     let mock = root().join("fixtures/run/loop_by_runs.mock.json");
     let mock = mock.display().to_string();
-    let (code, stderr) = fail(&mut aplc(
+    let (code, stderr) = fail(&mut aplc!(
         &dir,
         &[
             "resume", "done", "--store", &store, "--mock", &mock, "--quiet",
@@ -237,7 +236,7 @@ fn a_tampered_bundle_is_refused_on_resume() {
         stderr.contains("does not match its content hash"),
         "{stderr}"
     );
-    let (_, stderr) = fail(&mut aplc(
+    let (_, stderr) = fail(&mut aplc!(
         &dir,
         &["runs", "show", "done", "--json", "--store", &store],
     ));
@@ -274,7 +273,7 @@ fn concurrent_starts_on_a_new_file_never_fail() {
                 String::from_utf8_lossy(&output.stderr)
             );
         }
-        let list = succeed(&mut aplc(&dir, &["runs", "list", "--store", &store]));
+        let list = succeed(&mut aplc!(&dir, &["runs", "list", "--store", &store]));
         let runs = String::from_utf8_lossy(&list.stdout).lines().count() - 1;
         assert_eq!(runs, PROCESSES, "round {round}");
     }

@@ -2,9 +2,7 @@
 //! (issue #13 §1): each call's text reaches stdout as it arrives, calls separated by a
 //! newline, and `--json` still prints the final context, the same as without `--stream`.
 
-#[path = "support/http.rs"]
-mod http;
-use http::read_request;
+use aplc_test_support::http::read_request;
 
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

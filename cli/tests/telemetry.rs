@@ -3,13 +3,10 @@
 //! call), an incoming `TRACEPARENT` is joined, an unreachable collector is one warning,
 //! and bad settings are clear errors.
 
-#[path = "../../runtime/tests/support/otlp.rs"]
-mod otlp;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use otlp::{Receiver, int, string};
+use aplc_test_support::otlp::{Receiver, int, string};
 
 /// The variables a test sets itself: none leaks in from the environment of `cargo test`.
 const OTEL_VARIABLES: [&str; 9] = [

@@ -1,4 +1,4 @@
-//! Durable runs: a run whose inputs are journaled in a [`RunStore`], so that it survives a
+//! Durable runs: a run whose inputs are journaled in a [`RunJournal`], so that it survives a
 //! crash and resumes without repeating a paid call (`spec/durability.md`).
 //!
 //! The machine is deterministic given its inputs: the times passed in, the provider
@@ -24,7 +24,7 @@ use serde_json::{Value as Json, json};
 use crate::driver::{DeltaRelay, Listener, Provider, RunClock, Stopped, Toolbox, call_provider};
 use crate::redact::Redactor;
 use crate::store::{
-    Batch, Lease, LoadedRun, NewRun, QueueStatus, RunStore, StoreError, StoredCheckpoint,
+    Batch, Lease, LoadedRun, NewRun, QueueStatus, RunJournal, StoreError, StoredCheckpoint,
 };
 use aplc_vm::journal::Input;
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
@@ -279,7 +279,7 @@ pub struct NewDurableRun {
 /// `options.events` is turned on. Returns an error only when the store fails: the run
 /// then stays resumable from its last commit.
 pub async fn start(
-    store: &dyn RunStore,
+    store: &dyn RunJournal,
     run: NewDurableRun,
     provider: &dyn Provider,
     toolbox: &Toolbox,
@@ -314,8 +314,9 @@ pub async fn start(
 }
 
 /// What the store keeps of a new run: its bundle, options and tools' fingerprint, for
-/// [`RunStore::create`] or for a service's queue ([`RunStore::enqueue`]), which stores
-/// the run unstarted for a worker to [`reopen_claimed`].
+/// [`RunJournal::create`] or for a service's queue
+/// ([`RunQueue::enqueue`](crate::store::RunQueue::enqueue)), which stores the run
+/// unstarted for a worker to [`reopen_claimed`].
 pub fn new_run_record(
     run: &NewDurableRun,
     toolbox: &Toolbox,
@@ -343,7 +344,7 @@ pub fn new_run_record(
 /// Resumes the unfinished run `id` from `store` and drives it to the end:
 /// [`reopen`], then [`Reopened::run`].
 pub async fn resume(
-    store: &dyn RunStore,
+    store: &dyn RunJournal,
     id: &str,
     expected: Option<&Program>,
     provider: &dyn Provider,
@@ -431,7 +432,7 @@ impl Reopened<'_> {
 /// with. Another process advancing the run gets [`StoreError::Locked`]; a finished run
 /// gets [`StoreError::Finished`].
 pub async fn reopen<'s>(
-    store: &'s dyn RunStore,
+    store: &'s dyn RunJournal,
     id: &str,
     expected: Option<&Program>,
     toolbox: &Toolbox,
@@ -451,14 +452,15 @@ pub async fn reopen<'s>(
     .await
 }
 
-/// [`reopen`] for a run a service's worker claimed ([`RunStore::claim`]) with its lease:
-/// a queued run never started (its journal is empty: it starts from the beginning) or
-/// one whose worker died. `loaded` is the run as the claim read it, if it did
+/// [`reopen`] for a run a service's worker claimed
+/// ([`RunQueue::claim`](crate::store::RunQueue::claim)) with its lease: a queued run
+/// never started (its journal is empty: it starts from the beginning) or one whose worker
+/// died. `loaded` is the run as the claim read it, if it did
 /// ([`Claim::loaded`](crate::store::Claim::loaded)); otherwise it is loaded here.
 /// `interrupt` becomes the run's cancel flag: set it only once this returns, since a
 /// flag set during the replay would stop the replay itself.
 pub async fn reopen_claimed<'s>(
-    store: &'s dyn RunStore,
+    store: &'s dyn RunJournal,
     lease: Box<dyn Lease>,
     loaded: Option<LoadedRun>,
     toolbox: &Toolbox,
@@ -473,7 +475,7 @@ pub async fn reopen_claimed<'s>(
 }
 
 async fn reopen_leased<'s>(
-    store: &'s dyn RunStore,
+    store: &'s dyn RunJournal,
     lease: Box<dyn Lease>,
     loaded: LoadedRun,
     expected: Option<&Program>,
@@ -537,7 +539,7 @@ async fn reopen_leased<'s>(
 /// service whose worker cannot resume a run (its journal does not replay on this build,
 /// or the tools it started with are gone), so that the run is not claimed again and
 /// again. Takes the run's lease; the outcome's error kind is `Resume`.
-pub async fn abandon(store: &dyn RunStore, id: &str, message: &str) -> Result<(), DurableError> {
+pub async fn abandon(store: &dyn RunJournal, id: &str, message: &str) -> Result<(), DurableError> {
     let lease = store.acquire(id).await?;
     let summary = store.summary(id).await?;
     let outcome = json!({
@@ -560,7 +562,7 @@ pub async fn abandon(store: &dyn RunStore, id: &str, message: &str) -> Result<()
 /// A run's current state, rebuilt from the store without taking it over: for
 /// `aplc runs show` on an unfinished run. The tools are rebuilt from their stored
 /// descriptors; nothing runs.
-pub async fn inspect(store: &dyn RunStore, id: &str) -> Result<RunOutcome, DurableError> {
+pub async fn inspect(store: &dyn RunJournal, id: &str) -> Result<RunOutcome, DurableError> {
     let loaded = store.load(id).await?;
     let corrupt = |message: String| DurableError::Journal {
         id: id.to_owned(),
@@ -714,7 +716,7 @@ fn replay(
 
 /// The inputs and events not yet committed, and what the next commit must say.
 struct Journal<'s> {
-    store: &'s dyn RunStore,
+    store: &'s dyn RunJournal,
     lease: Box<dyn Lease>,
     /// Inputs committed so far: the number of the first one in `inputs`.
     committed: u64,
@@ -733,7 +735,7 @@ struct Journal<'s> {
 
 impl<'s> Journal<'s> {
     fn new(
-        store: &'s dyn RunStore,
+        store: &'s dyn RunJournal,
         lease: Box<dyn Lease>,
         config: &DurableOptions,
         committed: u64,

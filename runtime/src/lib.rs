@@ -15,8 +15,9 @@
 //!   [`Secrets`]: the one list of secrets (variables tools never see, values redacted).
 //! * [`telemetry`]: OpenTelemetry spans and metrics of runs, from their events, exported
 //!   over OTLP/HTTP.
-//! * [`store`]: durable run stores, SQLite (embedded default) and PostgreSQL, behind one
-//!   [`store::RunStore`] interface.
+//! * [`store`]: durable run stores, SQLite (embedded default) and PostgreSQL, behind two
+//!   interfaces: [`store::RunJournal`] (what a durable run needs) and [`store::RunQueue`]
+//!   (what only `aplc serve` needs), both in [`store::RunStore`].
 //!
 //! # Cargo features
 //!

@@ -5,8 +5,7 @@
 //! a database each. A killed lease holder is a child process: this binary re-run with
 //! `APLC_STORE_LEASE_HOLDER` set and filtered to `lease_holder_child`.
 
-#[path = "support/pg.rs"]
-mod pg;
+use aplc_test_support::pg;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

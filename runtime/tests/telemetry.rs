@@ -4,21 +4,18 @@
 //! attributes, the metrics, content capture (off by default; redacted when on), joining
 //! an incoming `traceparent`, and an unreachable collector.
 
-#[path = "support/otlp.rs"]
-mod otlp;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use aplc_runtime::Redactor;
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted, Toolbox};
 use aplc_runtime::telemetry::{Parent, RunDetails, Telemetry, TelemetryConfig, TelemetryFlags};
+use aplc_test_support::otlp::{self, Receiver, int, string};
 use aplc_vm::tools::ToolSpec;
 use aplc_vm::{Completion, Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
-use otlp::{Receiver, int, string};
 use serde_json::json;
 
 const SECRET: &str = "sk-test-0123456789abcdefSECRET";

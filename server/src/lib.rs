@@ -1,8 +1,8 @@
 //! `aplc serve`: hosts agent bundles over HTTP, with durable runs queued in a run store
 //! (spec/serve.md).
 //!
-//! A request stores a run as *queued* ([`RunStore::enqueue`]); workers in the process
-//! claim queued runs ([`RunStore::claim`], at most `max_concurrent_runs` at once) and
+//! A request stores a run as *queued* ([`RunQueue::enqueue`](store::RunQueue::enqueue)); workers in the process
+//! claim queued runs ([`RunQueue::claim`](store::RunQueue::claim), at most `max_concurrent_runs` at once) and
 //! drive them with the durable driver, so a restart, or another process on the same
 //! PostgreSQL store, resumes an unfinished run from its journal. The HTTP side never runs
 //! anything itself: it reads and writes the store, and listens to the runs this process

@@ -8,7 +8,7 @@
 //! run's journal (nothing for a new run), goes on live, and hands its events to the
 //! process's [`LiveRuns`](crate::live::LiveRuns) for the SSE streams.
 //!
-//! **Cancel.** A cancel request is stored ([`RunStore::request_cancel`]), so it reaches the
+//! **Cancel.** A cancel request is stored ([`RunQueue::request_cancel`]), so it reaches the
 //! run wherever it executes: this process sets the run's interrupt at once when it runs
 //! here, and every executing run polls its flag every [`CANCEL_POLL`]. The machine stops
 //! at its next instruction; a provider or tool call in progress finishes first.
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aplc_runtime::durable::{self, DurableError};
-use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunStore, StoreError};
+use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunJournal, RunQueue, StoreError};
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
@@ -199,7 +199,7 @@ async fn drive(
         cancel_requested,
     } = claimed;
     let (id, agent, traceparent) = (id.as_str(), agent.as_str(), traceparent.as_deref());
-    let store: &dyn RunStore = &*state.store;
+    let store: &dyn RunJournal = &*state.store;
     let equipment = &*state.equipment;
     tracing::info!(run_id = %id, agent = %agent, "run started");
     let reopened = durable::reopen_claimed(
@@ -353,7 +353,7 @@ impl Relay {
 }
 
 /// Sets `interrupt` once the run's stored cancel flag is set.
-async fn watch_cancel(store: Arc<dyn RunStore>, id: String, interrupt: Interrupt) {
+async fn watch_cancel(store: Arc<dyn RunQueue>, id: String, interrupt: Interrupt) {
     loop {
         tokio::time::sleep(CANCEL_POLL).await;
         match store.queue_entry(&id).await {

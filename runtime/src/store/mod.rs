@@ -214,8 +214,10 @@ pub trait Lease: Send + Sync + std::fmt::Debug {
     fn run_id(&self) -> &str;
 }
 
-/// A run store: SQLite or PostgreSQL behind one interface.
-pub trait RunStore: Send + Sync + std::fmt::Debug {
+/// A run's journal: what a durable run needs (`durable.rs`), and what `aplc runs`
+/// inspects. SQLite and PostgreSQL implement it; so may a wrapper (the bench's timing
+/// store) or an embedder's own store, with no queue.
+pub trait RunJournal: Send + Sync + std::fmt::Debug {
     /// Creates a run and takes its lease. An existing id is an error.
     fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>>;
     /// Takes the lease of an existing, unfinished run, or fails with
@@ -242,17 +244,16 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
     /// Storage the run uses, in bytes (inputs, events, checkpoints), for benches.
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+}
 
-    // The queue of a service (`aplc serve`, spec/serve.md). Runs enter it unstarted and
-    // are claimed by workers; a store that has no queue refuses these.
-
+/// The queue of a service (`aplc serve`, spec/serve.md): only the server needs it. Runs
+/// enter it unstarted and are claimed by workers, which then advance them through the
+/// [`RunJournal`] of the same store.
+pub trait RunQueue: Send + Sync + std::fmt::Debug {
     /// Stores a run as queued, without a lease, and returns its id; or, when the same
     /// agent was given the same idempotency key less than [`IDEMPOTENCY_WINDOW_MS`] ago,
     /// stores nothing and returns the id of the run that key started.
-    fn enqueue<'a>(&'a self, run: QueuedRun) -> BoxFuture<'a, Result<Enqueued, StoreError>> {
-        let _ = run;
-        Box::pin(async { Err(no_queue()) })
-    }
+    fn enqueue<'a>(&'a self, run: QueuedRun) -> BoxFuture<'a, Result<Enqueued, StoreError>>;
 
     /// Claims the oldest unfinished queued run no live worker holds, and takes its lease:
     /// a run never claimed, or one whose worker died. `None` when there is none.
@@ -261,37 +262,31 @@ pub trait RunStore: Send + Sync + std::fmt::Debug {
     /// leases; the runs of dead workers are looked for when there is none, and at most
     /// every [`TAKEOVER_SCAN`] besides, so a backlog of new runs never hides them for long
     /// (spec/serve.md).
-    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Claim>, StoreError>> {
-        Box::pin(async { Err(no_queue()) })
-    }
+    fn claim<'a>(&'a self) -> BoxFuture<'a, Result<Option<Claim>, StoreError>>;
 
     /// Asks for a queued run to be cancelled, wherever it executes: the flag is stored,
-    /// and the worker holding the run sees it ([`RunStore::queue_entry`]).
-    fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
-        let _ = id;
-        Box::pin(async { Err(no_queue()) })
-    }
+    /// and the worker holding the run sees it ([`RunQueue::queue_entry`]).
+    fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// A queued run: its summary, status and queue fields.
-    fn queue_entry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<QueueEntry, StoreError>> {
-        let _ = id;
-        Box::pin(async { Err(no_queue()) })
-    }
+    fn queue_entry<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<QueueEntry, StoreError>>;
 
     /// The number of queued runs in each status, for metrics.
-    fn queue_counts<'a>(&'a self) -> BoxFuture<'a, Result<QueueCounts, StoreError>> {
-        Box::pin(async { Err(no_queue()) })
-    }
+    fn queue_counts<'a>(&'a self) -> BoxFuture<'a, Result<QueueCounts, StoreError>>;
 }
+
+/// A run store with both faces, journal and queue: what [`open`] returns (SQLite and
+/// PostgreSQL have both), for callers that need both from one object (the server's
+/// worker claims from the queue, then advances the run through the journal). Implemented
+/// for every type that has both.
+pub trait RunStore: RunJournal + RunQueue {}
+
+impl<T: RunJournal + RunQueue + ?Sized> RunStore for T {}
 
 /// How long an idempotency key keeps answering with the run it started: 24 hours.
 pub const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
 
-fn no_queue() -> StoreError {
-    StoreError::Database("this store has no run queue".into())
-}
-
-/// A run for the queue: what [`RunStore::create`] stores, and the service's fields.
+/// A run for the queue: what [`RunJournal::create`] stores, and the service's fields.
 #[derive(Debug, Clone)]
 pub struct QueuedRun {
     /// The run, as `create` would store it (`started_at_ms` is the enqueue time).
@@ -304,7 +299,7 @@ pub struct QueuedRun {
     pub traceparent: Option<String>,
 }
 
-/// What [`RunStore::enqueue`] did.
+/// What [`RunQueue::enqueue`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Enqueued {
     /// A new run, queued under this id.
@@ -401,10 +396,10 @@ impl QueueStatus {
 }
 
 /// How often a busy worker's claims also look for the runs of dead workers
-/// ([`RunStore::claim`]).
+/// ([`RunQueue::claim`]).
 pub const TAKEOVER_SCAN: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A run [`RunStore::claim`] handed out: its lease, and what the queue says of it, read in
+/// A run [`RunQueue::claim`] handed out: its lease, and what the queue says of it, read in
 /// the claim's own transaction.
 #[derive(Debug)]
 pub struct Claim {
@@ -417,7 +412,7 @@ pub struct Claim {
     /// The `traceparent` of the request that started it.
     pub traceparent: Option<String>,
     /// The run as stored, read with the claim when it is a new run (nothing journaled),
-    /// so starting it needs no [`RunStore::load`]; `None` for a run taken over, which
+    /// so starting it needs no [`RunJournal::load`]; `None` for a run taken over, which
     /// the caller loads.
     pub loaded: Option<LoadedRun>,
 }

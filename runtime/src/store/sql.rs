@@ -111,7 +111,7 @@ pub(super) enum Scan {
     Abandoned,
 }
 
-/// The scans of one claim, in order ([`RunStore::claim`](super::RunStore::claim)): abandoned runs first when
+/// The scans of one claim, in order ([`RunQueue::claim`](super::RunQueue::claim)): abandoned runs first when
 /// `takeover` is due, after the new ones otherwise. A store runs them in turn until one
 /// finds a run, and calls `takeover.done()` before an abandoned scan.
 pub(super) fn claim_order(takeover: &Every) -> [Scan; 2] {

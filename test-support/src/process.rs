@@ -1,23 +1,49 @@
 //! The `aplc` binary as a child process, for the tests that drive it through its command
 //! line: the repository root, scratch directories, a command with a clean environment,
 //! and the checks on how it ended.
-
-#![allow(dead_code)] // Each test binary uses its own part of this module.
+//!
+//! [`aplc!`](crate::aplc) and [`scratch_in!`](crate::scratch_in) are macros: the binary's
+//! path and the scratch root are known to the test crate that calls them
+//! (`CARGO_BIN_EXE_aplc`, `CARGO_TARGET_TMPDIR`), not to this one.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// The repository's root (fixtures live below it).
+/// The repository's root (fixtures live below it): this crate's parent directory.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A scratch directory `group/name` for one test, emptied first (made writable again
-/// first: a failed run may have left it read-only).
-pub fn scratch_in(group: &str, name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(group)
-        .join(name);
+/// A scratch directory `group/name` for one test under the calling test crate's
+/// `CARGO_TARGET_TMPDIR`, emptied first: [`scratch_dir`] there.
+#[macro_export]
+macro_rules! scratch_in {
+    ($group:expr, $name:expr $(,)?) => {
+        $crate::process::scratch_dir(
+            ::std::path::Path::new(env!("CARGO_TARGET_TMPDIR")),
+            $group,
+            $name,
+        )
+    };
+}
+
+/// `aplc ARGS` in `dir` with the calling test crate's `aplc` binary
+/// (`CARGO_BIN_EXE_aplc`): [`command`] with that binary.
+#[macro_export]
+macro_rules! aplc {
+    ($dir:expr, $args:expr $(,)?) => {
+        $crate::process::command(
+            ::std::path::Path::new(env!("CARGO_BIN_EXE_aplc")),
+            $dir,
+            $args,
+        )
+    };
+}
+
+/// A scratch directory `group/name` below `tmp` for one test, emptied first (made
+/// writable again first: a failed run may have left it read-only).
+pub fn scratch_dir(tmp: &Path, group: &str, name: &str) -> PathBuf {
+    let dir = tmp.join(group).join(name);
     if dir.exists() {
         let _ = Command::new("chmod").args(["-R", "u+w"]).arg(&dir).status();
     }
@@ -26,9 +52,10 @@ pub fn scratch_in(group: &str, name: &str) -> PathBuf {
     dir
 }
 
-/// `aplc ARGS` in `dir`, with no store or key from the test's own environment.
-pub fn aplc(dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_aplc"));
+/// `BINARY ARGS` (the `aplc` binary) in `dir`, with no store or key from the test's own
+/// environment.
+pub fn command(binary: &Path, dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(binary);
     command
         .current_dir(dir)
         .args(args)

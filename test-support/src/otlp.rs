@@ -19,13 +19,17 @@ use prost::Message;
 /// One request as received.
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// The request's path (`/v1/traces`, `/v1/metrics`).
     pub path: String,
+    /// Its headers, names in lower case.
     pub headers: HashMap<String, String>,
+    /// Its body.
     pub body: Vec<u8>,
 }
 
 /// The receiver; it stops accepting when the test process ends.
 pub struct Receiver {
+    /// The port it listens on, on 127.0.0.1.
     pub port: u16,
     received: Arc<Mutex<Vec<Received>>>,
 }

@@ -13,9 +13,6 @@
 //!
 //! If the server cannot be started, [`shared`] panics with what is missing: Postgres
 //! tests fail loudly, never skip.
-//!
-//! Include it with `#[path = "…/runtime/tests/support/pg.rs"] mod pg;`.
-#![allow(dead_code)] // Each including test binary uses a different part.
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};

@@ -1,0 +1,168 @@
+//! The journal ([`RunJournal`]): creates and appends go to the writer task, leases to
+//! the lock task, reads are single statements on the reader connection.
+
+use super::writer::Work;
+use super::{PgStore, SUMMARY_COLUMNS, read_summary, summary_row};
+use crate::driver::BoxFuture;
+use crate::store::{
+    Batch, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
+    StoredCheckpoint, count, db_int, json_column,
+};
+
+impl RunJournal for PgStore {
+    fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        Box::pin(async move {
+            let lease = self.lock(&run.id).await?;
+            self.write(Work::Create(run)).await?;
+            Ok(Box::new(lease) as Box<dyn Lease>)
+        })
+    }
+
+    fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        Box::pin(async move {
+            // Locked first, then checked: a run that finishes in between is seen finished.
+            let lease = self.lock(id).await?;
+            if self.summary(id).await?.state == RunState::Finished {
+                return Err(StoreError::Finished(id.to_string()));
+            }
+            Ok(Box::new(lease) as Box<dyn Lease>)
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        lease: &'a dyn Lease,
+        batch: Batch,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let id = lease.run_id().to_string();
+        Box::pin(async move { self.write(Work::Append(id, batch)).await })
+    }
+
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
+        Box::pin(async move {
+            // One statement, so one snapshot and one round trip (a claim's load waits for
+            // no other read's transaction).
+            let row = self
+                .read_one(
+                    &format!(
+                        "SELECT {SUMMARY_COLUMNS}, b.bytes, runs.options,
+                                c.inputs, c.starts, c.histories, c.states,
+                                (SELECT array_agg(i.bytes ORDER BY i.seq) FROM inputs i
+                                 WHERE i.run_id = runs.id
+                                   AND i.seq >= COALESCE((SELECT k.inputs FROM checkpoints k
+                                                          WHERE k.run_id = runs.id
+                                                          ORDER BY k.seq DESC LIMIT 1), 0))
+                         FROM runs
+                         LEFT JOIN bundles b ON b.hash = runs.bundle_hash
+                         CROSS JOIN LATERAL (
+                             SELECT array_agg(k.inputs ORDER BY k.seq) AS inputs,
+                                    array_agg(k.history_start ORDER BY k.seq) AS starts,
+                                    array_agg(k.history ORDER BY k.seq) AS histories,
+                                    array_agg(k.state ORDER BY k.seq) AS states
+                             FROM checkpoints k WHERE k.run_id = runs.id) c
+                         WHERE runs.id = $1"
+                    ),
+                    id,
+                )
+                .await?;
+            let summary = summary_row(&row)?;
+            let bundle: Vec<u8> = row.get::<_, Option<Vec<u8>>>(10).ok_or_else(|| {
+                StoreError::Corrupt(format!("the bundle of run `{id}` is missing"))
+            })?;
+            let options: String = row.get(11);
+            let counts: Vec<i64> = row.get::<_, Option<_>>(12).unwrap_or_default();
+            let starts: Vec<i64> = row.get::<_, Option<_>>(13).unwrap_or_default();
+            let histories: Vec<Vec<u8>> = row.get::<_, Option<_>>(14).unwrap_or_default();
+            let states: Vec<Option<Vec<u8>>> = row.get::<_, Option<_>>(15).unwrap_or_default();
+            let checkpoints = counts
+                .into_iter()
+                .zip(starts)
+                .zip(histories.into_iter().zip(states))
+                .map(|((inputs, start), (history, state))| {
+                    Ok(StoredCheckpoint {
+                        inputs: count(inputs, "checkpoint input count")?,
+                        history_start: count(start, "checkpoint history start")?,
+                        history,
+                        state,
+                    })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            let inputs: Vec<Vec<u8>> = row.get::<_, Option<_>>(16).unwrap_or_default();
+            Ok(LoadedRun {
+                events: summary.events,
+                options: json_column(&options, "the run options")?,
+                summary,
+                bundle,
+                checkpoints,
+                inputs,
+            })
+        })
+    }
+
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
+        Box::pin(async move {
+            let client = &self.reader;
+            client
+                .query(
+                    &format!(
+                        "SELECT {SUMMARY_COLUMNS} FROM runs ORDER BY started_at_ms DESC, id DESC"
+                    ),
+                    &[],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .iter()
+                .map(summary_row)
+                .collect()
+        })
+    }
+
+    fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
+        Box::pin(async move {
+            let client = &self.reader;
+            read_summary(&self.url, client, id).await
+        })
+    }
+
+    fn events<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let client = &self.reader;
+            read_summary(&self.url, client, id).await?;
+            Ok(client
+                .query(
+                    "SELECT json FROM events WHERE run_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+                    &[&id, &db_int(from), &db_int(limit)],
+                )
+                .await
+                .map_err(|e| self.error(e))?
+                .into_iter()
+                .map(|row| row.get(0))
+                .collect())
+        })
+    }
+
+    fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let client = &self.reader;
+            read_summary(&self.url, client, id).await?;
+            let row = client
+                .query_one(
+                    "SELECT (
+                       (SELECT COALESCE(SUM(octet_length(bytes)), 0) FROM inputs WHERE run_id = $1)
+                     + (SELECT COALESCE(SUM(octet_length(json)), 0) FROM events WHERE run_id = $1)
+                     + (SELECT COALESCE(SUM(octet_length(history) + COALESCE(octet_length(state), 0)), 0)
+                          FROM checkpoints WHERE run_id = $1)
+                     )::BIGINT",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            count(row.get(0), "byte count")
+        })
+    }
+}

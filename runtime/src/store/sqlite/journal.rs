@@ -1,0 +1,210 @@
+//! The journal ([`RunJournal`]): creates, acquires and appends go to the writer thread,
+//! reads to the reading connection.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{Job, SqliteStore, db_error};
+use crate::driver::BoxFuture;
+use crate::store::{
+    Batch, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
+    StoredCheckpoint, count, db_int, json_column,
+};
+
+impl RunJournal for SqliteStore {
+    fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        Box::pin(async move {
+            let id = run.id.clone();
+            let lease = self
+                .lease(&id, |lessee, reply| Job::Create(run, lessee, reply))
+                .await?;
+            Ok(Box::new(lease) as Box<dyn Lease>)
+        })
+    }
+
+    fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        Box::pin(async move {
+            // Locked first, then checked: a run that finishes in between is seen finished.
+            let lease = self
+                .lease(id, |lessee, reply| {
+                    Job::Acquire(id.to_string(), lessee, reply)
+                })
+                .await?;
+            let summary = self.summary(id).await?;
+            if summary.state == RunState::Finished {
+                return Err(StoreError::Finished(id.to_string()));
+            }
+            Ok(Box::new(lease) as Box<dyn Lease>)
+        })
+    }
+
+    fn append<'a>(
+        &'a self,
+        lease: &'a dyn Lease,
+        batch: Batch,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        let id = lease.run_id().to_string();
+        Box::pin(async move { self.write(|reply| Job::Append(id, batch, reply)).await })
+    }
+
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
+        let id = id.to_string();
+        Box::pin(self.read(move |conn| {
+            // One read transaction: a consistent snapshot of the run.
+            let tx = conn.transaction().map_err(db_error)?;
+            let loaded = load_run(&tx, &id);
+            tx.finish().map_err(db_error)?;
+            loaded
+        }))
+    }
+
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
+        Box::pin(self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT {SUMMARY_COLUMNS} FROM runs ORDER BY started_at_ms DESC, id DESC"
+                ))
+                .map_err(db_error)?;
+            let rows = stmt.query_map([], summary_row).map_err(db_error)?;
+            rows.map(|row| row.map_err(db_error)?).collect()
+        }))
+    }
+
+    fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
+        let id = id.to_string();
+        Box::pin(self.read(move |conn| read_summary(conn, &id)))
+    }
+
+    fn events<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        let id = id.to_string();
+        Box::pin(self.read(move |conn| {
+            read_summary(conn, &id)?;
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT json FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3",
+                )
+                .map_err(db_error)?;
+            let rows = stmt
+                .query_map(params![id, db_int(from), db_int(limit)], |row| row.get(0))
+                .map_err(db_error)?;
+            rows.map(|row| row.map_err(db_error)).collect()
+        }))
+    }
+
+    fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let id = id.to_string();
+        Box::pin(self.read(move |conn| {
+            read_summary(conn, &id)?;
+            let bytes: i64 = conn
+                .query_row(
+                    "SELECT
+                       (SELECT COALESCE(SUM(length(bytes)), 0) FROM inputs WHERE run_id = ?1)
+                     + (SELECT COALESCE(SUM(length(CAST(json AS BLOB))), 0) FROM events WHERE run_id = ?1)
+                     + (SELECT COALESCE(SUM(length(history) + COALESCE(length(state), 0)), 0)
+                          FROM checkpoints WHERE run_id = ?1)",
+                    params![id],
+                    |row| row.get(0),
+                )
+                .map_err(db_error)?;
+            count(bytes, "byte count")
+        }))
+    }
+}
+
+/// The columns [`summary_row`] reads, in order.
+const SUMMARY_COLUMNS: &str = "id, agent, bundle_hash, state, steps, started_at_ms, updated_at_ms, \
+     input_count, event_count, outcome";
+
+fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<RunSummary, StoreError>> {
+    let state: String = row.get(3)?;
+    let steps: i64 = row.get(4)?;
+    let inputs: i64 = row.get(7)?;
+    let events: i64 = row.get(8)?;
+    let outcome: Option<String> = row.get(9)?;
+    let summary = (|| {
+        Ok(RunSummary {
+            id: row.get(0).map_err(db_error)?,
+            agent: row.get(1).map_err(db_error)?,
+            bundle_hash: row.get(2).map_err(db_error)?,
+            state: RunState::from_column(&state)?,
+            steps: count(steps, "step count")?,
+            started_at_ms: row.get(5).map_err(db_error)?,
+            updated_at_ms: row.get(6).map_err(db_error)?,
+            inputs: count(inputs, "input count")?,
+            events: count(events, "event count")?,
+            outcome: outcome
+                .as_deref()
+                .map(|o| json_column(o, "the outcome"))
+                .transpose()?,
+        })
+    })();
+    Ok(summary)
+}
+
+pub(super) fn read_summary(conn: &Connection, id: &str) -> Result<RunSummary, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(&format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = ?1"))
+        .map_err(db_error)?;
+    stmt.query_row(params![id], summary_row)
+        .optional()
+        .map_err(db_error)?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))?
+}
+
+pub(super) fn load_run(conn: &Connection, id: &str) -> Result<LoadedRun, StoreError> {
+    let summary = read_summary(conn, id)?;
+    let (bundle, options): (Vec<u8>, String) = conn
+        .query_row(
+            "SELECT b.bytes, r.options FROM runs r JOIN bundles b ON b.hash = r.bundle_hash
+             WHERE r.id = ?1",
+            params![id],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
+        .map_err(db_error)?
+        .ok_or_else(|| StoreError::Corrupt(format!("the bundle of run `{id}` is missing")))?;
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT inputs, history_start, history, state FROM checkpoints
+             WHERE run_id = ?1 ORDER BY seq",
+        )
+        .map_err(db_error)?;
+    let checkpoints = stmt
+        .query_map(params![id], |row| {
+            let inputs: i64 = row.get(0)?;
+            let history_start: i64 = row.get(1)?;
+            Ok((inputs, history_start, row.get(2)?, row.get(3)?))
+        })
+        .map_err(db_error)?
+        .map(|row| {
+            let (inputs, history_start, history, state) = row.map_err(db_error)?;
+            Ok(StoredCheckpoint {
+                inputs: count(inputs, "checkpoint input count")?,
+                history_start: count(history_start, "checkpoint history start")?,
+                history,
+                state,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let after = checkpoints.last().map_or(0, |c| c.inputs);
+    let mut stmt = conn
+        .prepare_cached("SELECT bytes FROM inputs WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq")
+        .map_err(db_error)?;
+    let inputs = stmt
+        .query_map(params![id, db_int(after)], |row| row.get(0))
+        .map_err(db_error)?
+        .map(|row| row.map_err(db_error))
+        .collect::<Result<Vec<Vec<u8>>, StoreError>>()?;
+    Ok(LoadedRun {
+        events: summary.events,
+        options: json_column(&options, "the run options")?,
+        summary,
+        bundle,
+        checkpoints,
+        inputs,
+    })
+}
