@@ -60,7 +60,7 @@ pub use exchange::{
 pub use interrupt::{Interrupt, InterruptReason};
 pub use jinja2::{JINJA2_FILTERS, JINJA2_GLOBALS, JINJA2_TESTS, percent_format};
 pub use machine::{
-    Action, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,
+    Action, Expecting, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,
 };
 pub use run::{DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError, RunErrorKind, RunOptions};
 pub mod names;
