@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 use aplc_runtime::driver::{BoxFuture, CallContext, DeltaSink, Provider};
 use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
 use aplc_runtime::routing::Router;
+use aplc_runtime::session::{DeltaStamp, Next, RunSession, Timebase, relay_deltas};
 use aplc_runtime::{DeltaRedactor, Redactor, Secrets};
 use aplc_vm::tools::{ToolRegistry, ToolSpec};
 use aplc_vm::{
-    Action, Completion, Event, EventKind, Interrupt, Machine, Program, ProviderError,
-    ProviderErrorKind, ProviderRequest, RunOptions, RunOutcome,
+    Action, Completion, Event, Interrupt, Machine, Program, ProviderError, ProviderErrorKind,
+    ProviderRequest, RunOptions, RunOutcome,
 };
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -140,23 +141,19 @@ pub(crate) struct NativeRun {
 /// A run in progress.
 struct State {
     /// `None` once the run has finished and its outcome was handed over.
-    machine: Option<Machine>,
+    session: Option<RunSession<'static>>,
+    /// The events the session made since the facade last took them (redacted JSON);
+    /// `None` when nobody listens.
+    events: Option<Arc<Mutex<Vec<Json>>>>,
     /// What [`NativeRun::answer`] answers.
     waiting: Waiting,
-    clock: Clock,
     /// The models with a Python provider.
     models: HashSet<String>,
     fallback: Fallback,
     /// Every secret the run knows: the final context, errors, events and tool results
     /// are redacted with it.
     redactor: Redactor,
-    events: bool,
     on_delta: Option<Py<PyAny>>,
-    /// The `seq` and step of the last `provider_call` event: a Rust provider's deltas
-    /// belong to it.
-    call: (u64, String),
-    /// Sets the machine's deadline flag at the deadline, even in the middle of a render.
-    _watchdog: aplc_runtime::watchdog::Armed,
 }
 
 /// The action the facade is performing.
@@ -170,36 +167,8 @@ enum Waiting {
     Rust,
 }
 
-/// The run's clock: machine time is the time since the run began.
-struct Clock {
-    start: Instant,
-    deadline: Duration,
-}
-
-/// Stands in for a deadline too far away to represent (a timeout of years).
-const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-
 /// How many deltas of a Rust provider wait for the loop before the provider waits.
 const DELTA_QUEUE: usize = 32;
-
-impl Clock {
-    fn now(&self) -> Duration {
-        self.start.elapsed()
-    }
-
-    /// The deadline on the real clock.
-    fn deadline_instant(&self) -> Instant {
-        self.start
-            .checked_add(self.deadline.min(FAR_FUTURE))
-            .unwrap_or(self.start)
-    }
-
-    /// The time to report a timeout at: the timer fired at the deadline, so that is the
-    /// earliest "now".
-    fn timed_out_at(&self) -> Duration {
-        self.now().max(self.deadline)
-    }
-}
 
 impl NativeRun {
     fn new(py: Python<'_>, program: Arc<Program>, config: RunConfig) -> PyResult<NativeRun> {
@@ -256,24 +225,25 @@ impl NativeRun {
 
         let interrupt = options.interrupt.clone();
         let machine = Machine::new(program, options);
-        let clock = Clock {
-            start: Instant::now(),
-            deadline: machine.deadline(),
-        };
-        let watchdog =
-            aplc_runtime::watchdog::arm(clock.deadline_instant(), machine.deadline_flag());
+        // The session hands its events to the buffer, redacted; `next` turns them into
+        // Python objects with each action.
+        let events = config.events.then(|| Arc::new(Mutex::new(Vec::new())));
+        let observer = events.clone().map(|buffer| {
+            let redactor = redactor.clone();
+            Box::new(move |event: &Event| {
+                let json = redactor.redact_json(event.to_json());
+                buffer.lock().unwrap_or_else(|e| e.into_inner()).push(json);
+            }) as aplc_runtime::session::Observer<'static>
+        });
         Ok(NativeRun {
             state: Mutex::new(State {
-                machine: Some(machine),
+                session: Some(RunSession::new(machine, observer)),
+                events,
                 waiting: Waiting::Nothing,
-                clock,
                 models: config.models.into_iter().collect(),
                 fallback,
                 redactor,
-                events: config.events,
                 on_delta: config.on_delta,
-                call: (0, String::new()),
-                _watchdog: watchdog,
             }),
             interrupt,
         })
@@ -307,18 +277,17 @@ impl NativeRun {
         let mut guard = self.lock();
         let state = &mut *guard;
         let waiting = std::mem::replace(&mut state.waiting, Waiting::Nothing);
-        let Some(machine) = state.machine.as_mut() else {
+        let Some(session) = state.session.as_mut() else {
             return Err(finished());
         };
-        let now = state.clock.now();
         match waiting {
             Waiting::Provider => {
                 let result = provider_result(kind, payload, &state.redactor)?;
-                machine.handle_provider_response(now, result);
+                session.answer_provider(result);
             }
             Waiting::Tool => {
                 let result = tool_result(kind, payload, &state.redactor)?;
-                machine.handle_tool_result(now, result);
+                session.answer_tool(result);
             }
             Waiting::Rust => {
                 let answer = payload.cast::<RustAnswer>()?;
@@ -330,8 +299,8 @@ impl NativeRun {
                     .take()
                     .flatten();
                 match result {
-                    Some(result) => machine.handle_provider_response(now, result),
-                    None => machine.handle_timeout(state.clock.timed_out_at()),
+                    Some(result) => session.answer_provider(result),
+                    None => session.time_out(),
                 }
             }
             Waiting::Nothing => {
@@ -349,12 +318,7 @@ impl NativeRun {
         let mut guard = self.lock();
         let state = &mut *guard;
         state.waiting = Waiting::Nothing;
-        let at = state.clock.timed_out_at();
-        state
-            .machine
-            .as_mut()
-            .ok_or_else(finished)?
-            .handle_timeout(at);
+        state.session.as_mut().ok_or_else(finished)?.time_out();
         state.next(py)
     }
 
@@ -362,11 +326,9 @@ impl NativeRun {
     fn remaining(&self) -> f64 {
         let state = self.lock();
         state
-            .clock
-            .deadline
-            .min(FAR_FUTURE)
-            .saturating_sub(state.clock.now())
-            .as_secs_f64()
+            .session
+            .as_ref()
+            .map_or(0.0, |session| session.clock().remaining().as_secs_f64())
     }
 
     /// Cancels the run: it stops at its next instruction.
@@ -388,19 +350,16 @@ fn finished() -> PyErr {
 impl State {
     /// Polls the machine to the next action the facade must perform.
     fn next<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let list = self.events.then(|| PyList::empty(py));
+        let list = self.events.is_some().then(|| PyList::empty(py));
         loop {
-            let Some(machine) = self.machine.as_mut() else {
+            let Some(session) = self.session.as_mut() else {
                 return Err(finished());
             };
-            let now = self.clock.now();
-            let action = py.detach(|| machine.poll(now));
-            if let Some(list) = &list {
-                for event in machine.drain_events() {
-                    if let EventKind::ProviderCall { step, .. } = &event.kind {
-                        self.call = (event.seq, step.clone());
-                    }
-                    list.append(json_to_py(py, &self.redactor.redact_json(event.to_json()))?)?;
+            let Next { action, .. } = py.detach(|| session.next_action());
+            if let (Some(list), Some(buffer)) = (&list, &self.events) {
+                let events = std::mem::take(&mut *buffer.lock().unwrap_or_else(|e| e.into_inner()));
+                for event in &events {
+                    list.append(json_to_py(py, event)?)?;
                 }
             }
             let events = || -> Bound<'py, PyAny> {
@@ -412,10 +371,10 @@ impl State {
             match action {
                 Action::Continue => continue,
                 Action::Done => {
-                    let Some(machine) = self.machine.take() else {
+                    let Some(session) = self.session.take() else {
                         return Err(finished());
                     };
-                    let outcome = machine.into_outcome();
+                    let (outcome, _) = session.finish();
                     let context = outcome_to_py(py, &outcome, &self.redactor)?;
                     let error = match &outcome.error {
                         Some(error) => (
@@ -502,12 +461,10 @@ impl State {
 
     /// Hands the machine a Rust provider's result (`None`: the deadline came first).
     fn handle_rust(&mut self, result: Option<Result<Completion, ProviderError>>) {
-        let now = self.clock.now();
-        let timed_out_at = self.clock.timed_out_at();
-        if let Some(machine) = self.machine.as_mut() {
+        if let Some(session) = self.session.as_mut() {
             match result {
-                Some(result) => machine.handle_provider_response(now, result),
-                None => machine.handle_timeout(timed_out_at),
+                Some(result) => session.answer_provider(result),
+                None => session.time_out(),
             }
         }
     }
@@ -523,15 +480,15 @@ impl State {
         provider: Arc<dyn Provider>,
         request: Box<ProviderRequest>,
     ) -> PyResult<RustCall<'py>> {
-        let deadline = self.clock.deadline_instant();
-        let relay = match (&self.on_delta, self.events) {
-            (Some(callback), true) => Some(Arc::new(Relay {
+        let session = self.session.as_ref().ok_or_else(finished)?;
+        let deadline = session.clock().deadline();
+        let relay = match (&self.on_delta, &self.events) {
+            (Some(callback), Some(_)) => Some(Arc::new(Relay {
                 sink: Mutex::new(RelaySink::Buffer(Vec::new())),
                 callback: callback.clone_ref(py),
-                seq: self.call.0,
-                step: self.call.1.clone(),
+                stamp: session.stamp().clone(),
                 redactor: self.redactor.clone(),
-                start: self.clock.start,
+                time: session.clock().timebase(),
             })),
             _ => None,
         };
@@ -587,10 +544,10 @@ pub(crate) struct RustAnswer(Mutex<Option<Option<Result<Completion, ProviderErro
 struct Relay {
     sink: Mutex<RelaySink>,
     callback: Py<PyAny>,
-    seq: u64,
-    step: String,
+    /// The provider call the deltas belong to.
+    stamp: DeltaStamp,
     redactor: Redactor,
-    start: Instant,
+    time: Timebase,
 }
 
 /// Where a [`Relay`] sends events.
@@ -658,27 +615,13 @@ async fn complete(
     // A call's deltas are redacted as one text: a key cut across two is caught too.
     let mut deltas = DeltaRedactor::new(relay.redactor.clone());
     let mut index = 0u64;
-    let mut emit = |text: String| {
-        let event =
-            Event::provider_delta(relay.seq, relay.start.elapsed(), &relay.step, index, text);
+    let emit = |text: String| {
+        let event = relay.stamp.event(relay.time.now(), index, text);
         index += 1;
         deltas.on_event(&event, |event| relay.send(event));
     };
     let answer = tokio::time::timeout_at(timer, provider.complete(request, &call));
-    tokio::pin!(answer);
-    let result = loop {
-        tokio::select! {
-            biased;
-            result = &mut answer => {
-                // What the provider sent before it returned is still queued.
-                while let Ok(text) = receiver.try_recv() {
-                    emit(text);
-                }
-                break result.ok();
-            }
-            Some(text) = receiver.recv() => emit(text),
-        }
-    };
+    let result = relay_deltas(answer, &mut receiver, emit).await.ok();
     deltas.finish(|event| relay.send(event));
     result
 }

@@ -13,9 +13,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value as Json;
 
 use crate::redact::Redactor;
+pub use crate::session::Listener;
+use crate::session::{Next, Observer, RunClock, RunSession, Stopped};
+use crate::store::Batch;
 use aplc_vm::Program;
 use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
-use aplc_vm::{Action, Event, EventKind, Machine, RunOptions, RunOutcome};
+use aplc_vm::{Action, Machine, RunOptions, RunOutcome};
 use aplc_vm::{Completion, ProviderError, ProviderRequest, ScriptedProvider};
 
 /// A boxed, sendable future.
@@ -47,9 +50,6 @@ impl CallContext {
         self
     }
 }
-
-/// How many deltas wait between a provider and a listener before the provider waits.
-const DELTA_QUEUE: usize = 32;
 
 /// The sending end of a provider call's text deltas: a bounded channel, so a slow
 /// listener slows the stream (and the run) instead of growing a buffer.
@@ -85,15 +85,6 @@ pub trait Provider: Send + Sync {
         None
     }
 }
-
-/// Receives a run's events, in order, on the driver's task (see `spec/events.md`).
-///
-/// A callback rather than a channel: it costs nothing per event beyond the call, it keeps
-/// the order without a queue, and it is where backpressure belongs (a slow listener slows
-/// the run instead of growing a buffer). An embedder that wants a channel sends from it:
-/// `&mut |event: &Event| { let _ = tx.send(event.clone()); }`. It should be quick: the
-/// run waits for it, and the run's timeout keeps counting.
-pub type Listener<'a> = &'a mut (dyn FnMut(&Event) + Send);
 
 /// A shared provider is a provider: an embedder keeps a handle on it (to inspect or
 /// configure it) while a run uses it.
@@ -339,7 +330,7 @@ pub async fn run_with_tools(
     toolbox: &Toolbox,
 ) -> RunOutcome {
     options.events = false;
-    drive(program, options, provider, toolbox, None).await
+    drive_in_memory(program, options, provider, toolbox, None).await
 }
 
 /// [`run_with_tools`], handing every event of the run to `listener` as it happens
@@ -354,223 +345,109 @@ pub async fn run_with_listener(
     listener: Listener<'_>,
 ) -> RunOutcome {
     options.events = true;
-    drive(program, options, provider, toolbox, Some(listener)).await
+    drive_in_memory(program, options, provider, toolbox, Some(listener)).await
 }
 
-async fn drive(
+async fn drive_in_memory(
     program: Arc<Program>,
     mut options: RunOptions,
     provider: &dyn Provider,
     toolbox: &Toolbox,
-    mut listener: Option<Listener<'_>>,
+    listener: Option<Listener<'_>>,
 ) -> RunOutcome {
     options.tools = toolbox.registry();
-    let mut machine = Machine::new(program, options);
-    let clock = RunClock::start(&machine, Duration::ZERO);
-    let mut relay = listener.as_ref().map(|_| DeltaRelay::new(&clock));
-    let deliver = |machine: &mut Machine,
-                   listener: &mut Option<Listener<'_>>,
-                   relay: &mut Option<DeltaRelay>| {
-        if let (Some(listener), Some(relay)) = (listener.as_mut(), relay.as_mut()) {
-            machine.drain_events().for_each(|event| {
-                relay.saw(&event);
-                listener(&event);
-            });
-        }
-    };
-    deliver(&mut machine, &mut listener, &mut relay);
+    let machine = Machine::new(program, options);
+    let observer = listener.map(|listener| Box::new(listener) as Observer<'_>);
+    let Ok(outcome) = drive(
+        RunSession::new(machine, observer),
+        provider,
+        toolbox,
+        &InMemory,
+    )
+    .await;
+    outcome
+}
+
+/// Where a run's journal goes: nowhere for an in-memory run, the run's store for a
+/// durable one ([`crate::durable`]).
+pub(crate) trait Journal {
+    /// Why a commit failed.
+    type Error;
+
+    /// Commits `batch` (nothing to do for `None`).
+    fn commit(&self, batch: Option<Batch>) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// The journal of an in-memory run: it keeps nothing, and its session records nothing.
+struct InMemory;
+
+impl Journal for InMemory {
+    type Error = std::convert::Infallible;
+
+    async fn commit(&self, _batch: Option<Batch>) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// The one loop that drives a run: asks the session for its next action, performs it
+/// with `provider` or `toolbox`, and hands the answer back, until the run is done.
+///
+/// A durable session's journal is committed where the contract needs it
+/// (`spec/durability.md`): while a provider call is out (its latency hides the commit;
+/// both are awaited before the answer goes in: a crash before the commit ends loses the
+/// previous answer too, and a resume asks for it again), before a tool runs (so a tool in
+/// flight at a crash is known to be in flight), as soon as its result is back, and with
+/// the outcome at the end. A tool call that was in flight at a crash runs again only if
+/// the tool is idempotent; otherwise it resolves as a failed call.
+pub(crate) async fn drive<J: Journal + Sync>(
+    mut session: RunSession<'_>,
+    provider: &dyn Provider,
+    toolbox: &Toolbox,
+    journal: &J,
+) -> Result<RunOutcome, J::Error> {
     loop {
-        let action = machine.poll(clock.now());
-        deliver(&mut machine, &mut listener, &mut relay);
+        let Next { action, in_flight } = session.next_action();
         match action {
             Action::CallProvider(request) => {
-                let relayed = relay.as_mut().zip(listener.as_mut());
-                match call_provider(provider, &request, &clock, relayed).await {
-                    Ok(result) => machine.handle_provider_response(clock.now(), result),
-                    Err(Stopped::Deadline) => machine.handle_timeout(clock.timed_out_at()),
-                    Err(Stopped::Interrupted) => {}
+                let batch = session.batch();
+                let (committed, answer) = tokio::join!(
+                    journal.commit(batch),
+                    session.call_provider(provider, &request),
+                );
+                committed?;
+                session.provider_answered(answer);
+            }
+            Action::CallTool(invocation) => {
+                if in_flight && !toolbox.is_idempotent(&invocation.name) {
+                    session.answer_tool(Err(crate::durable::INTERRUPTED_TOOL.to_string()));
+                    journal.commit(session.batch()).await?;
+                    continue;
+                }
+                journal.commit(session.batch()).await?;
+                let answer = toolbox.run(&invocation, session.clock()).await;
+                let returned = answer.is_ok();
+                session.tool_answered(answer);
+                if returned {
+                    journal.commit(session.batch()).await?;
                 }
             }
-            Action::CallTool(invocation) => match toolbox.run(&invocation, &clock).await {
-                Ok(result) => machine.handle_tool_result(clock.now(), result),
-                Err(Stopped::Deadline) => machine.handle_timeout(clock.timed_out_at()),
-                Err(Stopped::Interrupted) => {}
-            },
-            Action::Continue => continue,
-            Action::Done => return machine.into_outcome(),
-        }
-        deliver(&mut machine, &mut listener, &mut relay);
-    }
-}
-
-/// Carries a run's text deltas from its provider calls to its listener as
-/// `provider_delta` events. One per run that has a listener: a run without one builds
-/// no channel and sends its providers no sink.
-pub(crate) struct DeltaRelay {
-    receiver: tokio::sync::mpsc::Receiver<String>,
-    /// The run's call context, with the sending end.
-    call: CallContext,
-    /// The `seq` and step of the last `provider_call` seen.
-    seq: u64,
-    step: String,
-}
-
-impl DeltaRelay {
-    pub(crate) fn new(clock: &RunClock) -> DeltaRelay {
-        let (sink, receiver) = DeltaSink::channel(DELTA_QUEUE);
-        DeltaRelay {
-            receiver,
-            call: clock.call().clone().with_deltas(sink),
-            seq: 0,
-            step: String::new(),
-        }
-    }
-
-    /// Notes the call the next deltas belong to.
-    pub(crate) fn saw(&mut self, event: &Event) {
-        if let EventKind::ProviderCall { step, .. } = &event.kind {
-            self.seq = event.seq;
-            self.step.clone_from(step);
-        }
-    }
-}
-
-/// Calls `provider` until the run's deadline or cancel (then why it stopped). With a relay,
-/// the provider gets its sink, and every delta it sends reaches the listener, in order,
-/// before the answer goes back to the machine.
-pub(crate) async fn call_provider(
-    provider: &dyn Provider,
-    request: &ProviderRequest,
-    clock: &RunClock,
-    relayed: Option<(&mut DeltaRelay, &mut Listener<'_>)>,
-) -> Result<Result<Completion, ProviderError>, Stopped> {
-    let Some((relay, listener)) = relayed else {
-        return clock
-            .until_stopped(provider.complete(request, clock.call()))
-            .await;
-    };
-    let DeltaRelay {
-        receiver,
-        call,
-        seq,
-        step,
-    } = relay;
-    let mut index = 0u64;
-    let mut emit = |text: String| {
-        listener(&Event::provider_delta(*seq, clock.now(), step, index, text));
-        index += 1;
-    };
-    let answer = clock.until_stopped(provider.complete(request, call));
-    tokio::pin!(answer);
-    loop {
-        tokio::select! {
-            biased;
-            result = &mut answer => {
-                // What the provider sent before it returned is still queued.
-                while let Ok(text) = receiver.try_recv() {
-                    emit(text);
-                }
-                return result;
+            Action::Continue => {}
+            Action::Done => {
+                let (outcome, batch) = session.finish();
+                journal.commit(batch).await?;
+                return Ok(outcome);
             }
-            Some(text) = receiver.recv() => emit(text),
         }
     }
 }
-
-/// A run's clock and deadline, as a driver keeps them.
-///
-/// The machine's time is `offset` (where a resumed run left off; zero for a new one)
-/// plus the time since the clock started, on tokio's clock, which the timers use too
-/// (and which tests can pause and advance).
-pub(crate) struct RunClock {
-    start: tokio::time::Instant,
-    offset: Duration,
-    /// The run's deadline on tokio's clock, for timers.
-    deadline: tokio::time::Instant,
-    /// The same deadline in machine time.
-    machine_deadline: Duration,
-    call: CallContext,
-    /// The embedder's cancel flag ([`Machine::cancel_flag`]).
-    cancel: aplc_vm::Interrupt,
-    _watchdog: crate::watchdog::Armed,
-}
-
-/// Why an awaited call did not finish: it was dropped, and the machine must hear why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stopped {
-    /// The run's deadline came first: [`Machine::handle_timeout`], journaled.
-    Deadline,
-    /// The run was cancelled (or its embedder set the flag): nothing is handed in or
-    /// journaled for the call; the next [`Machine::poll`] ends the run as the flag says.
-    Interrupted,
-}
-
-impl RunClock {
-    /// Starts the clock of `machine`, which reads `offset` now, and arms its watchdog.
-    pub(crate) fn start(machine: &Machine, offset: Duration) -> RunClock {
-        let start = tokio::time::Instant::now();
-        let remaining = machine.deadline().saturating_sub(offset);
-        let deadline = start
-            .checked_add(remaining)
-            .unwrap_or_else(|| start + FAR_FUTURE);
-        // A render blocks this thread, and on a current-thread runtime no tokio timer can
-        // fire meanwhile: a watchdog thread sets the run's interrupt flag at the deadline.
-        // It counts on the real clock from now, so a test's paused tokio clock cannot make
-        // it fire early or late by more than the test's own drift.
-        let watch_at = Instant::now()
-            .checked_add(remaining)
-            .unwrap_or_else(|| Instant::now() + FAR_FUTURE);
-        RunClock {
-            start,
-            offset,
-            deadline,
-            machine_deadline: machine.deadline(),
-            call: CallContext::new(deadline.into_std()),
-            cancel: machine.cancel_flag().clone(),
-            _watchdog: crate::watchdog::arm(watch_at, machine.deadline_flag()),
-        }
-    }
-
-    /// The machine's time now.
-    pub(crate) fn now(&self) -> Duration {
-        self.offset + self.start.elapsed()
-    }
-
-    /// The time to report a timeout at: the timer fired at the deadline, so that is the
-    /// earliest "now".
-    pub(crate) fn timed_out_at(&self) -> Duration {
-        self.now().max(self.machine_deadline)
-    }
-
-    /// What a provider call needs to know of the run.
-    pub(crate) fn call(&self) -> &CallContext {
-        &self.call
-    }
-
-    /// `work`'s output, or why it was dropped: the run's deadline or its cancel came
-    /// first. This is the one place a driver awaits a provider or a tool, so every host
-    /// (the CLI, the service's workers, the durable driver) stops a call the same way.
-    pub(crate) async fn until_stopped<T>(
-        &self,
-        work: impl Future<Output = T>,
-    ) -> Result<T, Stopped> {
-        tokio::select! {
-            // A call that finished as the flag was set still counts: its answer is real.
-            biased;
-            out = tokio::time::timeout_at(self.deadline, work) => out.map_err(|_| Stopped::Deadline),
-            _ = self.cancel.interrupted() => Err(Stopped::Interrupted),
-        }
-    }
-}
-
-/// Stands in for a deadline too far away to represent (a timeout of `Duration::MAX`).
-const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
+    use crate::session::DELTA_QUEUE;
+    use aplc_vm::{Event, EventKind};
 
     /// Sends `deltas` numbered deltas, far more than the queue holds, then answers with
     /// their concatenation; notes whether it got a sink.

@@ -21,14 +21,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
-use crate::driver::{DeltaRelay, Listener, Provider, RunClock, Stopped, Toolbox, call_provider};
+use crate::driver::{self, Journal, Provider, Toolbox};
 use crate::redact::Redactor;
+use crate::session::{Listener, Observer, RunSession};
 use crate::store::{
     Batch, Lease, LoadedRun, NewRun, QueueStatus, RunJournal, StoreError, StoredCheckpoint,
 };
 use aplc_vm::journal::Input;
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
-use aplc_vm::{Action, Event, Interrupt, Machine, Program, ProviderError, RunOptions, RunOutcome};
+use aplc_vm::{Action, Event, Interrupt, Machine, Program, RunOptions, RunOutcome};
 
 /// The message a non-idempotent tool call in flight at a crash resolves with.
 pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
@@ -296,21 +297,17 @@ pub async fn start(
     options.events = true;
     let lease = store.create(record).await?;
     let machine = Machine::new(program.clone(), options);
-    let journal = Journal::new(store, lease, config, 0, 0);
-    let run = Live {
-        provider,
-        toolbox,
-        listener,
-        relay: None,
-    };
-    let outcome = run
-        .drive(machine, journal, Duration::ZERO, None, None)
-        .await?;
-    Ok(Finished {
+    let reopened = Reopened {
         program,
-        outcome,
+        machine,
+        recorder: Recorder::new(config, 0, 0),
+        committer: Committer { store, lease },
+        at: Duration::ZERO,
+        pending: None,
+        last_event: None,
         replayed_provider_calls: 0,
-    })
+    };
+    reopened.run(provider, toolbox, listener).await
 }
 
 /// What the store keeps of a new run: its bundle, options and tools' fingerprint, for
@@ -363,7 +360,8 @@ pub async fn resume(
 pub struct Reopened<'s> {
     program: Arc<Program>,
     machine: Machine,
-    journal: Journal<'s>,
+    recorder: Recorder,
+    committer: Committer<'s>,
     at: Duration,
     pending: Option<Action>,
     /// The last event the replay re-made: an in-flight call's `provider_call`.
@@ -401,21 +399,16 @@ impl Reopened<'_> {
         toolbox: &Toolbox,
         listener: Option<Listener<'_>>,
     ) -> Result<Finished, DurableError> {
-        let live = Live {
-            provider,
-            toolbox,
-            listener,
-            relay: None,
-        };
-        let outcome = live
-            .drive(
-                self.machine,
-                self.journal,
-                self.at,
-                self.pending,
-                self.last_event,
-            )
-            .await?;
+        let observer = listener.map(|listener| Box::new(listener) as Observer<'_>);
+        let session = RunSession::resumed(
+            self.machine,
+            self.at,
+            observer,
+            Some(self.recorder),
+            self.pending,
+            self.last_event.as_ref(),
+        );
+        let outcome = driver::drive(session, provider, toolbox, &self.committer).await?;
         Ok(Finished {
             program: self.program,
             outcome,
@@ -515,19 +508,14 @@ async fn reopen_leased<'s>(
     options.tools = toolbox.registry();
     options.interrupt = interrupt;
     let replayed = replay(id, program.clone(), options, &loaded)?;
-    let mut journal = Journal::new(
-        store,
-        lease,
-        config,
-        replayed.inputs,
-        replayed.provider_inputs,
-    );
-    journal.steps_at_checkpoint = replayed.machine.steps();
-    journal.history_start = replayed.history_start;
+    let mut recorder = Recorder::new(config, replayed.inputs, replayed.provider_inputs);
+    recorder.steps_at_checkpoint = replayed.machine.steps();
+    recorder.history_start = replayed.history_start;
     Ok(Reopened {
         program,
         machine: replayed.machine,
-        journal,
+        recorder,
+        committer: Committer { store, lease },
         at: replayed.at,
         pending: replayed.pending,
         last_event: replayed.last_event,
@@ -678,19 +666,20 @@ fn replay(
         });
     }
     forget(&mut machine);
-    for bytes in &loaded.inputs {
-        let input = Input::decode(bytes).map_err(|e| corrupt(e.to_string()))?;
+    // Each input goes through the machine's door and is checked against the position
+    // the journal recorded after it: a journal that this machine would replay another
+    // way is refused where it diverges.
+    for (index, bytes) in (base..).zip(&loaded.inputs) {
+        let (input, recorded) = Input::decode_entry(bytes).map_err(|e| corrupt(e.to_string()))?;
         at = input.at();
-        pending = None;
-        match input {
-            Input::Poll { at } => pending = Some(machine.poll(at)),
-            Input::Provider { at, result } => {
-                provider_inputs += 1;
-                machine.handle_provider_response(at, result);
-            }
-            Input::Tool { at, result } => machine.handle_tool_result(at, result),
-            Input::Timeout { at } => machine.handle_timeout(at),
+        let poll = matches!(input, Input::Poll { .. });
+        if matches!(input, Input::Provider { .. }) {
+            provider_inputs += 1;
         }
+        let action =
+            (machine.replay(index, input, recorded)).map_err(|e| corrupt(e.to_string()))?;
+        // What the last poll asked for, if the journal ends with it: in flight.
+        pending = (poll && !matches!(action, Action::Continue)).then_some(action);
         forget(&mut machine);
     }
     if let Some(seq) = last_event.as_ref().map(|e| e.seq)
@@ -714,11 +703,11 @@ fn replay(
     })
 }
 
-/// The inputs and events not yet committed, and what the next commit must say.
-struct Journal<'s> {
-    store: &'s dyn RunJournal,
-    lease: Box<dyn Lease>,
-    /// Inputs committed so far: the number of the first one in `inputs`.
+/// A durable run's record of what its session consumed and made since the last commit:
+/// every input, encoded as a journal entry with the position the machine reached, and
+/// every event, redacted. No I/O: the driver commits what [`Recorder::batch`] hands out.
+pub(crate) struct Recorder {
+    /// Inputs handed out in batches so far: the number of the first one in `inputs`.
     committed: u64,
     inputs: Vec<Vec<u8>>,
     events: Vec<String>,
@@ -728,22 +717,14 @@ struct Journal<'s> {
     steps_at_checkpoint: u64,
     /// The first `context_history` entry the next checkpoint carries.
     history_start: u64,
-    /// A checkpoint for the next commit.
+    /// A checkpoint for the next batch.
     checkpoint: Option<StoredCheckpoint>,
     redactor: Redactor,
 }
 
-impl<'s> Journal<'s> {
-    fn new(
-        store: &'s dyn RunJournal,
-        lease: Box<dyn Lease>,
-        config: &DurableOptions,
-        committed: u64,
-        provider_inputs: u64,
-    ) -> Journal<'s> {
-        Journal {
-            store,
-            lease,
+impl Recorder {
+    fn new(config: &DurableOptions, committed: u64, provider_inputs: u64) -> Recorder {
+        Recorder {
             committed,
             inputs: Vec::new(),
             events: Vec::new(),
@@ -756,36 +737,32 @@ impl<'s> Journal<'s> {
         }
     }
 
-    fn input(&mut self, input: &Input) {
+    /// What scrubs the journal of secrets.
+    pub(crate) fn redactor(&self) -> &Redactor {
+        &self.redactor
+    }
+
+    /// Hands `input` to `machine` and journals it with the position the machine reached.
+    pub(crate) fn input(&mut self, machine: &mut Machine, input: Input) -> Action {
         if matches!(input, Input::Provider { .. }) {
             self.provider_inputs += 1;
         }
-        self.inputs.push(input.encode());
+        let entry = input.entry_head();
+        let action = machine.apply(input);
+        self.inputs.push(entry.finish(machine.position()));
+        action
     }
 
-    /// Journals the machine's new events and hands them to the listener.
-    fn events(
-        &mut self,
-        machine: &mut Machine,
-        listener: &mut Option<Listener<'_>>,
-        relay: &mut Option<DeltaRelay>,
-    ) {
-        for event in machine.drain_events() {
-            if let Some(relay) = relay.as_mut() {
-                relay.saw(&event);
-            }
-            if let Some(listener) = listener.as_mut() {
-                listener(&event);
-            }
-            let json = self.redactor.redact_json(event.to_json());
-            self.events.push(json.to_string());
-        }
+    /// Journals `event`, redacted.
+    pub(crate) fn event(&mut self, event: &Event) {
+        let json = self.redactor.redact_json(event.to_json());
+        self.events.push(json.to_string());
     }
 
-    /// Adds a checkpoint to the next commit if `checkpoint_every` steps passed since the
+    /// Adds a checkpoint to the next batch if `checkpoint_every` steps passed since the
     /// last one. A machine holding a value with no durable form is not checkpointed now;
     /// a resume replays from the previous checkpoint instead.
-    fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) {
+    pub(crate) fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) {
         if machine.steps() >= self.steps_at_checkpoint + self.checkpoint_every {
             self.checkpoint = self.checkpoint(machine, at).or(self.checkpoint.take());
         }
@@ -813,176 +790,52 @@ impl<'s> Journal<'s> {
         })
     }
 
-    /// Commits everything journaled since the last commit, in one transaction: the
-    /// inputs, the events, the checkpoint due, and the outcome at the end. `steps` is the
-    /// run's step count now.
-    async fn commit(&mut self, steps: u64, outcome: Option<Json>) -> Result<(), StoreError> {
+    /// Everything journaled since the last batch, for one transaction: the inputs, the
+    /// events, the checkpoint due, and the outcome at the end (`None` when there is
+    /// nothing to commit). `steps` is the run's step count now.
+    pub(crate) fn batch(&mut self, steps: u64, outcome: Option<Json>) -> Option<Batch> {
         let checkpoint = self.checkpoint.take();
         if self.inputs.is_empty()
             && self.events.is_empty()
             && checkpoint.is_none()
             && outcome.is_none()
         {
-            return Ok(());
+            return None;
         }
         let inputs = std::mem::take(&mut self.inputs);
-        let count = inputs.len() as u64;
-        let batch = Batch {
-            first_input: self.committed,
+        let first_input = self.committed;
+        self.committed += inputs.len() as u64;
+        Some(Batch {
+            first_input,
             inputs,
             events: std::mem::take(&mut self.events),
             checkpoint,
             steps,
             outcome,
-        };
-        self.store.append(self.lease.as_ref(), batch).await?;
-        self.committed += count;
-        Ok(())
+        })
+    }
+
+    /// The last batch: what is left, with the outcome, redacted.
+    pub(crate) fn finish(&mut self, outcome: &RunOutcome) -> Batch {
+        let stored = self.redactor.redact_json(outcome_json(outcome));
+        let batch = self.batch(outcome.steps, Some(stored));
+        batch.unwrap_or_default()
     }
 }
 
-/// What a live (not replaying) durable run talks to.
-struct Live<'a, 'l> {
-    provider: &'a dyn Provider,
-    toolbox: &'a Toolbox,
-    listener: Option<Listener<'l>>,
-    /// Set when the drive starts, if there is a listener.
-    relay: Option<DeltaRelay>,
+/// Where a durable run's batches go: its store, under its lease.
+struct Committer<'s> {
+    store: &'s dyn RunJournal,
+    lease: Box<dyn Lease>,
 }
 
-impl Live<'_, '_> {
-    /// Drives `machine` to the end, journaling every input. Its clock reads `offset` now:
-    /// time spent down between a crash and a resume does not count (spec/durability.md).
-    /// `pending` is the action the last replayed `poll` returned, if the journal ends
-    /// with one: a call that was in flight; `last_event` is the last event the replay
-    /// re-made (that call's `provider_call`, which its deltas refer to).
-    async fn drive(
-        mut self,
-        mut machine: Machine,
-        mut journal: Journal<'_>,
-        offset: Duration,
-        pending: Option<Action>,
-        last_event: Option<Event>,
-    ) -> Result<RunOutcome, DurableError> {
-        let clock = RunClock::start(&machine, offset);
-        let now = || clock.now();
-        // Deltas are live only: relayed to a listener, never journaled.
-        self.relay = self.listener.as_ref().map(|_| DeltaRelay::new(&clock));
-        if let (Some(relay), Some(event)) = (self.relay.as_mut(), &last_event) {
-            relay.saw(event);
-        }
+impl Journal for Committer<'_> {
+    type Error = StoreError;
 
-        // A new run's first events (`run_started`); nothing for a resumed one.
-        journal.events(&mut machine, &mut self.listener, &mut self.relay);
-        let mut pending = pending;
-        loop {
-            // `in_flight`: the action the journal ends with, asked for before the crash.
-            let (action, in_flight) = match pending.take() {
-                Some(action) => (action, true),
-                None => {
-                    let at = now();
-                    let action = machine.poll(at);
-                    journal.input(&Input::Poll { at });
-                    journal.events(&mut machine, &mut self.listener, &mut self.relay);
-                    (action, false)
-                }
-            };
-            match action {
-                Action::CallProvider(request) => {
-                    // The commit of everything since the last call (the previous answer
-                    // above all) runs while this call is out: its latency hides behind
-                    // the model's. Both are awaited before the answer goes in. A crash
-                    // before the commit ends loses the previous answer too, and a resume
-                    // asks for it again: an answer is safe once journaled, and a call
-                    // whose answer is not journaled is in flight (spec/durability.md).
-                    let steps = machine.steps();
-                    let relayed = self.relay.as_mut().zip(self.listener.as_mut());
-                    let (committed, answer) = tokio::join!(
-                        journal.commit(steps, None),
-                        call_provider(self.provider, &request, &clock, relayed),
-                    );
-                    committed?;
-                    match answer {
-                        Ok(result) => {
-                            let at = now();
-                            let result = result.map_err(|mut e: ProviderError| {
-                                e.message = journal.redactor.redact(&e.message);
-                                e
-                            });
-                            let input = Input::Provider { at, result };
-                            journal.input(&input);
-                            let Input::Provider { result, .. } = input else {
-                                unreachable!("built just above")
-                            };
-                            machine.handle_provider_response(at, result);
-                            journal.events(&mut machine, &mut self.listener, &mut self.relay);
-                            journal.maybe_checkpoint(&machine, at);
-                        }
-                        Err(stopped) => self.stopped(&mut machine, &mut journal, &clock, stopped),
-                    }
-                }
-                Action::CallTool(invocation) => {
-                    // It may have run before the crash, or not: only an idempotent tool
-                    // may run twice.
-                    if in_flight && !self.toolbox.is_idempotent(&invocation.name) {
-                        let result = Err(INTERRUPTED_TOOL.to_string());
-                        self.tool_result(&mut machine, &mut journal, now(), result);
-                        journal.commit(machine.steps(), None).await?;
-                        continue;
-                    }
-                    journal.commit(machine.steps(), None).await?;
-                    match self.toolbox.run(&invocation, &clock).await {
-                        Ok(result) => {
-                            self.tool_result(&mut machine, &mut journal, now(), result);
-                            journal.commit(machine.steps(), None).await?;
-                        }
-                        Err(stopped) => self.stopped(&mut machine, &mut journal, &clock, stopped),
-                    }
-                }
-                Action::Continue => {}
-                Action::Done => {
-                    let outcome = machine.into_outcome();
-                    let stored = journal.redactor.redact_json(outcome_json(&outcome));
-                    // `into_outcome` consumed the machine: the final step count is the
-                    // outcome's.
-                    journal.commit(outcome.steps, Some(stored)).await?;
-                    return Ok(outcome);
-                }
-            }
+    async fn commit(&self, batch: Option<Batch>) -> Result<(), StoreError> {
+        match batch {
+            Some(batch) => self.store.append(self.lease.as_ref(), batch).await,
+            None => Ok(()),
         }
-    }
-
-    /// A call that was dropped. At the deadline, the timeout is an input like any other.
-    /// A cancelled call is not journaled: the next poll ends the run `cancelled`, and a
-    /// cancelled run is final, never resumed, so its journal need not replay past it.
-    fn stopped(
-        &mut self,
-        machine: &mut Machine,
-        journal: &mut Journal<'_>,
-        clock: &RunClock,
-        stopped: Stopped,
-    ) {
-        if stopped == Stopped::Deadline {
-            let at = clock.timed_out_at();
-            machine.handle_timeout(at);
-            journal.input(&Input::Timeout { at });
-            journal.events(machine, &mut self.listener, &mut self.relay);
-        }
-    }
-
-    fn tool_result(
-        &mut self,
-        machine: &mut Machine,
-        journal: &mut Journal<'_>,
-        at: Duration,
-        result: Result<Json, String>,
-    ) {
-        let input = Input::Tool { at, result };
-        journal.input(&input);
-        let Input::Tool { result, .. } = input else {
-            unreachable!("built just above")
-        };
-        machine.handle_tool_result(at, result);
-        journal.events(machine, &mut self.listener, &mut self.relay);
     }
 }

@@ -1,8 +1,10 @@
 //! The aplc runtime: everything around the sans-IO [`aplc_vm`] core that touches the
 //! world.
 //!
-//! * [`driver`]: the tokio driver that performs the I/O a [`aplc_vm::Machine`] asks
-//!   for, the [`driver::Provider`] and [`driver::Tool`] traits and the [`driver::Toolbox`].
+//! * [`session`]: one run session, a machine with its clock, observer and journal
+//!   recorder; every host drives runs through it.
+//! * [`driver`]: the tokio driver that performs the I/O a session asks for, the
+//!   [`driver::Provider`] and [`driver::Tool`] traits and the [`driver::Toolbox`].
 //! * [`openai`]: the OpenAI-compatible HTTP provider; [`anthropic`]: the Anthropic
 //!   Messages API provider; both send through one shared transport (retries, deadline,
 //!   redaction). [`routing`]: providers chosen by model name, from a providers file.
@@ -44,6 +46,7 @@ pub mod openai;
 mod redact;
 pub mod routing;
 pub mod secrets;
+pub mod session;
 pub mod store;
 #[cfg(feature = "otel")]
 pub mod telemetry;

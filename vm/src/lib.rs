@@ -54,7 +54,7 @@ pub use run::events::{
     Totals,
 };
 pub use run::machine::{
-    Action, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,
+    Action, Expecting, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,
 };
 pub use run::{DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError, RunErrorKind, RunOptions};
 pub use template::check::{

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aplc_compiler::{Options, compile};
-use aplc_vm::journal::{Checkpoint, Input, JournalError};
+use aplc_vm::journal::{Checkpoint, Input, JournalError, Position};
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Limits, Machine, Program, RunError, RunOptions, ScriptedProvider};
 use serde_json::{Value as Json, json};
@@ -156,28 +156,19 @@ fn drain(machine: &mut Machine) -> Vec<Json> {
 }
 
 /// Hands `input` to the machine; the action for a `poll`.
+/// Hands `input` to the machine through its one door: the action, for a poll.
 fn apply(machine: &mut Machine, input: &Input) -> Option<Action> {
-    match input.clone() {
-        Input::Poll { at } => Some(machine.poll(at)),
-        Input::Provider { at, result } => {
-            machine.handle_provider_response(at, result);
-            None
-        }
-        Input::Tool { at, result } => {
-            machine.handle_tool_result(at, result);
-            None
-        }
-        Input::Timeout { at } => {
-            machine.handle_timeout(at);
-            None
-        }
-    }
+    let poll = matches!(input, Input::Poll { .. });
+    let action = machine.apply(input.clone());
+    poll.then_some(action)
 }
 
 /// One uninterrupted run: its inputs, the events after creation and after each input,
 /// and how it ended.
 struct Recording {
     inputs: Vec<Input>,
+    /// Where the run was after each input, as a journal records it.
+    positions: Vec<Position>,
     start_events: Vec<Json>,
     events: Vec<Vec<Json>>,
     summary: Summary,
@@ -201,12 +192,14 @@ fn record_with(case: &Case, timeout_at_call: Option<usize>) -> Recording {
     let mut machine = Machine::new(case.program.clone(), case.options.clone());
     let start_events = drain(&mut machine);
     let mut inputs = Vec::new();
+    let mut positions = Vec::new();
     let mut events = Vec::new();
     loop {
         assert!(inputs.len() < 100_000, "{}: runaway run", case.name);
         let poll = Input::Poll { at: clock() };
         let action = apply(&mut machine, &poll);
         inputs.push(poll);
+        positions.push(machine.position());
         events.push(drain(&mut machine));
         let answer = match action {
             Some(Action::CallProvider(_)) if Some(calls) == timeout_at_call => Input::Timeout {
@@ -237,10 +230,12 @@ fn record_with(case: &Case, timeout_at_call: Option<usize>) -> Recording {
         }
         apply(&mut machine, &answer);
         inputs.push(answer);
+        positions.push(machine.position());
         events.push(drain(&mut machine));
     }
     Recording {
         inputs,
+        positions,
         start_events,
         events,
         summary: summary(machine),
@@ -254,9 +249,12 @@ fn replaying_the_journaled_inputs_rebuilds_the_run() {
         let mut machine = Machine::new(case.program.clone(), case.options.clone());
         assert_eq!(drain(&mut machine), recording.start_events, "{}", case.name);
         for (i, input) in recording.inputs.iter().enumerate() {
-            let decoded = Input::decode(&input.encode()).unwrap();
+            let entry = input.encode(recording.positions[i]);
+            let (decoded, after) = Input::decode_entry(&entry).unwrap();
             assert_eq!(&decoded, input, "{}: input {i}", case.name);
-            let _ = apply(&mut machine, &decoded);
+            if let Err(e) = machine.replay(i as u64, decoded, after) {
+                panic!("{}: input {i}: {e}", case.name);
+            }
             assert_eq!(
                 drain(&mut machine),
                 recording.events[i],
@@ -618,7 +616,7 @@ fn self_loop_bytes_per_step(steps: u64) -> (f64, usize) {
             segment_bytes += checkpoint.history.len();
             state = checkpoint.state.len();
         }
-        input_bytes += input.encode().len();
+        input_bytes += input.encode(machine.position()).len();
         let _ = apply(&mut machine, input);
     }
     let per_step = (input_bytes + segment_bytes) as f64 / steps as f64;
@@ -672,7 +670,8 @@ fn a_timeout_replays_and_resumes_the_same() {
         }
         let _ = apply(&mut machine, input);
         let _ = drain(&mut machine);
-        let _ = apply(&mut replay, &Input::decode(&input.encode()).unwrap());
+        let (input, after) = Input::decode_entry(&input.encode(recording.positions[i])).unwrap();
+        let _ = replay.replay(i as u64, input, after).unwrap();
         assert_eq!(
             drain(&mut replay),
             recording.events[i],
@@ -680,4 +679,55 @@ fn a_timeout_replays_and_resumes_the_same() {
         );
     }
     assert_eq!(summary(replay), recording.summary);
+}
+
+/// Replaying checks every input against the journal: an input the machine does not wait
+/// for, or a position other than the recorded one, is refused at that input, with the
+/// step named, instead of making a different run (Restate's journal-mismatch check).
+#[test]
+fn a_journal_that_went_another_way_is_refused_where_it_diverges() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "weather_loop.apl")
+        .unwrap();
+    let recording = record(&case);
+    let tool = recording
+        .inputs
+        .iter()
+        .position(|i| matches!(i, Input::Tool { .. }))
+        .expect("the agent calls a tool");
+    let replay_until = |inputs: &[Input], positions: &[Position]| {
+        let mut machine = Machine::new(case.program.clone(), case.options.clone());
+        for (i, (input, after)) in inputs.iter().zip(positions).enumerate() {
+            let _ = machine.replay(i as u64, input.clone(), Some(*after))?;
+        }
+        Ok::<_, JournalError>(())
+    };
+    replay_until(&recording.inputs, &recording.positions).expect("the journal replays");
+
+    // A provider answer where the run had a tool result.
+    let mut inputs = recording.inputs.clone();
+    inputs[tool] = Input::Provider {
+        at: inputs[tool].at(),
+        result: Ok(aplc_vm::Completion::text("hi")),
+    };
+    let error = replay_until(&inputs, &recording.positions).unwrap_err();
+    let JournalError::Diverged(message) = error else {
+        panic!("{error:?}")
+    };
+    assert!(
+        message.starts_with(&format!(
+            "input {tool} is a provider answer but the machine waits for a tool result (step `"
+        )),
+        "{message}"
+    );
+
+    // The same inputs, but the journal recorded another position after one of them.
+    let mut positions = recording.positions.clone();
+    positions[tool].events += 1;
+    let error = replay_until(&recording.inputs, &positions).unwrap_err();
+    assert!(
+        matches!(&error, JournalError::Diverged(m) if m.starts_with(&format!("after input {tool} ("))),
+        "{error:?}"
+    );
 }

@@ -359,6 +359,11 @@ impl Recorder {
         self.on
     }
 
+    /// The `seq` the next event gets: how many events the run has made.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.seq
+    }
+
     /// Takes every event recorded so far.
     pub(crate) fn drain(&mut self) -> std::vec::Drain<'_, Event> {
         self.buffer.drain(..)

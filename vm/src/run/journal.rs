@@ -58,13 +58,22 @@ impl Input {
         }
     }
 
-    /// Encodes the input: a format byte ([`INPUT_FORMAT`]), then postcard.
+    /// Encodes the input as a journal entry recording `after`, the position the run
+    /// reached once it took the input: a format byte ([`INPUT_FORMAT`]), the input in
+    /// postcard, then the position.
+    pub fn encode(&self, after: Position) -> Vec<u8> {
+        self.entry_head().finish(after)
+    }
+
+    /// The first half of [`Input::encode`]: a driver encodes the input before handing it
+    /// to the machine, which takes it by value, and finishes the entry with the position
+    /// the machine then reports; the input is never cloned.
     ///
     /// postcard is not self-describing, so it cannot read a `serde_json::Value` back; the
     /// JSON inside an input (tool results, tool-call arguments, usage fields) is kept as
     /// JSON text, which serde_json reads back exactly (key order included) and with its
     /// nesting limit of 128.
-    pub fn encode(&self) -> Vec<u8> {
+    pub fn entry_head(&self) -> EntryHead {
         let wire = match self {
             Input::Poll { at } => WireInput::Poll { at: *at },
             Input::Provider { at, result } => WireInput::Provider {
@@ -85,31 +94,42 @@ impl Input {
         };
         // Serializing into a Vec fails only on types postcard cannot write (sequences of
         // unknown length, `deserialize_any`-only values); `WireInput` has none.
-        postcard::to_extend(&wire, vec![INPUT_FORMAT])
-            .expect("postcard serializes every WireInput: plain structs, strings, integers")
+        EntryHead(
+            postcard::to_extend(&wire, vec![INPUT_FORMAT])
+                .expect("postcard serializes every WireInput: plain structs, strings, integers"),
+        )
     }
 
-    /// Decodes an input written by [`Input::encode`]. Any other bytes, truncated or
-    /// trailing ones included, are [`JournalError::Corrupt`]; memory use is bounded by
-    /// a small multiple of `bytes.len()`.
-    pub fn decode(bytes: &[u8]) -> Result<Input, JournalError> {
+    /// Decodes an entry written by [`Input::encode`] (and [`Position::finish`]): the
+    /// input, and the position the run reached after it, if the entry records one
+    /// (entries of format 1, written before positions, do not). Any other bytes, truncated or
+    /// trailing ones included, are [`JournalError::Corrupt`]; memory use is bounded by a
+    /// small multiple of `bytes.len()`.
+    pub fn decode_entry(bytes: &[u8]) -> Result<(Input, Option<Position>), JournalError> {
         let Some((&format, payload)) = bytes.split_first() else {
             return Err(JournalError::Corrupt("empty input entry".into()));
         };
-        if format != INPUT_FORMAT {
+        if format != INPUT_FORMAT && format != INPUT_FORMAT_UNPOSITIONED {
             return Err(JournalError::Corrupt(format!(
                 "input entry format {format}, expected {INPUT_FORMAT}"
             )));
         }
         let (wire, rest): (WireInput, &[u8]) = postcard::take_from_bytes(payload)
             .map_err(|error| JournalError::Corrupt(format!("input entry: {error}")))?;
+        let (position, rest) = if format == INPUT_FORMAT {
+            let (position, rest): (Position, &[u8]) = postcard::take_from_bytes(rest)
+                .map_err(|error| JournalError::Corrupt(format!("input entry position: {error}")))?;
+            (Some(position), rest)
+        } else {
+            (None, rest)
+        };
         if !rest.is_empty() {
             return Err(JournalError::Corrupt(format!(
                 "input entry: {} trailing bytes",
                 rest.len()
             )));
         }
-        Ok(match wire {
+        let input = match wire {
             WireInput::Poll { at } => Input::Poll { at },
             WireInput::Provider { at, result } => Input::Provider {
                 at,
@@ -126,12 +146,48 @@ impl Input {
                 },
             },
             WireInput::Timeout { at } => Input::Timeout { at },
-        })
+        };
+        Ok((input, position))
+    }
+
+    /// The input of an entry ([`Input::decode_entry`] without the position).
+    pub fn decode(bytes: &[u8]) -> Result<Input, JournalError> {
+        Input::decode_entry(bytes).map(|(input, _)| input)
     }
 }
 
-/// The first byte of every encoded [`Input`]: the version of its layout.
-pub const INPUT_FORMAT: u8 = 1;
+/// Where a run is after an input: how many events it has made and how many steps it has
+/// entered ([`Machine::position`](crate::Machine::position)). A journal records it with
+/// every input, and a replay checks it input by input
+/// ([`Machine::replay`](crate::Machine::replay)), so a journal that a changed machine
+/// would replay another way is refused where it diverges, not run on silently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    /// Events made so far: the next event's `seq`.
+    pub events: u64,
+    /// Steps entered so far.
+    pub steps: u64,
+}
+
+/// A journal entry whose position is still to come ([`Input::entry_head`]).
+#[derive(Debug)]
+#[must_use = "an entry is complete only once finished with its position"]
+pub struct EntryHead(Vec<u8>);
+
+impl EntryHead {
+    /// The complete entry: the input, then `after`.
+    pub fn finish(self, after: Position) -> Vec<u8> {
+        postcard::to_extend(&after, self.0).expect("postcard serializes two integers")
+    }
+}
+
+/// The first byte of every journal entry ([`Input::encode`]): the version of its layout.
+/// Format 2 follows the input with the [`Position`] after it.
+pub const INPUT_FORMAT: u8 = 2;
+
+/// Entries written before positions: the input alone. Still read, so a run journaled by
+/// an older aplc resumes (without the per-input check).
+pub const INPUT_FORMAT_UNPOSITIONED: u8 = 1;
 
 /// [`Input`] as postcard writes it: JSON values as JSON text (see [`Input::encode`]).
 #[derive(Serialize, Deserialize)]
@@ -269,6 +325,10 @@ pub enum JournalError {
     /// A checkpoint of another program, or segments out of order.
     #[error("checkpoint does not match: {0}")]
     Mismatch(String),
+    /// Replaying the journal went another way than the run that wrote it
+    /// ([`Machine::replay`](crate::Machine::replay)).
+    #[error("the journal does not replay on this machine: {0}")]
+    Diverged(String),
 }
 
 #[cfg(test)]
@@ -327,12 +387,18 @@ mod tests {
         ]
     }
 
+    const AFTER: Position = Position {
+        events: 300,
+        steps: 7,
+    };
+
     #[test]
     fn every_input_round_trips_exactly() {
         for input in inputs() {
-            let bytes = input.encode();
+            let bytes = input.encode(AFTER);
             assert_eq!(bytes[0], INPUT_FORMAT);
-            let back = Input::decode(&bytes).unwrap();
+            let (back, after) = Input::decode_entry(&bytes).unwrap();
+            assert_eq!(after, Some(AFTER));
             assert_eq!(back, input);
             // Key order and number kinds survive, not only equality.
             if let (Input::Tool { result: Ok(a), .. }, Input::Tool { result: Ok(b), .. }) =
@@ -343,15 +409,26 @@ mod tests {
         }
     }
 
+    /// An entry journaled before positions (format 1: the input alone) still reads, so
+    /// a run an older aplc journaled resumes.
+    #[test]
+    fn entries_without_a_position_still_read() {
+        for input in inputs() {
+            let mut bytes = input.entry_head().0;
+            bytes[0] = INPUT_FORMAT_UNPOSITIONED;
+            assert_eq!(Input::decode_entry(&bytes), Ok((input, None)));
+        }
+    }
+
     #[test]
     fn bad_bytes_are_corrupt() {
         assert!(matches!(Input::decode(&[]), Err(JournalError::Corrupt(_))));
         assert!(matches!(
-            Input::decode(&[2, 0, 0, 0]),
+            Input::decode(&[3, 0, 0, 0, 0, 0]),
             Err(JournalError::Corrupt(_))
         ));
         for input in inputs() {
-            let bytes = input.encode();
+            let bytes = input.encode(AFTER);
             for len in 0..bytes.len() {
                 assert!(
                     matches!(Input::decode(&bytes[..len]), Err(JournalError::Corrupt(_))),
@@ -386,12 +463,13 @@ mod tests {
         #[test]
         fn flipped_bits_never_panic(index in 0usize..4096, bit in 0u8..8) {
             for input in inputs() {
-                let mut bytes = input.encode();
+                let mut bytes = input.encode(AFTER);
                 let at = index % bytes.len();
                 bytes[at] ^= 1 << bit;
-                if let Ok(back) = Input::decode(&bytes) {
+                if let Ok((back, after)) = Input::decode_entry(&bytes) {
                     // A flip that still decodes gives some valid input, which round-trips.
-                    proptest::prop_assert_eq!(Input::decode(&back.encode()), Ok(back));
+                    let after = after.unwrap_or(AFTER);
+                    proptest::prop_assert_eq!(Input::decode_entry(&back.encode(after)), Ok((back, Some(after))));
                 }
             }
         }

@@ -21,6 +21,13 @@
 //! 3. Repeat 2 until `Done`. With [`RunOptions::events`] on, take the events recorded
 //!    with [`Machine::drain_events`] after each call (`spec/events.md`).
 //!
+//! Every one of those calls is one [`Input`](crate::journal::Input), and
+//! [`Machine::apply`] is the door that takes them all: drivers hand inputs in through it
+//! (the runtime's `RunSession` does), so what a durable run journals is exactly what the
+//! machine took, and [`Machine::replay`] re-applies a journal, checking each input
+//! against the kind the machine waits for ([`Machine::expecting`]) and the position the
+//! journal recorded after it ([`Machine::position`]).
+//!
 //! Every time is a [`Duration`] since the run started, as the driver measures it: the
 //! core never holds an `Instant`, which a `wasm32-unknown-unknown` embedder cannot make,
 //! and a journal of the times passed in replays a run exactly.
@@ -37,6 +44,9 @@
 //! Pure drivers such as [`run_scripted`] set neither.
 
 mod checkpoint;
+mod door;
+
+pub use door::Expecting;
 
 use std::sync::Arc;
 use std::time::Duration;
