@@ -20,11 +20,12 @@ use reqwest::StatusCode;
 use reqwest::header::{HeaderName, HeaderValue};
 use serde_json::Value as Json;
 
-use crate::driver::{BoxFuture, CallContext, Provider};
+use crate::future::BoxFuture;
 use crate::http::HttpClient;
 use crate::openai::{
     DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_BASE_DELAY, DEFAULT_RETRY_MAX_DELAY,
 };
+use crate::provider::{CallContext, Provider};
 use crate::redact::Redactor;
 use crate::transport::{
     self, EXCERPT_CHARS, KeyHeader, Redacted, RedactedHeaders, Retries, Transport, excerpt,

@@ -1,309 +1,21 @@
-//! The tokio driver: performs the I/O a [`Machine`] asks for.
+//! The tokio driver: the one loop that performs what a run session asks for.
 //!
-//! Providers and tools are object-safe async traits, so drivers and embedders can mix
-//! HTTP providers, scripted ones, subprocess tools and Rust closures. The machine itself
-//! lives in `aplc-vm`, which has no async runtime at all.
+//! Providers and tools are object-safe async traits ([`Provider`], [`Tool`]), so drivers
+//! and embedders can mix HTTP providers, scripted ones, subprocess tools and Rust
+//! closures. The machine itself lives in `aplc-vm`, which has no async runtime at all;
+//! the [`RunSession`] around it lives in [`crate::session`].
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
-use serde_json::Value as Json;
-
-use crate::redact::Redactor;
+pub use crate::future::BoxFuture;
+pub use crate::provider::{CallContext, DeltaSink, Provider, Scripted};
+use crate::recorder::INTERRUPTED_TOOL;
 pub use crate::session::Listener;
-use crate::session::{Next, Observer, RunClock, RunSession, Stopped};
+use crate::session::{Next, Observer, RunSession};
 use crate::store::Batch;
+pub use crate::tool::{Tool, Toolbox};
 use aplc_vm::Program;
-use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Machine, RunOptions, RunOutcome};
-use aplc_vm::{Completion, ProviderError, ProviderRequest, ScriptedProvider};
-
-/// A boxed, sendable future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// What a provider call needs besides the request: what the driver knows about the run.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct CallContext {
-    /// When the run times out. A provider must not retry or wait past it.
-    pub deadline: Instant,
-    /// Where a streaming provider sends the text of its answer as it arrives; `None`
-    /// when nobody listens (the provider still streams if configured to, silently).
-    pub deltas: Option<DeltaSink>,
-}
-
-impl CallContext {
-    /// A call that must be over by `deadline`.
-    pub fn new(deadline: Instant) -> CallContext {
-        CallContext {
-            deadline,
-            deltas: None,
-        }
-    }
-
-    /// The same call, sending text deltas to `sink`.
-    pub fn with_deltas(mut self, sink: DeltaSink) -> CallContext {
-        self.deltas = Some(sink);
-        self
-    }
-}
-
-/// The sending end of a provider call's text deltas: a bounded channel, so a slow
-/// listener slows the stream (and the run) instead of growing a buffer.
-#[derive(Debug, Clone)]
-pub struct DeltaSink(tokio::sync::mpsc::Sender<String>);
-
-impl DeltaSink {
-    /// A sink and its receiver, holding at most `capacity` deltas (at least one).
-    pub fn channel(capacity: usize) -> (DeltaSink, tokio::sync::mpsc::Receiver<String>) {
-        let (sender, receiver) = tokio::sync::mpsc::channel(capacity.max(1));
-        (DeltaSink(sender), receiver)
-    }
-
-    /// Sends one delta, waiting while the queue is full. A receiver that is gone is not
-    /// the provider's problem: the delta is dropped.
-    pub async fn send(&self, text: String) {
-        let _ = self.0.send(text).await;
-    }
-}
-
-/// An LLM provider (§4): takes the machine's typed request, returns a typed completion.
-pub trait Provider: Send + Sync {
-    /// Calls the model. Errors become entries in `errors`; the step goes on.
-    fn complete<'a>(
-        &'a self,
-        request: &'a ProviderRequest,
-        call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<Completion, ProviderError>>;
-
-    /// Who serves `model`, as the GenAI semantic conventions spell it (`openai`,
-    /// `anthropic`): telemetry's `gen_ai.provider.name`. `None` when unknown.
-    fn provider_name(&self, _model: &str) -> Option<&'static str> {
-        None
-    }
-}
-
-/// A shared provider is a provider: an embedder keeps a handle on it (to inspect or
-/// configure it) while a run uses it.
-impl<P: Provider + ?Sized> Provider for Arc<P> {
-    fn complete<'a>(
-        &'a self,
-        request: &'a ProviderRequest,
-        call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
-        (**self).complete(request, call)
-    }
-
-    fn provider_name(&self, model: &str) -> Option<&'static str> {
-        (**self).provider_name(model)
-    }
-}
-
-/// A native tool (§5): takes checked arguments (and the context, for `with_context`
-/// tools), returns a JSON result or an error message. A failure never aborts the run.
-pub trait Tool: Send + Sync {
-    /// Runs the tool.
-    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>>;
-}
-
-/// A tool written as an async closure: `|arguments, context| async move { … }`.
-struct FnTool<F>(F);
-
-impl<F, Fut> Tool for FnTool<F>
-where
-    F: Fn(Json, Option<Json>) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<Json, String>> + Send + 'static,
-{
-    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
-        Box::pin((self.0)(
-            invocation.arguments.clone(),
-            invocation.context.clone(),
-        ))
-    }
-}
-
-/// The tools of a run: descriptors (for the machine) and implementations (for the driver).
-#[derive(Default, Clone)]
-pub struct Toolbox {
-    /// Shared with every run's options: registering copies it only while a run holds it.
-    registry: Arc<ToolRegistry>,
-    tools: HashMap<String, Arc<dyn Tool>>,
-    /// Applied to every result and error message before the machine sees it.
-    redactor: Redactor,
-}
-
-impl std::fmt::Debug for Toolbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Toolbox")
-            .field("registry", &self.registry)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Toolbox {
-    /// No tools.
-    pub fn new() -> Toolbox {
-        Toolbox::default()
-    }
-
-    /// Registers a tool implementation under its descriptor.
-    pub fn register(&mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<(), String> {
-        let name = spec.name().to_string();
-        Arc::make_mut(&mut self.registry).register(spec)?;
-        self.tools.insert(name, tool);
-        Ok(())
-    }
-
-    /// Registers an async closure `|arguments, context| async move { … }`.
-    pub fn register_async<F, Fut>(&mut self, spec: ToolSpec, f: F) -> Result<(), String>
-    where
-        F: Fn(Json, Option<Json>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Json, String>> + Send + 'static,
-    {
-        self.register(spec, Arc::new(FnTool(f)))
-    }
-
-    /// Registers a plain closure `|arguments, context| -> Result<Json, String>`.
-    pub fn register_fn<F>(&mut self, spec: ToolSpec, f: F) -> Result<(), String>
-    where
-        F: Fn(Json, Option<Json>) -> Result<Json, String> + Send + Sync + 'static,
-    {
-        let f = Arc::new(f);
-        self.register_async(spec, move |args, ctx| {
-            let f = f.clone();
-            async move { f(args, ctx) }
-        })
-    }
-
-    /// The descriptors, for [`RunOptions::tools`] (an `Arc` clone, not a copy).
-    pub fn registry(&self) -> Arc<ToolRegistry> {
-        self.registry.clone()
-    }
-
-    /// Redacts every tool result and error message with `redactor` before it reaches the
-    /// run (`result_tool_calls`, `errors`, the idempotency cache): a tool may print a
-    /// secret it found, or one a server echoed to it. The CLI passes the run's provider
-    /// secrets.
-    pub fn redact_with(&mut self, redactor: Redactor) {
-        self.redactor = redactor;
-    }
-
-    /// Runs the tool `invocation` asks for until the run's deadline or cancel: its
-    /// result, redacted, or why it was dropped.
-    pub(crate) async fn run(
-        &self,
-        invocation: &ToolInvocation,
-        clock: &RunClock,
-    ) -> Result<Result<Json, String>, Stopped> {
-        let result = match self.tools.get(&invocation.name) {
-            Some(tool) => clock.until_stopped(tool.call(invocation)).await?,
-            None => Err("the tool has a descriptor but no implementation".to_string()),
-        };
-        Ok(self.redacted(result))
-    }
-
-    /// True if the tool `name` is declared idempotent: running it twice does no harm.
-    pub(crate) fn is_idempotent(&self, name: &str) -> bool {
-        self.registry
-            .get(name)
-            .is_some_and(|spec| spec.idempotency().is_some())
-    }
-
-    /// `result` with every secret the toolbox knows replaced.
-    fn redacted(&self, result: Result<Json, String>) -> Result<Json, String> {
-        match result {
-            Ok(json) => Ok(self.redactor.redact_json(json)),
-            Err(message) => Err(self.redactor.redact(&message)),
-        }
-    }
-
-    /// Number of tools.
-    pub fn len(&self) -> usize {
-        self.registry.len()
-    }
-
-    /// True without tools.
-    pub fn is_empty(&self) -> bool {
-        self.registry.is_empty()
-    }
-}
-
-/// A [`ScriptedProvider`] behind a lock, optionally sleeping to simulate model latency.
-#[derive(Debug)]
-pub struct Scripted {
-    script: Mutex<ScriptedProvider>,
-    latency: Duration,
-    stream: bool,
-}
-
-impl Scripted {
-    /// Serves `script`'s entries in order.
-    pub fn new(script: ScriptedProvider) -> Scripted {
-        Scripted {
-            script: Mutex::new(script),
-            latency: Duration::ZERO,
-            stream: false,
-        }
-    }
-
-    /// Skips the next `n` entries, as if they had been served: a resumed durable run
-    /// goes on where the script left off.
-    pub fn skip(&self, n: u64) {
-        let mut script = self.script.lock().unwrap_or_else(|e| e.into_inner());
-        for _ in 0..n {
-            let _ = script.next_response();
-        }
-    }
-
-    /// Sleeps `latency` before each answer.
-    pub fn with_latency(mut self, latency: Duration) -> Scripted {
-        self.latency = latency;
-        self
-    }
-
-    /// Streams like an HTTP provider: each answer's text goes out as one delta before
-    /// the answer, so `aplc run --stream` behaves the same offline.
-    pub fn streaming(mut self, stream: bool) -> Scripted {
-        self.stream = stream;
-        self
-    }
-}
-
-impl Provider for Scripted {
-    fn complete<'a>(
-        &'a self,
-        _request: &'a ProviderRequest,
-        call: &'a CallContext,
-    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
-        Box::pin(async move {
-            if !self.latency.is_zero() {
-                tokio::time::sleep(self.latency).await;
-            }
-            let answer = self
-                .script
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .next_response();
-            if let (true, Some(sink), Ok(completion)) = (self.stream, &call.deltas, &answer) {
-                let text: String = completion
-                    .content
-                    .iter()
-                    .filter_map(|part| match part {
-                        aplc_vm::Part::Text(text) => Some(text.as_str()),
-                        _ => None,
-                    })
-                    .collect();
-                if !text.is_empty() {
-                    sink.send(text).await;
-                }
-            }
-            answer
-        })
-    }
-}
 
 /// Runs `program` to the end with `provider` and no tools, enforcing the run timeout.
 pub async fn run(
@@ -419,7 +131,7 @@ pub(crate) async fn drive<J: Journal + Sync>(
             }
             Action::CallTool(invocation) => {
                 if in_flight && !toolbox.is_idempotent(&invocation.name) {
-                    session.answer_tool(Err(crate::durable::INTERRUPTED_TOOL.to_string()));
+                    session.answer_tool(Err(INTERRUPTED_TOOL.to_string()));
                     journal.commit(session.batch()).await?;
                     continue;
                 }
@@ -445,9 +157,11 @@ pub(crate) async fn drive<J: Journal + Sync>(
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use std::time::Duration;
+
     use super::*;
     use crate::session::DELTA_QUEUE;
-    use aplc_vm::{Event, EventKind};
+    use aplc_vm::{Completion, Event, EventKind, ProviderError, ProviderRequest};
 
     /// Sends `deltas` numbered deltas, far more than the queue holds, then answers with
     /// their concatenation; notes whether it got a sink.

@@ -18,21 +18,17 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
 use crate::driver::{self, Journal, Provider, Toolbox};
+use crate::recorder::{DurableState, Recorder};
+pub use crate::recorder::{INTERRUPTED_TOOL, outcome_json};
 use crate::redact::Redactor;
 use crate::session::{Listener, Observer, RunSession};
-use crate::store::{
-    Batch, Lease, LoadedRun, NewRun, QueueStatus, RunJournal, StoreError, StoredCheckpoint,
-};
+use crate::store::{Batch, Lease, LoadedRun, NewRun, RunJournal, StoreError, StoredCheckpoint};
 use aplc_vm::journal::Input;
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Event, Interrupt, Machine, Program, RunOptions, RunOutcome};
-
-/// The message a non-idempotent tool call in flight at a crash resolves with.
-pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
 
 /// How a durable run journals.
 #[derive(Debug, Clone)]
@@ -226,43 +222,6 @@ fn options_from_json(id: &str, json: &Json) -> Result<RunOptions, DurableError> 
     .with_context_json(context))
 }
 
-/// The outcome as stored: what `aplc runs show` prints. The final variables are kept,
-/// but not `context_history`: it holds every step's variables, so storing it would cost
-/// each run O(steps × context) at its end, the very growth the journal avoids. The whole
-/// final context is rebuilt from the checkpoints and the journal ([`inspect`]).
-pub fn outcome_json(outcome: &RunOutcome) -> Json {
-    let error = outcome.error.as_ref().map(|error| {
-        json!({
-            "kind": format!("{:?}", error.kind),
-            "message": error.message,
-            "step": error.step,
-        })
-    });
-    json!({
-        "status": QueueStatus::of_run(outcome).as_str(),
-        "error": error,
-        "steps": outcome.steps,
-        "last_step_errors": outcome.last_step_errors,
-        "context": without_history(outcome.context_json()),
-    })
-}
-
-fn without_history(mut context: Json) -> Json {
-    if let Some(map) = context.as_object_mut() {
-        map.remove("context_history");
-    }
-    context
-}
-
-/// What the driver keeps beside the machine's own checkpoint: the machine's clock at the
-/// checkpoint (a resume counts on from it) and how many provider answers came before it.
-#[derive(Serialize, Deserialize)]
-struct DurableState {
-    at: Duration,
-    provider_inputs: u64,
-    machine: Vec<u8>,
-}
-
 /// A new durable run: its id (unique in the store), program and options.
 #[derive(Debug, Clone)]
 pub struct NewDurableRun {
@@ -300,7 +259,7 @@ pub async fn start(
     let reopened = Reopened {
         program,
         machine,
-        recorder: Recorder::new(config, 0, 0),
+        recorder: Recorder::new(config.checkpoint_every, config.redactor.clone(), 0, 0),
         committer: Committer { store, lease },
         at: Duration::ZERO,
         pending: None,
@@ -508,7 +467,12 @@ async fn reopen_leased<'s>(
     options.tools = toolbox.registry();
     options.interrupt = interrupt;
     let replayed = replay(id, program.clone(), options, &loaded)?;
-    let mut recorder = Recorder::new(config, replayed.inputs, replayed.provider_inputs);
+    let mut recorder = Recorder::new(
+        config.checkpoint_every,
+        config.redactor.clone(),
+        replayed.inputs,
+        replayed.provider_inputs,
+    );
     recorder.steps_at_checkpoint = replayed.machine.steps();
     recorder.history_start = replayed.history_start;
     Ok(Reopened {
@@ -701,126 +665,6 @@ fn replay(
         provider_inputs,
         history_start,
     })
-}
-
-/// A durable run's record of what its session consumed and made since the last commit:
-/// every input, encoded as a journal entry with the position the machine reached, and
-/// every event, redacted. No I/O: the driver commits what [`Recorder::batch`] hands out.
-pub(crate) struct Recorder {
-    /// Inputs handed out in batches so far: the number of the first one in `inputs`.
-    committed: u64,
-    inputs: Vec<Vec<u8>>,
-    events: Vec<String>,
-    /// Provider answers journaled so far.
-    provider_inputs: u64,
-    checkpoint_every: u64,
-    steps_at_checkpoint: u64,
-    /// The first `context_history` entry the next checkpoint carries.
-    history_start: u64,
-    /// A checkpoint for the next batch.
-    checkpoint: Option<StoredCheckpoint>,
-    redactor: Redactor,
-}
-
-impl Recorder {
-    fn new(config: &DurableOptions, committed: u64, provider_inputs: u64) -> Recorder {
-        Recorder {
-            committed,
-            inputs: Vec::new(),
-            events: Vec::new(),
-            provider_inputs,
-            checkpoint_every: config.checkpoint_every.max(1),
-            steps_at_checkpoint: 0,
-            history_start: 0,
-            checkpoint: None,
-            redactor: config.redactor.clone(),
-        }
-    }
-
-    /// What scrubs the journal of secrets.
-    pub(crate) fn redactor(&self) -> &Redactor {
-        &self.redactor
-    }
-
-    /// Hands `input` to `machine` and journals it with the position the machine reached.
-    pub(crate) fn input(&mut self, machine: &mut Machine, input: Input) -> Action {
-        if matches!(input, Input::Provider { .. }) {
-            self.provider_inputs += 1;
-        }
-        let entry = input.entry_head();
-        let action = machine.apply(input);
-        self.inputs.push(entry.finish(machine.position()));
-        action
-    }
-
-    /// Journals `event`, redacted.
-    pub(crate) fn event(&mut self, event: &Event) {
-        let json = self.redactor.redact_json(event.to_json());
-        self.events.push(json.to_string());
-    }
-
-    /// Adds a checkpoint to the next batch if `checkpoint_every` steps passed since the
-    /// last one. A machine holding a value with no durable form is not checkpointed now;
-    /// a resume replays from the previous checkpoint instead.
-    pub(crate) fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) {
-        if machine.steps() >= self.steps_at_checkpoint + self.checkpoint_every {
-            self.checkpoint = self.checkpoint(machine, at).or(self.checkpoint.take());
-        }
-    }
-
-    fn checkpoint(&mut self, machine: &Machine, at: Duration) -> Option<StoredCheckpoint> {
-        let checkpoint = match machine.checkpoint(self.history_start) {
-            Ok(checkpoint) => checkpoint,
-            // `Unencodable`: a value with no durable form; the next checkpoint may do.
-            Err(_) => return None,
-        };
-        let state = DurableState {
-            at,
-            provider_inputs: self.provider_inputs,
-            machine: checkpoint.state,
-        };
-        let state = postcard::to_allocvec(&state).ok()?;
-        self.steps_at_checkpoint = machine.steps();
-        self.history_start = machine.history_len();
-        Some(StoredCheckpoint {
-            inputs: self.committed + self.inputs.len() as u64,
-            history_start: checkpoint.history_start,
-            history: checkpoint.history,
-            state: Some(state),
-        })
-    }
-
-    /// Everything journaled since the last batch, for one transaction: the inputs, the
-    /// events, the checkpoint due, and the outcome at the end (`None` when there is
-    /// nothing to commit). `steps` is the run's step count now.
-    pub(crate) fn batch(&mut self, steps: u64, outcome: Option<Json>) -> Option<Batch> {
-        let checkpoint = self.checkpoint.take();
-        if self.inputs.is_empty()
-            && self.events.is_empty()
-            && checkpoint.is_none()
-            && outcome.is_none()
-        {
-            return None;
-        }
-        let inputs = std::mem::take(&mut self.inputs);
-        let first_input = self.committed;
-        self.committed += inputs.len() as u64;
-        Some(Batch {
-            first_input,
-            inputs,
-            events: std::mem::take(&mut self.events),
-            checkpoint,
-            steps,
-            outcome,
-        })
-    }
-
-    /// The last batch: what is left, with the outcome, redacted.
-    pub(crate) fn finish(&mut self, outcome: &RunOutcome) -> Batch {
-        let stored = self.redactor.redact_json(outcome_json(outcome));
-        let batch = self.batch(outcome.steps, Some(stored));
-        batch.unwrap_or_default()
-    }
 }
 
 /// Where a durable run's batches go: its store, under its lease.

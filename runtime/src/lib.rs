@@ -40,9 +40,12 @@ pub mod anthropic;
 pub mod driver;
 pub mod durable;
 pub mod files;
+mod future;
 pub mod http;
 pub mod manifest;
 pub mod openai;
+pub mod provider;
+mod recorder;
 mod redact;
 pub mod routing;
 pub mod secrets;
@@ -50,6 +53,7 @@ pub mod session;
 pub mod store;
 #[cfg(feature = "otel")]
 pub mod telemetry;
+pub mod tool;
 mod transport;
 pub mod watchdog;
 

@@ -27,8 +27,9 @@ use serde::Deserialize;
 use serde_json::Value as Json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::driver::{BoxFuture, Tool, Toolbox};
+use crate::future::BoxFuture;
 use crate::http::HttpClient;
+use crate::tool::{Tool, Toolbox};
 use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec};
 
 /// Default time a tool may take.

@@ -24,8 +24,9 @@ use reqwest::StatusCode;
 use reqwest::header;
 use serde_json::Value as Json;
 
-use crate::driver::{BoxFuture, CallContext, Provider};
+use crate::future::BoxFuture;
 use crate::http::HttpClient;
+use crate::provider::{CallContext, Provider};
 use crate::redact::Redactor;
 use crate::transport::{
     self, EXCERPT_CHARS, KeyHeader, MANAGED_HEADERS, Redacted, RedactedHeaders, Retries, Transport,

@@ -21,7 +21,7 @@ pub(crate) const MIN_SECRET_LEN: usize = 8;
 /// Finds any run of [`REDACTED_RUN`] characters of any secret.
 ///
 /// The default redactor knows no secret and changes nothing. The CLI builds one from the
-/// run's secrets for tool results ([`crate::driver::Toolbox::redact_with`]); each
+/// run's secrets for tool results ([`crate::tool::Toolbox::redact_with`]); each
 /// provider builds its own from its configuration.
 #[derive(Clone, Default)]
 pub struct Redactor {

@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value as Json};
 
-use crate::driver::{BoxFuture, CallContext, Provider, Scripted};
+use crate::future::BoxFuture;
+use crate::provider::{CallContext, Provider, Scripted};
 use aplc_vm::text::json_kind as kind;
 use aplc_vm::{Completion, ProviderError, ProviderErrorKind, ProviderRequest, ScriptedProvider};
 

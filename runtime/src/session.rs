@@ -22,8 +22,8 @@ use aplc_vm::{
 };
 use serde_json::Value as Json;
 
-use crate::driver::{CallContext, DeltaSink, Provider};
-use crate::durable::Recorder;
+use crate::provider::{CallContext, DeltaSink, Provider};
+use crate::recorder::Recorder;
 use crate::store::Batch;
 
 /// Receives a run's events, in order, on the driver's task (see `spec/events.md`).

@@ -22,8 +22,8 @@ use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 use serde_json::Value as Json;
 
-use crate::driver::DeltaSink;
 use crate::http::{self, BodyError, HttpClient, MAX_BODY_BYTES};
+use crate::provider::DeltaSink;
 use crate::redact::{REDACTED, Redactor};
 
 mod retry_after;

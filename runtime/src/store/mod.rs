@@ -7,7 +7,7 @@
 //! The store knows nothing of machines: inputs, checkpoints and events are opaque bytes
 //! and JSON text to it. `durable.rs` gives them meaning.
 
-use crate::driver::BoxFuture;
+use crate::future::BoxFuture;
 
 // Each backend is a cargo feature (both on by default). A URL whose backend is compiled
 // out still parses, and opening it is an error that names the feature (`compiled_out`).

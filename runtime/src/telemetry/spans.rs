@@ -21,7 +21,8 @@ use serde_json::{Value as Json, json};
 
 use super::Instruments;
 use crate::Redactor;
-use crate::driver::{BoxFuture, CallContext, Provider};
+use crate::future::BoxFuture;
+use crate::provider::{CallContext, Provider};
 use aplc_vm::{Completion, Content, Event, EventKind, Part, ProviderError, ProviderRequest};
 
 /// A W3C trace context a run joins: its spans go into that trace, under that span.

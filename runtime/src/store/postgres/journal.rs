@@ -3,7 +3,7 @@
 
 use super::writer::Work;
 use super::{PgStore, SUMMARY_COLUMNS, read_summary, summary_row};
-use crate::driver::BoxFuture;
+use crate::future::BoxFuture;
 use crate::store::{
     Batch, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
     StoredCheckpoint, count, db_int, json_column,

@@ -10,7 +10,7 @@ use tokio_postgres::{Client, Transaction};
 
 use super::lease::{LockOp, PgLease};
 use super::{PgStore, SUMMARY_COLUMNS, copy_error, db_error, summary_row};
-use crate::driver::BoxFuture;
+use crate::future::BoxFuture;
 use crate::store::{
     Claim, Enqueued, IDEMPOTENCY_WINDOW_MS, QueueCounts, QueueEntry, QueueStatus, QueuedRun,
     RunQueue, RunState, Scan, StoreError, claim_order, count, now_ms,

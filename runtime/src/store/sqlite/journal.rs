@@ -4,7 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{Job, SqliteStore, db_error};
-use crate::driver::BoxFuture;
+use crate::future::BoxFuture;
 use crate::store::{
     Batch, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
     StoredCheckpoint, count, db_int, json_column,

@@ -10,7 +10,7 @@ use super::journal::{load_run, read_summary};
 use super::lease::{SqliteLease, holder_alive, take_lease};
 use super::writer::insert_run;
 use super::{Lessee, SqliteStore, Writer, db_error};
-use crate::driver::BoxFuture;
+use crate::future::BoxFuture;
 use crate::store::{
     Claim, Enqueued, IDEMPOTENCY_WINDOW_MS, LoadedRun, QueueCounts, QueueEntry, QueueStatus,
     QueuedRun, RunQueue, RunState, Scan, StoreError, claim_order, count,

@@ -1,0 +1,182 @@
+//! A durable run's journal as its session writes it: every input, encoded with the
+//! position the machine reached, and every event, redacted, batched for the store; the
+//! checkpoints taken every `checkpoint_every` steps; and the stored forms they use
+//! (`spec/durability.md`). No I/O: the driver commits the batches
+//! ([`crate::durable`] holds the store and the lease).
+
+use std::time::Duration;
+
+use aplc_vm::journal::Input;
+use aplc_vm::{Action, Event, Machine, RunOutcome};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value as Json, json};
+
+use crate::redact::Redactor;
+use crate::store::{Batch, QueueStatus, StoredCheckpoint};
+
+/// The message a non-idempotent tool call in flight at a crash resolves with.
+pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
+
+/// The outcome as stored: what `aplc runs show` prints. The final variables are kept,
+/// but not `context_history`: it holds every step's variables, so storing it would cost
+/// each run O(steps × context) at its end, the very growth the journal avoids. The whole
+/// final context is rebuilt from the checkpoints and the journal ([`inspect`]).
+pub fn outcome_json(outcome: &RunOutcome) -> Json {
+    let error = outcome.error.as_ref().map(|error| {
+        json!({
+            "kind": format!("{:?}", error.kind),
+            "message": error.message,
+            "step": error.step,
+        })
+    });
+    json!({
+        "status": QueueStatus::of_run(outcome).as_str(),
+        "error": error,
+        "steps": outcome.steps,
+        "last_step_errors": outcome.last_step_errors,
+        "context": without_history(outcome.context_json()),
+    })
+}
+
+fn without_history(mut context: Json) -> Json {
+    if let Some(map) = context.as_object_mut() {
+        map.remove("context_history");
+    }
+    context
+}
+
+/// What the driver keeps beside the machine's own checkpoint: the machine's clock at the
+/// checkpoint (a resume counts on from it) and how many provider answers came before it.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct DurableState {
+    pub(crate) at: Duration,
+    pub(crate) provider_inputs: u64,
+    pub(crate) machine: Vec<u8>,
+}
+
+/// A durable run's record of what its session consumed and made since the last commit:
+/// every input, encoded as a journal entry with the position the machine reached, and
+/// every event, redacted. No I/O: the driver commits what [`Recorder::batch`] hands out.
+pub(crate) struct Recorder {
+    /// Inputs handed out in batches so far: the number of the first one in `inputs`.
+    committed: u64,
+    inputs: Vec<Vec<u8>>,
+    events: Vec<String>,
+    /// Provider answers journaled so far.
+    provider_inputs: u64,
+    checkpoint_every: u64,
+    pub(crate) steps_at_checkpoint: u64,
+    /// The first `context_history` entry the next checkpoint carries.
+    pub(crate) history_start: u64,
+    /// A checkpoint for the next batch.
+    checkpoint: Option<StoredCheckpoint>,
+    redactor: Redactor,
+}
+
+impl Recorder {
+    /// A record that goes on from `committed` inputs, `provider_inputs` of them provider
+    /// answers, and checkpoints every `checkpoint_every` steps (at least 1).
+    pub(crate) fn new(
+        checkpoint_every: u64,
+        redactor: Redactor,
+        committed: u64,
+        provider_inputs: u64,
+    ) -> Recorder {
+        Recorder {
+            committed,
+            inputs: Vec::new(),
+            events: Vec::new(),
+            provider_inputs,
+            checkpoint_every: checkpoint_every.max(1),
+            steps_at_checkpoint: 0,
+            history_start: 0,
+            checkpoint: None,
+            redactor,
+        }
+    }
+
+    /// What scrubs the journal of secrets.
+    pub(crate) fn redactor(&self) -> &Redactor {
+        &self.redactor
+    }
+
+    /// Hands `input` to `machine` and journals it with the position the machine reached.
+    pub(crate) fn input(&mut self, machine: &mut Machine, input: Input) -> Action {
+        if matches!(input, Input::Provider { .. }) {
+            self.provider_inputs += 1;
+        }
+        let entry = input.entry_head();
+        let action = machine.apply(input);
+        self.inputs.push(entry.finish(machine.position()));
+        action
+    }
+
+    /// Journals `event`, redacted.
+    pub(crate) fn event(&mut self, event: &Event) {
+        let json = self.redactor.redact_json(event.to_json());
+        self.events.push(json.to_string());
+    }
+
+    /// Adds a checkpoint to the next batch if `checkpoint_every` steps passed since the
+    /// last one. A machine holding a value with no durable form is not checkpointed now;
+    /// a resume replays from the previous checkpoint instead.
+    pub(crate) fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) {
+        if machine.steps() >= self.steps_at_checkpoint + self.checkpoint_every {
+            self.checkpoint = self.checkpoint(machine, at).or(self.checkpoint.take());
+        }
+    }
+
+    fn checkpoint(&mut self, machine: &Machine, at: Duration) -> Option<StoredCheckpoint> {
+        let checkpoint = match machine.checkpoint(self.history_start) {
+            Ok(checkpoint) => checkpoint,
+            // `Unencodable`: a value with no durable form; the next checkpoint may do.
+            Err(_) => return None,
+        };
+        let state = DurableState {
+            at,
+            provider_inputs: self.provider_inputs,
+            machine: checkpoint.state,
+        };
+        let state = postcard::to_allocvec(&state).ok()?;
+        self.steps_at_checkpoint = machine.steps();
+        self.history_start = machine.history_len();
+        Some(StoredCheckpoint {
+            inputs: self.committed + self.inputs.len() as u64,
+            history_start: checkpoint.history_start,
+            history: checkpoint.history,
+            state: Some(state),
+        })
+    }
+
+    /// Everything journaled since the last batch, for one transaction: the inputs, the
+    /// events, the checkpoint due, and the outcome at the end (`None` when there is
+    /// nothing to commit). `steps` is the run's step count now.
+    pub(crate) fn batch(&mut self, steps: u64, outcome: Option<Json>) -> Option<Batch> {
+        let checkpoint = self.checkpoint.take();
+        if self.inputs.is_empty()
+            && self.events.is_empty()
+            && checkpoint.is_none()
+            && outcome.is_none()
+        {
+            return None;
+        }
+        let inputs = std::mem::take(&mut self.inputs);
+        let first_input = self.committed;
+        self.committed += inputs.len() as u64;
+        Some(Batch {
+            first_input,
+            inputs,
+            events: std::mem::take(&mut self.events),
+            checkpoint,
+            steps,
+            outcome,
+        })
+    }
+
+    /// The last batch: what is left, with the outcome, redacted.
+    pub(crate) fn finish(&mut self, outcome: &RunOutcome) -> Batch {
+        let stored = self.redactor.redact_json(outcome_json(outcome));
+        let batch = self.batch(outcome.steps, Some(stored));
+        batch.unwrap_or_default()
+    }
+}

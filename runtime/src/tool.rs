@@ -1,0 +1,141 @@
+//! The tool side of a run: the [`Tool`] trait and the [`Toolbox`] of a run's tools.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
+use serde_json::Value as Json;
+
+use crate::future::BoxFuture;
+use crate::redact::Redactor;
+use crate::session::{RunClock, Stopped};
+
+/// A native tool (§5): takes checked arguments (and the context, for `with_context`
+/// tools), returns a JSON result or an error message. A failure never aborts the run.
+pub trait Tool: Send + Sync {
+    /// Runs the tool.
+    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>>;
+}
+
+/// A tool written as an async closure: `|arguments, context| async move { … }`.
+struct FnTool<F>(F);
+
+impl<F, Fut> Tool for FnTool<F>
+where
+    F: Fn(Json, Option<Json>) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<Json, String>> + Send + 'static,
+{
+    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
+        Box::pin((self.0)(
+            invocation.arguments.clone(),
+            invocation.context.clone(),
+        ))
+    }
+}
+
+/// The tools of a run: descriptors (for the machine) and implementations (for the driver).
+#[derive(Default, Clone)]
+pub struct Toolbox {
+    /// Shared with every run's options: registering copies it only while a run holds it.
+    registry: Arc<ToolRegistry>,
+    tools: HashMap<String, Arc<dyn Tool>>,
+    /// Applied to every result and error message before the machine sees it.
+    redactor: Redactor,
+}
+
+impl std::fmt::Debug for Toolbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Toolbox")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Toolbox {
+    /// No tools.
+    pub fn new() -> Toolbox {
+        Toolbox::default()
+    }
+
+    /// Registers a tool implementation under its descriptor.
+    pub fn register(&mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<(), String> {
+        let name = spec.name().to_string();
+        Arc::make_mut(&mut self.registry).register(spec)?;
+        self.tools.insert(name, tool);
+        Ok(())
+    }
+
+    /// Registers an async closure `|arguments, context| async move { … }`.
+    pub fn register_async<F, Fut>(&mut self, spec: ToolSpec, f: F) -> Result<(), String>
+    where
+        F: Fn(Json, Option<Json>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Json, String>> + Send + 'static,
+    {
+        self.register(spec, Arc::new(FnTool(f)))
+    }
+
+    /// Registers a plain closure `|arguments, context| -> Result<Json, String>`.
+    pub fn register_fn<F>(&mut self, spec: ToolSpec, f: F) -> Result<(), String>
+    where
+        F: Fn(Json, Option<Json>) -> Result<Json, String> + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        self.register_async(spec, move |args, ctx| {
+            let f = f.clone();
+            async move { f(args, ctx) }
+        })
+    }
+
+    /// The descriptors, for [`RunOptions::tools`] (an `Arc` clone, not a copy).
+    pub fn registry(&self) -> Arc<ToolRegistry> {
+        self.registry.clone()
+    }
+
+    /// Redacts every tool result and error message with `redactor` before it reaches the
+    /// run (`result_tool_calls`, `errors`, the idempotency cache): a tool may print a
+    /// secret it found, or one a server echoed to it. The CLI passes the run's provider
+    /// secrets.
+    pub fn redact_with(&mut self, redactor: Redactor) {
+        self.redactor = redactor;
+    }
+
+    /// Runs the tool `invocation` asks for until the run's deadline or cancel: its
+    /// result, redacted, or why it was dropped.
+    pub(crate) async fn run(
+        &self,
+        invocation: &ToolInvocation,
+        clock: &RunClock,
+    ) -> Result<Result<Json, String>, Stopped> {
+        let result = match self.tools.get(&invocation.name) {
+            Some(tool) => clock.until_stopped(tool.call(invocation)).await?,
+            None => Err("the tool has a descriptor but no implementation".to_string()),
+        };
+        Ok(self.redacted(result))
+    }
+
+    /// True if the tool `name` is declared idempotent: running it twice does no harm.
+    pub(crate) fn is_idempotent(&self, name: &str) -> bool {
+        self.registry
+            .get(name)
+            .is_some_and(|spec| spec.idempotency().is_some())
+    }
+
+    /// `result` with every secret the toolbox knows replaced.
+    fn redacted(&self, result: Result<Json, String>) -> Result<Json, String> {
+        match result {
+            Ok(json) => Ok(self.redactor.redact_json(json)),
+            Err(message) => Err(self.redactor.redact(&message)),
+        }
+    }
+
+    /// Number of tools.
+    pub fn len(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// True without tools.
+    pub fn is_empty(&self) -> bool {
+        self.registry.is_empty()
+    }
+}
