@@ -422,8 +422,10 @@ async fn submit_then_wait_and_submit_then_poll() {
 
     let (status, accepted) = client.submit("p", 3, false).await;
     assert_eq!(status, 202, "{accepted}");
+    // The status is the store's when the answer is made: on a loaded machine the worker
+    // can finish the run's three fast calls first, so `completed` is a right answer too.
     assert!(
-        ["queued", "running"].contains(&accepted["status"].as_str().unwrap()),
+        ["queued", "running", "completed"].contains(&accepted["status"].as_str().unwrap()),
         "{accepted}"
     );
     let id = accepted["run_id"].as_str().expect("run id");

@@ -51,7 +51,7 @@ pub use door::Expecting;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::run::journal::{Checkpoint, JournalError};
+use crate::run::journal::{Checkpoint, Input, JournalError};
 
 use imbl::Vector;
 use minijinja::Value;
@@ -347,8 +347,35 @@ impl Machine {
         self.store.vars()
     }
 
-    /// Runs until the next [`Action`].
+    /// Runs until the next [`Action`]: `apply(Input::Poll { at: now })`.
     pub fn poll(&mut self, now: Duration) -> Action {
+        self.apply(Input::Poll { at: now })
+    }
+
+    /// Hands the machine the result of the provider call it asked for:
+    /// `apply(Input::Provider { at: now, result })`.
+    pub fn handle_provider_response(
+        &mut self,
+        now: Duration,
+        result: Result<Completion, ProviderError>,
+    ) {
+        let _continue = self.apply(Input::Provider { at: now, result });
+    }
+
+    /// Hands the machine the result of the tool call it asked for, the tool's output or
+    /// an error message: `apply(Input::Tool { at: now, result })`.
+    pub fn handle_tool_result(&mut self, now: Duration, result: Result<serde_json::Value, String>) {
+        let _continue = self.apply(Input::Tool { at: now, result });
+    }
+
+    /// Tells the machine its deadline passed while it waited for the driver:
+    /// `apply(Input::Timeout { at: now })`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        let _continue = self.apply(Input::Timeout { at: now });
+    }
+
+    /// [`Input::Poll`]: runs until the next [`Action`].
+    fn take_poll(&mut self, now: Duration) -> Action {
         if !self.events.on() {
             return self.run_until_action(now);
         }
@@ -455,12 +482,8 @@ impl Machine {
         }
     }
 
-    /// Hands the machine the result of the provider call it asked for.
-    pub fn handle_provider_response(
-        &mut self,
-        now: Duration,
-        result: Result<Completion, ProviderError>,
-    ) {
+    /// [`Input::Provider`]: the result of the provider call the machine asked for.
+    fn take_provider_response(&mut self, now: Duration, result: Result<Completion, ProviderError>) {
         self.events.at(now);
         if !matches!(self.state, State::AwaitingProvider) {
             self.fail(
@@ -478,9 +501,8 @@ impl Machine {
         self.state = State::Responded(result);
     }
 
-    /// Hands the machine the result of the tool call it asked for: the tool's output, or
-    /// an error message.
-    pub fn handle_tool_result(&mut self, now: Duration, result: Result<serde_json::Value, String>) {
+    /// [`Input::Tool`]: the result of the tool call the machine asked for.
+    fn take_tool_result(&mut self, now: Duration, result: Result<serde_json::Value, String>) {
         self.events.at(now);
         let key = match std::mem::replace(&mut self.state, State::Running) {
             State::AwaitingTool { key } => key,
@@ -530,8 +552,8 @@ impl Machine {
         self.report_errors();
     }
 
-    /// Tells the machine its deadline passed while it waited for the driver.
-    pub fn handle_timeout(&mut self, now: Duration) {
+    /// [`Input::Timeout`]: the deadline passed while the machine waited for the driver.
+    fn take_timeout(&mut self, now: Duration) {
         self.events.at(now);
         if !matches!(self.state, State::Done) && now >= self.deadline {
             if matches!(self.state, State::AwaitingProvider) {

@@ -7,7 +7,7 @@
 //! and nothing re-dispatches inputs by hand.
 
 use super::{Action, Machine, State};
-use crate::journal::{Input, JournalError, Position};
+use crate::run::journal::{Input, JournalError, Position};
 
 /// The kind of input the machine waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,10 +53,10 @@ impl Machine {
     /// [`Action::Continue`], since the machine goes on only when polled with a fresh time.
     pub fn apply(&mut self, input: Input) -> Action {
         match input {
-            Input::Poll { at } => return self.poll(at),
-            Input::Provider { at, result } => self.handle_provider_response(at, result),
-            Input::Tool { at, result } => self.handle_tool_result(at, result),
-            Input::Timeout { at } => self.handle_timeout(at),
+            Input::Poll { at } => return self.take_poll(at),
+            Input::Provider { at, result } => self.take_provider_response(at, result),
+            Input::Tool { at, result } => self.take_tool_result(at, result),
+            Input::Timeout { at } => self.take_timeout(at),
         }
         Action::Continue
     }
