@@ -41,14 +41,40 @@ impl fmt::Debug for HttpClient {
     }
 }
 
+/// Why the HTTP client could not be built. A proxy variable is named, never its value
+/// (which may hold a password).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpClientError {
+    /// A proxy variable is not a URL.
+    #[error("`{variable}` is not a valid proxy URL ({reason})")]
+    ProxyUrl {
+        /// The variable (`HTTPS_PROXY`).
+        variable: &'static str,
+        /// What the URL parser said.
+        reason: String,
+    },
+    /// A proxy variable is a URL that cannot be used as a proxy.
+    #[error("`{variable}` is not usable: {reason}")]
+    Proxy {
+        /// The variable.
+        variable: &'static str,
+        /// Why, with its causes.
+        reason: String,
+    },
+    /// The TLS or client set-up failed.
+    #[error("could not build the HTTP client: {0}")]
+    Build(String),
+}
+
 impl HttpClient {
     /// A client whose proxies come from the process environment.
-    pub fn new() -> Result<HttpClient, String> {
+    pub fn new() -> Result<HttpClient, HttpClientError> {
         HttpClient::with_env(&|name| std::env::var(name).ok())
     }
 
     /// A client whose proxies come from `env` (a lookup of environment variables).
-    pub fn with_env(env: &dyn Fn(&str) -> Option<String>) -> Result<HttpClient, String> {
+    pub fn with_env(env: &dyn Fn(&str) -> Option<String>) -> Result<HttpClient, HttpClientError> {
         ensure_crypto_provider();
         // `no_proxy` first: it drops reqwest's own reading of the environment, so only the
         // proxies below (which never cover loopback) are used.
@@ -61,7 +87,7 @@ impl HttpClient {
         }
         let client = builder
             .build()
-            .map_err(|e| format!("could not build the HTTP client: {}", causes(&e)))?;
+            .map_err(|e| HttpClientError::Build(causes(&e)))?;
         Ok(HttpClient { client })
     }
 
@@ -93,7 +119,7 @@ fn redirect_policy() -> reqwest::redirect::Policy {
 /// A scheme's own variable wins over `ALL_PROXY`; the upper-case name over the lower-case
 /// one, except that `HTTP_PROXY` is ignored in a CGI program (`REQUEST_METHOD` set),
 /// where a client can set it through a `Proxy:` header ("httpoxy").
-fn proxies(env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Proxy>, String> {
+fn proxies(env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Proxy>, HttpClientError> {
     let first = |names: &[&'static str]| {
         names.iter().find_map(|name| {
             env(name)
@@ -127,9 +153,14 @@ fn proxies(env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Proxy>, String> {
         } else {
             format!("http://{value}")
         };
-        let url = Url::parse(&with_scheme)
-            .map_err(|e| format!("`{name}` is not a valid proxy URL ({e})"))?;
-        let proxy = make(url).map_err(|e| format!("`{name}` is not usable: {}", causes(&e)))?;
+        let url = Url::parse(&with_scheme).map_err(|e| HttpClientError::ProxyUrl {
+            variable: name,
+            reason: e.to_string(),
+        })?;
+        let proxy = make(url).map_err(|e| HttpClientError::Proxy {
+            variable: name,
+            reason: causes(&e),
+        })?;
         proxies.push(proxy.no_proxy(reqwest::NoProxy::from_string(&bypass)));
     }
     Ok(proxies)
@@ -256,7 +287,9 @@ mod tests {
             ("HTTP_PROXY", "127.0.0.1:3128"),
         ]));
         assert_eq!(cgi.map(|p| p.len()).ok(), Some(0));
-        let e = proxies(&env_of(&[("HTTP_PROXY", "http://u:secret@[::1")])).unwrap_err();
+        let e = proxies(&env_of(&[("HTTP_PROXY", "http://u:secret@[::1")]))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("`HTTP_PROXY` is not a valid proxy URL"),
             "{e}"

@@ -475,28 +475,75 @@ fn status_kind(status: StatusCode) -> ProviderErrorKind {
 // ---------------------------------------------------------------------------------------
 // Configuration helpers, shared by the providers' constructors.
 
+/// Why an HTTP provider's configuration was refused (`OpenAiProvider::new`,
+/// `AnthropicProvider::new`). No message repeats a key, a header value, or a URL's
+/// credentials, query or fragment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The base URL does not parse, is not http(s), or has a query or fragment.
+    #[error("invalid base URL `{url}`: {reason}")]
+    BaseUrl {
+        /// The URL as it may be shown.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The base URL has a user name or password.
+    #[error(
+        "invalid base URL: credentials in the URL are not supported; use an API key or a \
+         header"
+    )]
+    Credentials,
+    /// A zero request timeout.
+    #[error("the request timeout must be greater than zero")]
+    ZeroTimeout,
+    /// A configured header's name is not valid HTTP.
+    #[error("`{0}` is not a valid HTTP header name")]
+    HeaderName(String),
+    /// A configured header is one the provider sets itself.
+    #[error("header `{0}` is set by the provider and cannot be configured")]
+    ManagedHeader(String),
+    /// An API key and the header that carries it are both configured.
+    #[error("both an API key and an `{0}` header are configured: use one of them")]
+    KeyAndHeader(&'static str),
+    /// A configured header's value is not valid HTTP (named by the header).
+    #[error("the value of header `{0}` is not a valid HTTP header value")]
+    HeaderValue(String),
+    /// The API key is blank.
+    #[error("the API key is empty")]
+    EmptyKey,
+    /// The API key cannot be sent in a header.
+    #[error(
+        "the API key is not a valid HTTP header value (it holds a line break or another \
+         control character)"
+    )]
+    KeyValue,
+    /// The Anthropic API version cannot be sent in a header.
+    #[error("the API version is not a valid HTTP header value")]
+    ApiVersion,
+    /// The provider's own HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] crate::http::HttpClientError),
+}
+
 /// `{base_url}/v1/{path}`, without doubling a trailing `/v1`; a URL with credentials, a
 /// query string or a fragment is refused without showing them.
-pub(crate) fn endpoint(base_url: &str, path: &str) -> Result<Url, String> {
+pub(crate) fn endpoint(base_url: &str, path: &str) -> Result<Url, ConfigError> {
     let text = base_url.trim();
-    let shown = printable_url(text);
-    let mut url = Url::parse(text).map_err(|e| format!("invalid base URL `{shown}`: {e}"))?;
+    let invalid = |reason: String| ConfigError::BaseUrl {
+        url: printable_url(text),
+        reason,
+    };
+    let mut url = Url::parse(text).map_err(|e| invalid(e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "invalid base URL `{shown}`: expected an http:// or https:// URL"
-        ));
+        return Err(invalid("expected an http:// or https:// URL".into()));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(
-            "invalid base URL: credentials in the URL are not supported; use an API \
-                    key or a header"
-                .into(),
-        );
+        return Err(ConfigError::Credentials);
     }
     if url.query().is_some() || url.fragment().is_some() {
-        return Err(format!(
-            "invalid base URL `{shown}`: a base URL has no query string or fragment"
-        ));
+        return Err(invalid("a base URL has no query string or fragment".into()));
     }
     let base = url.path().trim_end_matches('/');
     let full = if base.ends_with("/v1") {
@@ -528,7 +575,7 @@ pub(crate) fn request_headers(
     managed: &[HeaderName],
     key_header: &KeyHeader,
     key: Option<&str>,
-) -> Result<(HeaderMap, Vec<String>), String> {
+) -> Result<(HeaderMap, Vec<String>), ConfigError> {
     let mut headers = HeaderMap::new();
     headers.insert(
         header::CONTENT_TYPE,
@@ -538,21 +585,15 @@ pub(crate) fn request_headers(
     let mut secrets = Vec::new();
     for (name, value) in configured {
         let header_name = HeaderName::from_bytes(name.trim().as_bytes())
-            .map_err(|_| format!("`{name}` is not a valid HTTP header name"))?;
+            .map_err(|_| ConfigError::HeaderName(name.clone()))?;
         if MANAGED_HEADERS.contains(&header_name) || managed.contains(&header_name) {
-            return Err(format!(
-                "header `{header_name}` is set by the provider and cannot be configured"
-            ));
+            return Err(ConfigError::ManagedHeader(header_name.to_string()));
         }
         if header_name == key_header.name && key.is_some() {
-            return Err(format!(
-                "both an API key and an `{}` header are configured: use one of them",
-                key_header.shown
-            ));
+            return Err(ConfigError::KeyAndHeader(key_header.shown));
         }
-        let mut header_value = HeaderValue::from_str(value.trim()).map_err(|_| {
-            format!("the value of header `{header_name}` is not a valid HTTP header value")
-        })?;
+        let mut header_value = HeaderValue::from_str(value.trim())
+            .map_err(|_| ConfigError::HeaderValue(header_name.to_string()))?;
         header_value.set_sensitive(true);
         headers.append(header_name, header_value);
         secrets.push(value.trim().to_owned());
@@ -560,14 +601,10 @@ pub(crate) fn request_headers(
     if let Some(key) = key {
         let key = key.trim();
         if key.is_empty() {
-            return Err("the API key is empty".into());
+            return Err(ConfigError::EmptyKey);
         }
-        let mut value =
-            HeaderValue::from_str(&format!("{}{key}", key_header.prefix)).map_err(|_| {
-                "the API key is not a valid HTTP header value (it holds a line break or \
-                 another control character)"
-                    .to_string()
-            })?;
+        let mut value = HeaderValue::from_str(&format!("{}{key}", key_header.prefix))
+            .map_err(|_| ConfigError::KeyValue)?;
         value.set_sensitive(true);
         headers.insert(key_header.name.clone(), value);
         secrets.push(key.to_owned());
@@ -841,10 +878,12 @@ mod tests {
             ("http://h/?key=1", "no query string"),
             ("nonsense", "invalid base URL `nonsense`"),
         ] {
-            let e = endpoint(base, "chat/completions").unwrap_err();
+            let e = endpoint(base, "chat/completions").unwrap_err().to_string();
             assert!(e.contains(error), "{base}: {e}");
         }
-        let e = endpoint("https://user:sk-secret-1234@h", "messages").unwrap_err();
+        let e = endpoint("https://user:sk-secret-1234@h", "messages")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("sk-secret"), "{e}");
         assert_eq!(
             endpoint("http://h:1/v1/", "messages").unwrap().as_str(),
@@ -865,7 +904,9 @@ mod tests {
             "http://h:1/v1?<redacted>"
         );
         assert_eq!(printable_url("https://h#a@b"), "https://h#<redacted>");
-        let e = endpoint("http://h/?key=sk-0123456789abcdef", "messages").unwrap_err();
+        let e = endpoint("http://h/?key=sk-0123456789abcdef", "messages")
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "invalid base URL `http://h/?<redacted>`: a base URL has no query string or fragment"
@@ -1004,7 +1045,8 @@ mod tests {
             &key_header,
             Some("sk"),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "both an API key and an `x-api-key` header are configured: use one of them"
@@ -1015,7 +1057,8 @@ mod tests {
             &key_header,
             None,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "header `anthropic-version` is set by the provider and cannot be configured"

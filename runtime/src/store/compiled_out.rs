@@ -5,7 +5,6 @@
 use super::StoreError;
 
 /// The error of opening a store whose backend `feature` is compiled out.
-#[cfg(any(not(feature = "sqlite"), not(feature = "postgres")))]
 fn compiled_out(feature: &str) -> StoreError {
     StoreError::Open(format!(
         "this aplc was built without the `{feature}` feature"

@@ -11,6 +11,7 @@ use crate::driver::BoxFuture;
 
 // Each backend is a cargo feature (both on by default). A URL whose backend is compiled
 // out still parses, and opening it is an error that names the feature (`compiled_out`).
+#[cfg(any(not(feature = "sqlite"), not(feature = "postgres")))]
 mod compiled_out;
 #[cfg(not(feature = "postgres"))]
 use compiled_out::postgres;

@@ -40,7 +40,10 @@ impl fmt::Debug for OtlpClient {
 impl OtlpClient {
     /// A client on a new export runtime; proxies as `crate::http::HttpClient` reads them.
     pub(crate) fn new(env: &dyn Fn(&str) -> Option<String>) -> Result<OtlpClient, String> {
-        let client = crate::http::HttpClient::with_env(env)?.inner().clone();
+        let client = crate::http::HttpClient::with_env(env)
+            .map_err(|e| e.to_string())?
+            .inner()
+            .clone();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("aplc-otlp")
