@@ -465,3 +465,220 @@ impl Provider for LazyHttp {
         self.provider().as_ref().ok()?.provider_name(model)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::ffi::OsString;
+    use std::time::{Duration, Instant};
+
+    use aplc_vm::{Message, Role};
+
+    use super::*;
+
+    /// Variables and files from maps; warnings kept. Never the real environment.
+    #[derive(Default)]
+    struct Fake {
+        vars: HashMap<&'static str, &'static str>,
+        files: HashMap<&'static str, &'static str>,
+        not_unicode: Vec<&'static str>,
+        warnings: RefCell<Vec<Warning>>,
+    }
+
+    impl Environment for Fake {
+        fn var(&self, name: &str) -> Result<String, VarError> {
+            if self.not_unicode.contains(&name) {
+                return Err(VarError::NotUnicode(OsString::from("x")));
+            }
+            self.vars
+                .get(name)
+                .map(|v| v.to_string())
+                .ok_or(VarError::NotPresent)
+        }
+
+        fn read(&self, path: &Path) -> std::io::Result<String> {
+            let name = path.to_string_lossy();
+            match self.files.get(name.as_ref()) {
+                Some(text) => Ok(text.to_string()),
+                None => Err(std::io::Error::other(format!("cannot read {name}"))),
+            }
+        }
+
+        fn warn(&self, warning: Warning) {
+            self.warnings.borrow_mut().push(warning);
+        }
+    }
+
+    fn file(path: &str) -> Option<Source> {
+        Some(Source::File(PathBuf::from(path)))
+    }
+
+    const PROVIDERS: &str = r#"{"routes": [
+        {"model": "gpt-*", "kind": "openai", "api_key_env": "ROUTE_KEY",
+         "headers_env": {"x-gateway": "GATEWAY_TOKEN"}, "base_url": "http://127.0.0.1:9"},
+        {"model": "*", "kind": "mock", "responses": ["hi"]}
+    ]}"#;
+
+    #[test]
+    fn every_variable_read_is_a_secret() {
+        let env = Fake {
+            vars: HashMap::from([
+                ("ROUTE_KEY", "sk-route-key-0123456789"),
+                ("GATEWAY_TOKEN", "gateway-token-9876543210"),
+            ]),
+            files: HashMap::from([
+                ("providers.json", PROVIDERS),
+                (
+                    "dir/tools.json",
+                    r#"{"t": {"command": ["true"], "descriptor": {}}}"#,
+                ),
+            ]),
+            ..Fake::default()
+        };
+        let equipment = Builder::new(Secrets::default())
+            .providers(file("providers.json"))
+            .api_key(Some("sk-flag-key-abcdefghij".into()))
+            .tools(Some(PathBuf::from("dir/tools.json")))
+            .build(&env)
+            .unwrap();
+        let variables = equipment.secrets.variables();
+        assert!(variables.iter().any(|v| v == "ROUTE_KEY"), "{variables:?}");
+        assert!(
+            variables.iter().any(|v| v == "GATEWAY_TOKEN"),
+            "{variables:?}"
+        );
+        let text = "sk-route-key-0123456789 gateway-token-9876543210 sk-flag-key-abcdefghij";
+        assert_eq!(
+            equipment.redactor.redact(text),
+            "<redacted> <redacted> <redacted>"
+        );
+        assert_eq!(
+            equipment.toolbox.registry().names().collect::<Vec<_>>(),
+            ["t"]
+        );
+        assert!(!equipment.no_key && equipment.scripted.is_none());
+        // The key flag goes unused with a providers file: the host hears of it.
+        assert_eq!(*env.warnings.borrow(), [Warning::HttpSettingsWithProviders]);
+    }
+
+    #[test]
+    fn errors_name_the_file_the_route_and_the_key() {
+        let env = Fake {
+            files: HashMap::from([("providers.json", PROVIDERS), ("mock.json", "[3]")]),
+            ..Fake::default()
+        };
+        let error = Builder::default()
+            .providers(file("providers.json"))
+            .build(&env)
+            .unwrap_err();
+        let EquipError::Providers { name, error } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(name, "providers.json");
+        assert!(
+            matches!(
+                &**error,
+                RoutingError::Route {
+                    index: 0,
+                    error: crate::routing::RouteError::VariableNotSet { variable, key },
+                } if variable == "ROUTE_KEY" && key == "api_key_env"
+            ),
+            "{error:?}"
+        );
+        let both = Builder::default()
+            .providers(file("providers.json"))
+            .mock(file("mock.json"))
+            .build(&env);
+        assert!(matches!(both, Err(EquipError::MockAndProviders)));
+        let mock = Builder::default().mock(file("mock.json")).build(&env);
+        let message = mock.map(|_| ()).unwrap_err().to_string();
+        assert!(
+            message.starts_with("mock.json: mock entry 0: "),
+            "{message}"
+        );
+        let missing = Builder::default()
+            .tools(Some("nope.json".into()))
+            .build(&env);
+        assert_eq!(
+            missing.map(|_| ()).unwrap_err().to_string(),
+            "cannot read nope.json"
+        );
+    }
+
+    #[test]
+    fn the_http_provider_takes_the_flag_key_else_the_variable() {
+        let with = |vars: &[(&'static str, &'static str)], key: Option<&str>, url: Option<&str>| {
+            let env = Fake {
+                vars: vars.iter().copied().collect(),
+                ..Fake::default()
+            };
+            let equipment = Builder::default()
+                .api_key(key.map(str::to_owned))
+                .base_url(url.map(str::to_owned))
+                .build(&env)
+                .unwrap();
+            equipment.no_key
+        };
+        let variable = [("OPENAI_API_KEY", "sk-env-0123456789")];
+        assert!(with(&[], None, None), "no key anywhere");
+        assert!(!with(&variable, None, None));
+        assert!(!with(&[], Some("sk-flag"), None));
+        // A blank flag is no key, and does not fall back to the variable.
+        assert!(with(&variable, Some("  "), None));
+        // A base URL (a local server) needs no key.
+        assert!(!with(&[], None, Some("http://127.0.0.1:9")));
+
+        let env = Fake {
+            not_unicode: vec!["OPENAI_API_KEY"],
+            ..Fake::default()
+        };
+        let equipment = Builder::default().build(&env).unwrap();
+        assert!(equipment.no_key);
+        assert_eq!(*env.warnings.borrow(), [Warning::KeyNotUnicode]);
+    }
+
+    #[test]
+    fn mock_answers_are_shared_and_stream_on_request() {
+        let env = Fake {
+            files: HashMap::from([("mock.json", r#"["one", "two"]"#)]),
+            ..Fake::default()
+        };
+        let equipment = Builder::default()
+            .mock(file("mock.json"))
+            .base_url(Some("http://127.0.0.1:9".into()))
+            .stream(true)
+            .build(&env)
+            .unwrap();
+        assert!(equipment.scripted.is_some());
+        assert!(!equipment.no_key);
+        assert_eq!(*env.warnings.borrow(), [Warning::HttpSettingsWithMock]);
+    }
+
+    #[tokio::test]
+    async fn a_lazy_http_provider_fails_its_first_call_not_the_build() {
+        let env = Fake::default();
+        let eager = Builder::default()
+            .base_url(Some("ftp://h".into()))
+            .build(&env);
+        assert!(
+            matches!(
+                eager,
+                Err(EquipError::Provider(ConfigError::BaseUrl { .. }))
+            ),
+            "{eager:?}"
+        );
+        let lazy = Builder::default()
+            .base_url(Some("ftp://h".into()))
+            .lazy(true)
+            .build(&env)
+            .unwrap();
+        let request = ProviderRequest::new("gpt-4o", vec![Message::text(Role::User, "hi")]);
+        let call = CallContext::new(Instant::now() + Duration::from_secs(60));
+        let error = lazy.provider.complete(&request, &call).await.unwrap_err();
+        assert_eq!(error.kind, ProviderErrorKind::InvalidRequest);
+        assert_eq!(
+            error.message,
+            "invalid base URL `ftp://h`: expected an http:// or https:// URL"
+        );
+    }
+}

@@ -828,4 +828,90 @@ mod tests {
             r#"{"gpt-*": "openai http://127.0.0.1:1/v1/chat/completions", "o?": "openai http://127.0.0.1:1/v1/chat/completions", "*": "mock (1 responses)"}"#
         );
     }
+
+    #[test]
+    fn errors_are_typed_with_the_route_index_and_the_key() {
+        let config = r#"{"routes": [
+            {"model": "*", "kind": "mock", "responses": []},
+            {"model": "*", "kind": "openai", "headers_env": {"api-key": "NOPE"}}
+        ]}"#;
+        let error = Router::from_config_json(config, &no_env).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                RoutingError::Route {
+                    index: 1,
+                    error: RouteError::VariableNotSet { variable, key },
+                } if variable == "NOPE" && key == "headers_env.api-key"
+            ),
+            "{error:?}"
+        );
+        let error = ProvidersConfig::from_json_text(
+            r#"{"routes": [{"model": "*", "kind": "openai", "max_retries": "3"}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                RoutingError::Route {
+                    index: 0,
+                    error: RouteError::Invalid(Invalid { key: Some(key), .. }),
+                } if key == "max_retries"
+            ),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn the_files_accepted_are_those_of_the_format() {
+        let cases = [
+            // A null is a value of the wrong type, not an absent key.
+            (
+                r#"{"model": "*", "kind": "openai", "base_url": null}"#,
+                "`base_url`: invalid type: null, expected a string",
+            ),
+            (
+                r#"{"model": "*", "kind": "mock", "responses": [], "stream": null}"#,
+                "`stream`: invalid type: null, expected a boolean",
+            ),
+            (
+                r#"{"model": "*", "kind": "openai", "anthropic_version": "2023-06-01"}"#,
+                "unknown field `anthropic_version`, expected one of `model`, `base_url`, \
+                 `api_key_env`, `headers`, `headers_env`, `timeout_ms`, `max_retries`, \
+                 `retry_base_delay_ms`, `stream` (kind `openai`)",
+            ),
+            (
+                r#"{"model": ["a", 3], "kind": "mock", "responses": []}"#,
+                "`model[1]`: invalid type: integer `3`, expected a string",
+            ),
+            (
+                r#"{"model": "*", "kind": 3}"#,
+                "unknown `kind` 3 (expected `openai`, `anthropic` or `mock`)",
+            ),
+        ];
+        for (route, expected) in cases {
+            let error = RouteConfig::read(serde_json::from_str(route).unwrap()).unwrap_err();
+            assert_eq!(error.to_string(), expected, "{route}");
+        }
+    }
+
+    #[test]
+    fn streaming_every_route_overrides_the_file() {
+        let mut config = ProvidersConfig::from_json_text(
+            r#"{"routes": [
+                {"model": "a", "kind": "mock", "responses": [], "stream": false},
+                {"model": "b", "kind": "openai"},
+                {"model": "c", "kind": "anthropic", "stream": false}
+            ]}"#,
+        )
+        .unwrap();
+        config.stream_every_route();
+        for route in &config.routes {
+            let stream = match route {
+                RouteConfig::OpenAi(http) | RouteConfig::Anthropic(http) => http.stream,
+                RouteConfig::Mock(mock) => mock.stream,
+            };
+            assert_eq!(stream, Some(true), "{route:?}");
+        }
+    }
 }
