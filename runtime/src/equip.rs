@@ -17,7 +17,9 @@ use std::env::VarError;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use aplc_vm::{Completion, ProviderError, ProviderErrorKind, ProviderRequest, ScriptedProvider};
+use aplc_vm::{
+    Completion, ProviderError, ProviderErrorKind, ProviderRequest, ScriptError, ScriptedProvider,
+};
 
 use crate::driver::{BoxFuture, CallContext, Provider, Scripted, Toolbox};
 use crate::http::{HttpClient, HttpClientError};
@@ -96,12 +98,12 @@ pub enum EquipError {
     #[error("{0}")]
     Read(#[source] std::io::Error),
     /// The mock answers are not a valid script.
-    #[error("{name}: {message}")]
+    #[error("{name}: {error}")]
     Mock {
         /// The file.
         name: String,
         /// What is wrong (`mock entry 3: …`).
-        message: String,
+        error: ScriptError,
     },
     /// The providers file is refused.
     #[error("{name}: {error}")]
@@ -276,7 +278,7 @@ impl Builder {
         if let Some(source) = &self.mock {
             let (name, text) = read(reading.env, source)?;
             let script = ScriptedProvider::from_json(&text)
-                .map_err(|message| EquipError::Mock { name, message })?;
+                .map_err(|error| EquipError::Mock { name, error })?;
             if http_settings {
                 reading.env.warn(Warning::HttpSettingsWithMock);
             }

@@ -66,7 +66,7 @@ pub use run::{DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError, RunErrorKind, RunOpt
 pub mod names;
 pub use names::{RESERVED_VARIABLES, user_defaults};
 pub use program::{LoadError, MAX_STEPS, MAX_TEMPLATE_BYTES, MAX_TEMPLATES, Program, check_size};
-pub use provider::ScriptedProvider;
+pub use provider::{ScriptError, ScriptedProvider};
 pub use request::build_request;
 pub use store::{Snapshot, Store, Vars, value_from_json};
 pub use template_check::{

@@ -127,8 +127,8 @@ pub enum RouteError {
     #[error(transparent)]
     Provider(crate::openai::ConfigError),
     /// A `mock` route's `responses` are not a valid script (`mock entry 3: …`).
-    #[error("{0}")]
-    Responses(String),
+    #[error(transparent)]
+    Responses(aplc_vm::ScriptError),
 }
 
 /// A key that is unknown, missing or of the wrong type, as serde says it, with the key
