@@ -67,6 +67,58 @@ pub enum HttpClientError {
     Build(String),
 }
 
+/// Why an HTTP provider's configuration was refused (`OpenAiProvider::new`,
+/// `AnthropicProvider::new`). No message repeats a key, a header value, or a URL's
+/// credentials, query or fragment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The base URL does not parse, is not http(s), or has a query or fragment.
+    #[error("invalid base URL `{url}`: {reason}")]
+    BaseUrl {
+        /// The URL as it may be shown.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The base URL has a user name or password.
+    #[error(
+        "invalid base URL: credentials in the URL are not supported; use an API key or a \
+         header"
+    )]
+    Credentials,
+    /// A zero request timeout.
+    #[error("the request timeout must be greater than zero")]
+    ZeroTimeout,
+    /// A configured header's name is not valid HTTP.
+    #[error("`{0}` is not a valid HTTP header name")]
+    HeaderName(String),
+    /// A configured header is one the provider sets itself.
+    #[error("header `{0}` is set by the provider and cannot be configured")]
+    ManagedHeader(String),
+    /// An API key and the header that carries it are both configured.
+    #[error("both an API key and an `{0}` header are configured: use one of them")]
+    KeyAndHeader(&'static str),
+    /// A configured header's value is not valid HTTP (named by the header).
+    #[error("the value of header `{0}` is not a valid HTTP header value")]
+    HeaderValue(String),
+    /// The API key is blank.
+    #[error("the API key is empty")]
+    EmptyKey,
+    /// The API key cannot be sent in a header.
+    #[error(
+        "the API key is not a valid HTTP header value (it holds a line break or another \
+         control character)"
+    )]
+    KeyValue,
+    /// The Anthropic API version cannot be sent in a header.
+    #[error("the API version is not a valid HTTP header value")]
+    ApiVersion,
+    /// The provider's own HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] HttpClientError),
+}
+
 impl HttpClient {
     /// A client whose proxies come from the process environment.
     pub fn new() -> Result<HttpClient, HttpClientError> {

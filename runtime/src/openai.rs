@@ -25,9 +25,9 @@ use reqwest::header;
 use serde_json::Value as Json;
 
 use crate::driver::{BoxFuture, CallContext, Provider};
+pub use crate::http::ConfigError;
 use crate::http::HttpClient;
 use crate::redact::Redactor;
-pub use crate::transport::ConfigError;
 use crate::transport::{
     self, EXCERPT_CHARS, KeyHeader, MANAGED_HEADERS, Redacted, RedactedHeaders, Retries, Transport,
     excerpt, printable_url, status_text,
