@@ -160,8 +160,8 @@ impl std::fmt::Debug for Equipment {
 
 /// What to build [`Equipment`] from. Without mock answers or a providers file, the
 /// provider is the OpenAI-compatible HTTP provider at the base URL (default
-/// api.openai.com) with the API key, else `OPENAI_API_KEY`.
-#[derive(Debug, Default)]
+/// api.openai.com) with the API key, else `OPENAI_API_KEY`. `Debug` never shows the key.
+#[derive(Default)]
 pub struct Builder {
     secrets: Secrets,
     providers: Option<Source>,
@@ -171,6 +171,28 @@ pub struct Builder {
     tools: Option<PathBuf>,
     stream: bool,
     lazy: bool,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("secrets", &self.secrets)
+            .field("providers", &self.providers)
+            .field("mock", &self.mock)
+            // A URL may carry credentials or a `?key=`: shown as errors show it.
+            .field(
+                "base_url",
+                &self
+                    .base_url
+                    .as_deref()
+                    .map(crate::transport::printable_url),
+            )
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("tools", &self.tools)
+            .field("stream", &self.stream)
+            .field("lazy", &self.lazy)
+            .finish()
+    }
 }
 
 impl Builder {
@@ -229,7 +251,7 @@ impl Builder {
     }
 
     /// Builds the equipment, reading variables and files through `env`.
-    pub fn build(self, env: &dyn Environment) -> Result<Equipment, EquipError> {
+    pub fn build(mut self, env: &dyn Environment) -> Result<Equipment, EquipError> {
         if self.mock.is_some() && self.providers.is_some() {
             return Err(EquipError::MockAndProviders);
         }
@@ -240,7 +262,7 @@ impl Builder {
         } else {
             None
         };
-        let mut secrets = self.secrets.clone();
+        let mut secrets = std::mem::take(&mut self.secrets);
         // Even when the key's provider is not used (mock answers), it is the user's key.
         if let Some(key) = &self.api_key {
             secrets.value(key);
@@ -637,6 +659,17 @@ mod tests {
         let equipment = Builder::default().build(&env).unwrap();
         assert!(equipment.no_key);
         assert_eq!(*env.warnings.borrow(), [Warning::KeyNotUnicode]);
+    }
+
+    #[test]
+    fn the_builder_never_shows_the_key() {
+        let builder = Builder::default()
+            .api_key(Some("sk-debug-0123456789".into()))
+            .base_url(Some("http://127.0.0.1:9/v1?key=sk-url-0123456789".into()));
+        let debug = format!("{builder:?}");
+        assert!(!debug.contains("sk-debug"), "{debug}");
+        assert!(!debug.contains("sk-url"), "{debug}");
+        assert!(debug.contains("<redacted>"), "{debug}");
     }
 
     #[test]
