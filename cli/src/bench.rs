@@ -702,10 +702,10 @@ mod otlp_sink {
             let env =
                 |name: &str| (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| endpoint.clone());
             let config = TelemetryConfig::resolve(&env, TelemetryFlags::default())
-                .map_err(Failure::run)?
+                .map_err(|e| Failure::run(e.to_string()))?
                 .config
                 .ok_or_else(|| Failure::run("the OTLP sink's configuration is off"))?;
-            Telemetry::start(&config, &|_| None).map_err(Failure::run)
+            Telemetry::start(&config, &|_| None).map_err(|e| Failure::run(e.to_string()))
         }
     }
 
@@ -720,7 +720,7 @@ mod otlp_sink {
         let start = Instant::now();
         telemetry
             .shutdown(Duration::from_secs(60))
-            .map_err(Failure::run)?;
+            .map_err(|e| Failure::run(e.to_string()))?;
         Ok(serde_json::json!({
             "requests": sink.requests.load(Ordering::Relaxed),
             "bytes": sink.bytes.load(Ordering::Relaxed),

@@ -51,7 +51,7 @@ pub(crate) fn read_at_most(
 }
 
 pub(crate) fn into_text(file: &Path, bytes: Vec<u8>) -> Result<String, Failure> {
-    aplc_runtime::files::into_text(file, bytes).map_err(Failure::usage)
+    aplc_runtime::files::into_text(file, bytes).map_err(|e| Failure::usage(e.to_string()))
 }
 
 pub(crate) fn read_text(file: &Path) -> Result<String, Failure> {

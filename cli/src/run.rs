@@ -9,13 +9,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use aplc_runtime::Secrets;
-use aplc_runtime::driver::{self, Provider, Scripted};
-use aplc_runtime::http::HttpClient;
-use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
-use aplc_runtime::routing::Router;
+use aplc_runtime::driver::{self, Scripted};
+use aplc_runtime::equip::{self, EquipError, Source, Warning};
 use aplc_runtime::telemetry::RunTrace;
 use aplc_vm::text::escape_control;
-use aplc_vm::{Program, RunError, RunErrorKind, RunOptions, RunOutcome, ScriptedProvider};
+use aplc_vm::{Program, RunError, RunErrorKind, RunOptions, RunOutcome};
 use clap::Args;
 
 use crate::compile::compile_options;
@@ -94,48 +92,61 @@ impl WithArgs {
     /// Builds the provider and the toolbox. `store` is the run's store URL, whose
     /// password is a secret.
     pub(crate) fn equip(&self, recording: bool, store: Option<&str>) -> Result<Equipment, Failure> {
-        // One HTTP client for the provider and HTTP tools: one set of redirect, proxy and
-        // body-size rules, one connection pool. Not built for a mock run without tools.
-        let http = if self.mock.is_none() || self.tools.is_some() {
-            Some(HttpClient::new().map_err(Failure::usage)?)
-        } else {
-            None
-        };
         // Every secret aplc knows of (spec/limits.md, "Secrets and redaction"), whichever
         // this run uses: tools see none of their variables, and no output shows a value.
         let mut secrets = Secrets::from_env();
         if let Some(url) = store {
             secrets.store_url(url);
         }
-        let Selected {
-            provider,
-            no_key,
-            scripted,
-        } = select_provider(self, http.as_ref(), &mut secrets)?;
-        let provider = Recorder::new(provider, recording);
-        let mut toolbox = match (&self.tools, &http) {
-            (Some(path), Some(http)) => {
-                let text = read_json(path)?;
-                let base = path.parent().unwrap_or(Path::new("."));
-                aplc_runtime::manifest::toolbox_from_manifest_with_client(
-                    &text,
-                    base,
-                    http,
-                    secrets.variables(),
-                )
-                .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?
-            }
-            _ => driver::Toolbox::new(),
-        };
-        toolbox.redact_with(secrets.redactor());
+        let equipment = equip::Builder::new(secrets)
+            .mock(self.mock.clone().map(Source::File))
+            .providers(self.providers.clone().map(Source::File))
+            .base_url(self.base_url.clone())
+            .api_key(self.api_key.clone())
+            .tools(self.tools.clone())
+            .stream(self.stream)
+            .build(&Flags)
+            .map_err(|e| match e {
+                EquipError::MockAndProviders => Failure::usage(
+                    "--mock and --providers both choose the provider; pass one of them",
+                ),
+                e => Failure::usage(e.to_string()),
+            })?;
         Ok(Equipment {
-            provider,
-            toolbox,
-            secrets,
-            no_key,
-            scripted,
+            provider: Recorder::new(Box::new(equipment.provider), recording),
+            toolbox: equipment.toolbox,
+            secrets: equipment.secrets,
+            no_key: equipment.no_key,
+            scripted: equipment.scripted,
             stream: self.stream,
         })
+    }
+}
+
+/// The command line's environment: the process's variables, input files read as every
+/// JSON input is (bounded, UTF-8, no key twice), warnings on stderr in the flags' words.
+struct Flags;
+
+impl equip::Environment for Flags {
+    fn var(&self, name: &str) -> Result<String, std::env::VarError> {
+        std::env::var(name)
+    }
+
+    fn read(&self, path: &Path) -> std::io::Result<String> {
+        read_json(path).map_err(|failure| std::io::Error::other(failure.message))
+    }
+
+    fn warn(&self, warning: Warning) {
+        let message = match warning {
+            Warning::HttpSettingsWithMock => "--api-key and --base-url are not used with --mock",
+            Warning::HttpSettingsWithProviders => {
+                "--api-key and --base-url are not used with --providers; each route names its \
+                 own base_url and api_key_env"
+            }
+            Warning::KeyNotUnicode => "OPENAI_API_KEY is not valid UTF-8; ignoring it",
+            _ => return,
+        };
+        eprintln!("warning: {message}");
     }
 }
 
@@ -388,125 +399,6 @@ fn run_failure(program: &Program, error: &RunError) -> Failure {
         _ => 1,
     };
     Failure { code, message }
-}
-
-/// The provider [`select_provider`] chose.
-struct Selected {
-    provider: Box<dyn Provider>,
-    /// The HTTP provider has no key for api.openai.com.
-    no_key: bool,
-    /// The `--mock` provider, shared.
-    scripted: Option<Arc<Scripted>>,
-}
-
-/// The provider a run uses: `--mock`, `--providers`, or the OpenAI-compatible HTTP
-/// provider configured by `--base-url` and `--api-key` / `OPENAI_API_KEY`. The flag is
-/// true when that HTTP provider has no key for api.openai.com: the caller warns once the
-/// agent has loaded. `secrets` gains `--api-key` and the variables a providers file reads.
-fn select_provider(
-    args: &WithArgs,
-    http: Option<&HttpClient>,
-    secrets: &mut Secrets,
-) -> Result<Selected, Failure> {
-    // Even when the flag's provider is not used (`--mock`), the value is the user's key.
-    if let Some(key) = &args.api_key {
-        secrets.value(key);
-    }
-    let http_flags = args.api_key.is_some() || args.base_url.is_some();
-    match (&args.mock, &args.providers) {
-        (Some(_), Some(_)) => Err(Failure::usage(
-            "--mock and --providers both choose the provider; pass one of them",
-        )),
-        (Some(mock), None) => {
-            let script = ScriptedProvider::from_json(&read_json(mock)?)
-                .map_err(|e| Failure::usage(format!("{}: {e}", mock.display())))?;
-            if http_flags {
-                eprintln!("warning: --api-key and --base-url are not used with --mock");
-            }
-            let scripted = Arc::new(Scripted::new(script).streaming(args.stream));
-            Ok(Selected {
-                provider: Box::new(scripted.clone()),
-                no_key: false,
-                scripted: Some(scripted),
-            })
-        }
-        (None, Some(path)) => {
-            if http_flags {
-                eprintln!(
-                    "warning: --api-key and --base-url are not used with --providers; \
-                     each route names its own base_url and api_key_env"
-                );
-            }
-            let text = read_json(path)?;
-            let mut config: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                Failure::usage(format!(
-                    "{}: providers config is not valid JSON: {e}",
-                    path.display()
-                ))
-            })?;
-            if args.stream {
-                stream_every_route(&mut config);
-            }
-            // Every variable the file names (`api_key_env`, `headers_env`) holds a secret:
-            // `secrets` records the lookups.
-            let router = secrets
-                .reading(|env| match http {
-                    Some(http) => Router::from_config_with_client(&config, env, http),
-                    None => Router::from_config(&config, env),
-                })
-                .map_err(|e| Failure::usage(format!("{}: {e}", path.display())))?;
-            Ok(Selected {
-                provider: Box::new(router),
-                no_key: false,
-                scripted: None,
-            })
-        }
-        (None, None) => {
-            let mut config = OpenAiConfig::new();
-            if let Some(http) = http {
-                config = config.http_client(http.clone());
-            }
-            if let Some(url) = &args.base_url {
-                config = config.base_url(url.clone());
-            }
-            let key = args
-                .api_key
-                .clone()
-                .or_else(|| match std::env::var("OPENAI_API_KEY") {
-                    Ok(key) => Some(key),
-                    Err(std::env::VarError::NotUnicode(_)) => {
-                        eprintln!("warning: OPENAI_API_KEY is not valid UTF-8; ignoring it");
-                        None
-                    }
-                    Err(std::env::VarError::NotPresent) => None,
-                });
-            let key = key.filter(|k| !k.trim().is_empty());
-            let no_key = key.is_none() && args.base_url.is_none();
-            if let Some(key) = key {
-                config = config.api_key(key);
-            }
-            config = config.stream(args.stream);
-            let provider = OpenAiProvider::new(config).map_err(Failure::usage)?;
-            Ok(Selected {
-                provider: Box::new(provider),
-                no_key,
-                scripted: None,
-            })
-        }
-    }
-}
-
-/// `--stream` with `--providers`: every route streams (`"stream": true`), whatever the
-/// file says. A file that is not the expected shape is left to the router to refuse.
-fn stream_every_route(config: &mut serde_json::Value) {
-    let routes = config
-        .get_mut("routes")
-        .and_then(serde_json::Value::as_array_mut);
-    for route in routes.into_iter().flatten() {
-        if let Some(route) = route.as_object_mut() {
-            route.insert("stream".into(), serde_json::Value::Bool(true));
-        }
-    }
 }
 
 /// Adds the variables of a `--context` file to `options`.

@@ -47,7 +47,8 @@ impl TelemetryArgs {
             otel: self.otel,
             capture_content: self.otel_content,
         };
-        let resolved = TelemetryConfig::resolve(&env, flags).map_err(Failure::usage)?;
+        let resolved =
+            TelemetryConfig::resolve(&env, flags).map_err(|e| Failure::usage(e.to_string()))?;
         for warning in &resolved.warnings {
             eprintln!("warning: {warning}");
         }
@@ -59,7 +60,7 @@ impl TelemetryArgs {
         };
         Telemetry::start(&config, &env)
             .map(Some)
-            .map_err(Failure::usage)
+            .map_err(|e| Failure::usage(e.to_string()))
     }
 }
 

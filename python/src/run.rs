@@ -13,12 +13,11 @@
 //! [`Interrupt`] and drops a Rust call in flight.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aplc_runtime::driver::{BoxFuture, CallContext, DeltaSink, Provider};
-use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
-use aplc_runtime::routing::Router;
+use aplc_runtime::equip::{Builder, ProcessEnvironment, Source};
 use aplc_runtime::session::{DeltaStamp, Next, RunSession, Timebase, relay_deltas};
 use aplc_runtime::{DeltaRedactor, Redactor, Secrets};
 use aplc_vm::tools::{ToolRegistry, ToolSpec};
@@ -186,9 +185,11 @@ impl NativeRun {
             let descriptor = py_to_json(descriptor.bind(py))
                 .map_err(|e| PyValueError::new_err(format!("tool descriptor: {e}")))?;
             let spec = ToolSpec::new(descriptor)
-                .map_err(PyValueError::new_err)?
+                .map_err(|e| PyValueError::new_err(e.to_string()))?
                 .with_context(*with_context);
-            tools.register(spec).map_err(PyValueError::new_err)?;
+            tools
+                .register(spec)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
         }
         let options = RunOptions {
             timeout: Duration::from_millis(config.timeout_ms),
@@ -201,27 +202,20 @@ impl NativeRun {
         .with_context_json(&context);
 
         // The one list of secrets (spec/limits.md, "Secrets and redaction"), plus the
-        // `api_key` argument and the variables a providers file reads.
-        let mut secrets = Secrets::from_env();
-        if let Some(key) = &config.api_key {
-            secrets.value(key);
-        }
-        let fallback = match &config.providers_json {
-            Some(text) => {
-                let router = secrets
-                    .reading(|env| Router::from_config_json(text, env))
-                    .map_err(|e| PyValueError::new_err(format!("providers: {e}")))?;
-                Fallback::Ready(Arc::new(router))
-            }
-            None => Fallback::Http {
-                base_url: config.base_url,
-                api_key: config
-                    .api_key
-                    .or_else(|| std::env::var("OPENAI_API_KEY").ok()),
-                built: OnceLock::new(),
-            },
-        };
-        let redactor = secrets.redactor();
+        // `api_key` argument and the variables a providers file reads. Lazy: most runs
+        // with Python providers never need the HTTP provider or its client.
+        let equipment = Builder::new(Secrets::from_env())
+            .providers(config.providers_json.map(|text| Source::Text {
+                name: "providers".into(),
+                text,
+            }))
+            .base_url(config.base_url)
+            .api_key(config.api_key)
+            .lazy(true)
+            .build(&ProcessEnvironment)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let fallback = Fallback(equipment.provider);
+        let redactor = equipment.redactor;
 
         let interrupt = options.interrupt.clone();
         let machine = Machine::new(program, options);
@@ -700,40 +694,11 @@ fn outcome_to_py<'py>(
 }
 
 /// The provider for models without a Python callable: the `providers` router, or the
-/// OpenAI-compatible HTTP provider (`base_url`, `api_key`).
-enum Fallback {
-    /// A router from the `providers` option.
-    Ready(Arc<dyn Provider>),
-    /// The OpenAI-compatible HTTP provider, built on first use: most runs with Python
-    /// providers never need its HTTP client.
-    Http {
-        base_url: Option<String>,
-        api_key: Option<String>,
-        built: OnceLock<Result<Arc<dyn Provider>, String>>,
-    },
-}
+/// OpenAI-compatible HTTP provider (`base_url`, `api_key`), built on its first call.
+struct Fallback(Arc<dyn Provider>);
 
 impl Fallback {
     fn provider(&self) -> Result<Arc<dyn Provider>, ProviderError> {
-        match self {
-            Fallback::Ready(provider) => Ok(provider.clone()),
-            Fallback::Http {
-                base_url,
-                api_key,
-                built,
-            } => built
-                .get_or_init(|| {
-                    let mut config = OpenAiConfig::new();
-                    if let Some(url) = base_url {
-                        config = config.base_url(url.clone());
-                    }
-                    if let Some(key) = api_key.as_ref().filter(|k| !k.trim().is_empty()) {
-                        config = config.api_key(key.clone());
-                    }
-                    OpenAiProvider::new(config).map(|p| Arc::new(p) as Arc<dyn Provider>)
-                })
-                .clone()
-                .map_err(|e| ProviderError::new(ProviderErrorKind::InvalidRequest, e)),
-        }
+        Ok(self.0.clone())
     }
 }

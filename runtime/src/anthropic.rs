@@ -23,7 +23,8 @@ use serde_json::Value as Json;
 use crate::future::BoxFuture;
 use crate::http::HttpClient;
 use crate::openai::{
-    DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_BASE_DELAY, DEFAULT_RETRY_MAX_DELAY,
+    ConfigError, DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY_BASE_DELAY,
+    DEFAULT_RETRY_MAX_DELAY,
 };
 use crate::provider::{CallContext, Provider};
 use crate::redact::Redactor;
@@ -179,10 +180,10 @@ impl AnthropicProvider {
     ///
     /// Errors name what is wrong (a bad URL, a header that is not valid HTTP) without
     /// repeating a secret.
-    pub fn new(config: AnthropicConfig) -> Result<AnthropicProvider, String> {
+    pub fn new(config: AnthropicConfig) -> Result<AnthropicProvider, ConfigError> {
         let endpoint = transport::endpoint(&config.base_url, "messages")?;
         if config.request_timeout.is_zero() {
-            return Err("the request timeout must be greater than zero".into());
+            return Err(ConfigError::ZeroTimeout);
         }
         let key_header = KeyHeader {
             name: API_KEY_HEADER,
@@ -196,7 +197,7 @@ impl AnthropicProvider {
             config.api_key.as_deref(),
         )?;
         let version = HeaderValue::from_str(config.api_version.trim())
-            .map_err(|_| "the API version is not a valid HTTP header value".to_string())?;
+            .map_err(|_| ConfigError::ApiVersion)?;
         headers.insert(VERSION_HEADER, version);
         let client = match config.client {
             Some(client) => client,
@@ -331,25 +332,30 @@ mod tests {
     fn bad_configuration_is_rejected_without_secrets() {
         let key = "sk-ant-very-secret-0123456789";
         let e = AnthropicProvider::new(AnthropicConfig::new().api_key(format!("{key}\nX: y")))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains(key), "{e}");
         let e = AnthropicProvider::new(
             AnthropicConfig::new()
                 .api_key(key)
                 .header("x-api-key", "other"),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "both an API key and an `x-api-key` header are configured: use one of them"
         );
         let e = AnthropicProvider::new(AnthropicConfig::new().header("anthropic-version", "1"))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "header `anthropic-version` is set by the provider and cannot be configured"
         );
-        let e = AnthropicProvider::new(AnthropicConfig::new().api_version("a\nb")).unwrap_err();
+        let e = AnthropicProvider::new(AnthropicConfig::new().api_version("a\nb"))
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, "the API version is not a valid HTTP header value");
     }
 }

@@ -146,7 +146,8 @@ fn registry_from_fingerprint(fingerprint: &Json) -> Result<ToolRegistry, String>
             .get("descriptor")
             .cloned()
             .ok_or("a tool has no descriptor")?;
-        let mut spec = ToolSpec::new(descriptor)?
+        let mut spec = ToolSpec::new(descriptor)
+            .map_err(|e| e.to_string())?
             .with_context(tool.get("with_context").and_then(Json::as_bool) == Some(true));
         if let Some(idem) = tool.get("idempotency").filter(|i| !i.is_null()) {
             let key = match idem.get("key") {
@@ -164,7 +165,7 @@ fn registry_from_fingerprint(fingerprint: &Json) -> Result<ToolRegistry, String>
                 .map(Duration::from_millis);
             spec = spec.idempotent(Idempotency { key, ttl });
         }
-        registry.register(spec)?;
+        registry.register(spec).map_err(|e| e.to_string())?;
     }
     Ok(registry)
 }

@@ -34,6 +34,14 @@ pub enum ReadError {
         /// The limit in bytes.
         limit: u64,
     },
+    /// The file is not UTF-8 text.
+    #[error("{file}: not valid UTF-8 (invalid byte at offset {offset})")]
+    NotUtf8 {
+        /// The file as given.
+        file: String,
+        /// Where the first invalid byte is.
+        offset: usize,
+    },
 }
 
 /// Reads `file` whole, refusing one over `limit` bytes; `what` names the kind of file in
@@ -75,18 +83,15 @@ pub fn read_at_most(file: &Path, limit: u64, what: &'static str) -> Result<Vec<u
 }
 
 /// [`read_at_most`] with [`MAX_INPUT_LEN`], as UTF-8 text.
-pub fn read_text(file: &Path) -> Result<String, String> {
-    let bytes = read_at_most(file, MAX_INPUT_LEN, "files").map_err(|e| e.to_string())?;
+pub fn read_text(file: &Path) -> Result<String, ReadError> {
+    let bytes = read_at_most(file, MAX_INPUT_LEN, "files")?;
     into_text(file, bytes)
 }
 
 /// `bytes` read from `file` as UTF-8 text, or an error naming the first invalid byte.
-pub fn into_text(file: &Path, bytes: Vec<u8>) -> Result<String, String> {
-    String::from_utf8(bytes).map_err(|e| {
-        format!(
-            "{}: not valid UTF-8 (invalid byte at offset {})",
-            file.display(),
-            e.utf8_error().valid_up_to()
-        )
+pub fn into_text(file: &Path, bytes: Vec<u8>) -> Result<String, ReadError> {
+    String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
+        file: file.display().to_string(),
+        offset: e.utf8_error().valid_up_to(),
     })
 }

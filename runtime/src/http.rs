@@ -41,14 +41,92 @@ impl fmt::Debug for HttpClient {
     }
 }
 
+/// Why the HTTP client could not be built. A proxy variable is named, never its value
+/// (which may hold a password).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpClientError {
+    /// A proxy variable is not a URL.
+    #[error("`{variable}` is not a valid proxy URL ({reason})")]
+    ProxyUrl {
+        /// The variable (`HTTPS_PROXY`).
+        variable: &'static str,
+        /// What the URL parser said.
+        reason: String,
+    },
+    /// A proxy variable is a URL that cannot be used as a proxy.
+    #[error("`{variable}` is not usable: {reason}")]
+    Proxy {
+        /// The variable.
+        variable: &'static str,
+        /// Why, with its causes.
+        reason: String,
+    },
+    /// The TLS or client set-up failed.
+    #[error("could not build the HTTP client: {0}")]
+    Build(String),
+}
+
+/// Why an HTTP provider's configuration was refused (`OpenAiProvider::new`,
+/// `AnthropicProvider::new`). No message repeats a key, a header value, or a URL's
+/// credentials, query or fragment.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The base URL does not parse, is not http(s), or has a query or fragment.
+    #[error("invalid base URL `{url}`: {reason}")]
+    BaseUrl {
+        /// The URL as it may be shown.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The base URL has a user name or password.
+    #[error(
+        "invalid base URL: credentials in the URL are not supported; use an API key or a \
+         header"
+    )]
+    Credentials,
+    /// A zero request timeout.
+    #[error("the request timeout must be greater than zero")]
+    ZeroTimeout,
+    /// A configured header's name is not valid HTTP.
+    #[error("`{0}` is not a valid HTTP header name")]
+    HeaderName(String),
+    /// A configured header is one the provider sets itself.
+    #[error("header `{0}` is set by the provider and cannot be configured")]
+    ManagedHeader(String),
+    /// An API key and the header that carries it are both configured.
+    #[error("both an API key and an `{0}` header are configured: use one of them")]
+    KeyAndHeader(&'static str),
+    /// A configured header's value is not valid HTTP (named by the header).
+    #[error("the value of header `{0}` is not a valid HTTP header value")]
+    HeaderValue(String),
+    /// The API key is blank.
+    #[error("the API key is empty")]
+    EmptyKey,
+    /// The API key cannot be sent in a header.
+    #[error(
+        "the API key is not a valid HTTP header value (it holds a line break or another \
+         control character)"
+    )]
+    KeyValue,
+    /// The Anthropic API version cannot be sent in a header.
+    #[error("the API version is not a valid HTTP header value")]
+    ApiVersion,
+    /// The provider's own HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] HttpClientError),
+}
+
 impl HttpClient {
     /// A client whose proxies come from the process environment.
-    pub fn new() -> Result<HttpClient, String> {
+    pub fn new() -> Result<HttpClient, HttpClientError> {
         HttpClient::with_env(&|name| std::env::var(name).ok())
     }
 
     /// A client whose proxies come from `env` (a lookup of environment variables).
-    pub fn with_env(env: &dyn Fn(&str) -> Option<String>) -> Result<HttpClient, String> {
+    pub fn with_env(env: &dyn Fn(&str) -> Option<String>) -> Result<HttpClient, HttpClientError> {
         ensure_crypto_provider();
         // `no_proxy` first: it drops reqwest's own reading of the environment, so only the
         // proxies below (which never cover loopback) are used.
@@ -61,7 +139,7 @@ impl HttpClient {
         }
         let client = builder
             .build()
-            .map_err(|e| format!("could not build the HTTP client: {}", causes(&e)))?;
+            .map_err(|e| HttpClientError::Build(causes(&e)))?;
         Ok(HttpClient { client })
     }
 
@@ -93,7 +171,7 @@ fn redirect_policy() -> reqwest::redirect::Policy {
 /// A scheme's own variable wins over `ALL_PROXY`; the upper-case name over the lower-case
 /// one, except that `HTTP_PROXY` is ignored in a CGI program (`REQUEST_METHOD` set),
 /// where a client can set it through a `Proxy:` header ("httpoxy").
-fn proxies(env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Proxy>, String> {
+fn proxies(env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Proxy>, HttpClientError> {
     let first = |names: &[&'static str]| {
         names.iter().find_map(|name| {
             env(name)
@@ -127,9 +205,14 @@ fn proxies(env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Proxy>, String> {
         } else {
             format!("http://{value}")
         };
-        let url = Url::parse(&with_scheme)
-            .map_err(|e| format!("`{name}` is not a valid proxy URL ({e})"))?;
-        let proxy = make(url).map_err(|e| format!("`{name}` is not usable: {}", causes(&e)))?;
+        let url = Url::parse(&with_scheme).map_err(|e| HttpClientError::ProxyUrl {
+            variable: name,
+            reason: e.to_string(),
+        })?;
+        let proxy = make(url).map_err(|e| HttpClientError::Proxy {
+            variable: name,
+            reason: causes(&e),
+        })?;
         proxies.push(proxy.no_proxy(reqwest::NoProxy::from_string(&bypass)));
     }
     Ok(proxies)
@@ -256,7 +339,9 @@ mod tests {
             ("HTTP_PROXY", "127.0.0.1:3128"),
         ]));
         assert_eq!(cgi.map(|p| p.len()).ok(), Some(0));
-        let e = proxies(&env_of(&[("HTTP_PROXY", "http://u:secret@[::1")])).unwrap_err();
+        let e = proxies(&env_of(&[("HTTP_PROXY", "http://u:secret@[::1")]))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("`HTTP_PROXY` is not a valid proxy URL"),
             "{e}"

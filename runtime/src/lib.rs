@@ -11,6 +11,8 @@
 //! * [`durable`]: durable runs, journaled in a [`store`] (SQLite or PostgreSQL), that
 //!   resume after a crash without repeating a paid call.
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
+//! * [`equip`]: the one builder of a run's provider, tools and secrets from a host's
+//!   flags, files and environment (the CLI, the server and Python all call it).
 //! * [`files`]: the one bounded reader of whole input files.
 //! * [`http`]: the one HTTP client constructor, shared by providers and HTTP tools.
 //! * [`Redactor`]: scrubs secrets from every message that leaves a provider or a tool;
@@ -39,6 +41,7 @@
 pub mod anthropic;
 pub mod driver;
 pub mod durable;
+pub mod equip;
 pub mod files;
 mod future;
 pub mod http;

@@ -30,7 +30,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::future::BoxFuture;
 use crate::http::HttpClient;
 use crate::tool::{Tool, Toolbox};
-use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec};
+use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec, ToolSpecError};
 
 /// Default time a tool may take.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_millis(30_000);
@@ -65,6 +65,70 @@ enum KeyEntry {
     Params(Vec<String>),
 }
 
+/// Why a tool manifest was refused. Every message names the tool and the key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// The text is not a JSON object.
+    #[error("invalid tool manifest: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// One entry is wrong.
+    #[error("tool `{name}`: {error}")]
+    Tool {
+        /// The manifest key.
+        name: String,
+        /// What is wrong with its entry.
+        error: EntryError,
+    },
+    /// Two entries declare the same tool.
+    #[error(transparent)]
+    Register(ToolSpecError),
+}
+
+/// What is wrong with one manifest entry.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EntryError {
+    /// A key is unknown, missing or of the wrong type (serde's message names it).
+    #[error("{0}")]
+    Shape(#[source] serde_json::Error),
+    /// `descriptor.name` is not the manifest key.
+    #[error("`descriptor.name` is {found}, but the manifest key is `{name}`")]
+    NameMismatch {
+        /// `descriptor.name`, as JSON.
+        found: Json,
+        /// The manifest key.
+        name: String,
+    },
+    /// The descriptor is refused ([`ToolSpec::new`]).
+    #[error(transparent)]
+    Descriptor(ToolSpecError),
+    /// `idempotent.key` is a word other than `auto`.
+    #[error("`idempotent.key` must be \"auto\" or a list of parameter names, found \"{0}\"")]
+    KeyWord(String),
+    /// `idempotent.key` is an empty list.
+    #[error("`idempotent.key` lists no parameters")]
+    NoKeyParameters,
+    /// `command` is empty or starts with an empty program.
+    #[error("`command` must start with a program")]
+    NoProgram,
+    /// `cwd` on a `url` tool.
+    #[error("`cwd` applies to `command` tools only")]
+    CwdWithUrl,
+    /// Neither or both of `command` and `url`.
+    #[error("give exactly one of `command` or `url`")]
+    CommandOrUrl,
+    /// `url` does not parse.
+    #[error("invalid `url`: {0}")]
+    Url(String),
+    /// `url` is not http or https.
+    #[error("`url` must be http or https, found {0}")]
+    Scheme(String),
+    /// The HTTP client for `url` tools could not be built.
+    #[error(transparent)]
+    Http(crate::http::HttpClientError),
+}
+
 /// Builds a toolbox from a JSON manifest: an object from tool name to entry. `base` is the
 /// manifest's folder, against which a relative `cwd` is resolved. Command tools run
 /// without the environment variables named in `hidden_env` (those that hold secrets,
@@ -77,7 +141,7 @@ pub fn toolbox_from_manifest(
     text: &str,
     base: &Path,
     hidden_env: &[String],
-) -> Result<Toolbox, String> {
+) -> Result<Toolbox, ManifestError> {
     toolbox_with(text, base, None, hidden_env)
 }
 
@@ -87,7 +151,7 @@ pub fn toolbox_from_manifest_with_client(
     base: &Path,
     client: &HttpClient,
     hidden_env: &[String],
-) -> Result<Toolbox, String> {
+) -> Result<Toolbox, ManifestError> {
     toolbox_with(text, base, Some(client.clone()), hidden_env)
 }
 
@@ -96,17 +160,22 @@ fn toolbox_with(
     base: &Path,
     client: Option<HttpClient>,
     hidden_env: &[String],
-) -> Result<Toolbox, String> {
+) -> Result<Toolbox, ManifestError> {
     let mut client = client;
     let raw: serde_json::Map<String, Json> =
-        serde_json::from_str(text).map_err(|e| format!("invalid tool manifest: {e}"))?;
+        serde_json::from_str(text).map_err(ManifestError::NotJson)?;
     let mut toolbox = Toolbox::new();
     for (name, value) in raw {
-        let entry: Entry =
-            serde_json::from_value(value).map_err(|e| format!("tool `{name}`: {e}"))?;
-        let (spec, tool) = entry_tool(&name, entry, base, &mut client, hidden_env)
-            .map_err(|e| format!("tool `{name}`: {e}"))?;
-        toolbox.register(spec, tool)?;
+        let (spec, tool) = serde_json::from_value(value)
+            .map_err(EntryError::Shape)
+            .and_then(|entry| entry_tool(&name, entry, base, &mut client, hidden_env))
+            .map_err(|error| ManifestError::Tool {
+                name: name.clone(),
+                error,
+            })?;
+        toolbox
+            .register(spec, tool)
+            .map_err(ManifestError::Register)?;
     }
     Ok(toolbox)
 }
@@ -117,7 +186,7 @@ fn entry_tool(
     base: &Path,
     client: &mut Option<HttpClient>,
     hidden_env: &[String],
-) -> Result<(ToolSpec, Arc<dyn Tool>), String> {
+) -> Result<(ToolSpec, Arc<dyn Tool>), EntryError> {
     let mut descriptor = entry.descriptor;
     match descriptor.get("name") {
         None => {
@@ -127,23 +196,20 @@ fn entry_tool(
         }
         Some(Json::String(n)) if n == name => {}
         Some(other) => {
-            return Err(format!(
-                "`descriptor.name` is {other}, but the manifest key is `{name}`"
-            ));
+            return Err(EntryError::NameMismatch {
+                found: other.clone(),
+                name: name.to_owned(),
+            });
         }
     }
-    let mut spec = ToolSpec::new(descriptor)?.with_context(entry.with_context);
+    let mut spec = ToolSpec::new(descriptor)
+        .map_err(EntryError::Descriptor)?
+        .with_context(entry.with_context);
     if let Some(idem) = entry.idempotent {
         let key = match idem.key {
             KeyEntry::Word(w) if w == "auto" => IdempotencyKey::Auto,
-            KeyEntry::Word(w) => {
-                return Err(format!(
-                    "`idempotent.key` must be \"auto\" or a list of parameter names, found \"{w}\""
-                ));
-            }
-            KeyEntry::Params(p) if p.is_empty() => {
-                return Err("`idempotent.key` lists no parameters".into());
-            }
+            KeyEntry::Word(w) => return Err(EntryError::KeyWord(w)),
+            KeyEntry::Params(p) if p.is_empty() => return Err(EntryError::NoKeyParameters),
             KeyEntry::Params(p) => IdempotencyKey::Params(p),
         };
         spec = spec.idempotent(Idempotency {
@@ -158,16 +224,14 @@ fn entry_tool(
     let tool: Arc<dyn Tool> = match (entry.command, entry.url) {
         (Some(argv), None) => {
             if argv.first().is_none_or(|p| p.is_empty()) {
-                return Err("`command` must start with a program".into());
+                return Err(EntryError::NoProgram);
             }
             let cwd = entry.cwd.map(|dir| base.join(dir));
             Arc::new(CommandTool::new(argv, cwd, timeout).hide_env(hidden_env.to_vec()))
         }
-        (None, Some(_)) if entry.cwd.is_some() => {
-            return Err("`cwd` applies to `command` tools only".into());
-        }
+        (None, Some(_)) if entry.cwd.is_some() => return Err(EntryError::CwdWithUrl),
         (None, Some(url)) => http_tool(url, timeout, client)?,
-        _ => return Err("give exactly one of `command` or `url`".into()),
+        _ => return Err(EntryError::CommandOrUrl),
     };
     Ok((spec, tool))
 }
@@ -440,17 +504,16 @@ fn http_tool(
     url: String,
     timeout: Duration,
     client: &mut Option<HttpClient>,
-) -> Result<Arc<dyn Tool>, String> {
-    let parsed = reqwest::Url::parse(&url).map_err(|e| format!("invalid `url`: {e}"))?;
+) -> Result<Arc<dyn Tool>, EntryError> {
+    let parsed = reqwest::Url::parse(&url).map_err(|e| EntryError::Url(e.to_string()))?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!(
-            "`url` must be http or https, found {}",
-            parsed.scheme()
-        ));
+        return Err(EntryError::Scheme(parsed.scheme().to_owned()));
     }
     let client = match client {
         Some(client) => client.clone(),
-        None => client.insert(HttpClient::new()?).clone(),
+        None => client
+            .insert(HttpClient::new().map_err(EntryError::Http)?)
+            .clone(),
     };
     Ok(Arc::new(HttpTool {
         url: parsed,

@@ -25,6 +25,7 @@ use reqwest::header;
 use serde_json::Value as Json;
 
 use crate::future::BoxFuture;
+pub use crate::http::ConfigError;
 use crate::http::HttpClient;
 use crate::provider::{CallContext, Provider};
 use crate::redact::Redactor;
@@ -178,10 +179,10 @@ impl OpenAiProvider {
     ///
     /// Errors name what is wrong (a bad URL, a header that is not valid HTTP) without
     /// repeating a secret.
-    pub fn new(config: OpenAiConfig) -> Result<OpenAiProvider, String> {
+    pub fn new(config: OpenAiConfig) -> Result<OpenAiProvider, ConfigError> {
         let endpoint = transport::endpoint(&config.base_url, "chat/completions")?;
         if config.request_timeout.is_zero() {
-            return Err("the request timeout must be greater than zero".into());
+            return Err(ConfigError::ZeroTimeout);
         }
         let key_header = KeyHeader {
             name: header::AUTHORIZATION,
@@ -352,23 +353,28 @@ mod tests {
     #[test]
     fn bad_configuration_is_rejected_without_secrets() {
         let key = "sk-very-secret-key-0123456789";
-        let e =
-            OpenAiProvider::new(OpenAiConfig::new().api_key(format!("{key}\nX: y"))).unwrap_err();
+        let e = OpenAiProvider::new(OpenAiConfig::new().api_key(format!("{key}\nX: y")))
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains(key), "{e}");
         let e = OpenAiProvider::new(OpenAiConfig::new().header("api-key", format!("{key}\r\n")))
             .map(|_| ())
             .map_err(|e| e.to_string());
         assert!(e.is_ok(), "surrounding whitespace is trimmed: {e:?}");
         let e = OpenAiProvider::new(OpenAiConfig::new().header("x-key", format!("a\n{key}")))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "the value of header `x-key` is not a valid HTTP header value"
         );
-        let e = OpenAiProvider::new(OpenAiConfig::new().header("bad header", "v")).unwrap_err();
+        let e = OpenAiProvider::new(OpenAiConfig::new().header("bad header", "v"))
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, "`bad header` is not a valid HTTP header name");
         let e = OpenAiProvider::new(OpenAiConfig::new().header("Content-Type", "text/plain"))
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "header `content-type` is set by the provider and cannot be configured"
@@ -378,17 +384,22 @@ mod tests {
                 .api_key(key)
                 .header("Authorization", "Bearer other-secret"),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("both an API key and an `Authorization` header"),
             "{e}"
         );
         assert_eq!(
-            OpenAiProvider::new(OpenAiConfig::new().api_key("  ")).unwrap_err(),
+            OpenAiProvider::new(OpenAiConfig::new().api_key("  "))
+                .unwrap_err()
+                .to_string(),
             "the API key is empty"
         );
         assert_eq!(
-            OpenAiProvider::new(OpenAiConfig::new().request_timeout(Duration::ZERO)).unwrap_err(),
+            OpenAiProvider::new(OpenAiConfig::new().request_timeout(Duration::ZERO))
+                .unwrap_err()
+                .to_string(),
             "the request timeout must be greater than zero"
         );
     }

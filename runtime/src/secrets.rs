@@ -7,11 +7,9 @@
 //! ([`Secrets::redactor`]) from tool results and errors, events, journals, API answers and
 //! spans. The CLI, `aplc serve` and the Python package all start from
 //! [`Secrets::from_env`] and add what their flags and files name: `--api-key`, serve
-//! tokens, a `--store` URL, the variables a providers file reads
-//! ([`Secrets::reading`]), and later the `env`/`headers_env` values of MCP servers
-//! ([`Secrets::variable`]).
-
-use std::cell::RefCell;
+//! tokens, a `--store` URL, the variables a providers file reads (recorded by
+//! [`crate::equip::Builder`], the one place that reads them), and later the
+//! `env`/`headers_env` values of MCP servers ([`Secrets::variable`]).
 
 use crate::redact::Redactor;
 use crate::store::url_secrets;
@@ -99,22 +97,6 @@ impl Secrets {
         for secret in url_secrets(url) {
             self.value(&secret);
         }
-    }
-
-    /// Runs `read` with an environment lookup that records every variable it reads as a
-    /// secret: a providers file names the variables that hold its keys and headers.
-    pub fn reading<T>(&mut self, read: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> T) -> T {
-        let seen = RefCell::new(Vec::new());
-        let env = |name: &str| {
-            let value = std::env::var(name).ok();
-            seen.borrow_mut().push((name.to_owned(), value.clone()));
-            value
-        };
-        let result = read(&env);
-        for (name, value) in seen.into_inner() {
-            self.variable(&name, value);
-        }
-        result
     }
 
     /// The variables command tools must not inherit.

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec};
+use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec, ToolSpecError};
 use serde_json::Value as Json;
 
 use crate::future::BoxFuture;
@@ -59,7 +59,7 @@ impl Toolbox {
     }
 
     /// Registers a tool implementation under its descriptor.
-    pub fn register(&mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<(), String> {
+    pub fn register(&mut self, spec: ToolSpec, tool: Arc<dyn Tool>) -> Result<(), ToolSpecError> {
         let name = spec.name().to_string();
         Arc::make_mut(&mut self.registry).register(spec)?;
         self.tools.insert(name, tool);
@@ -67,7 +67,7 @@ impl Toolbox {
     }
 
     /// Registers an async closure `|arguments, context| async move { … }`.
-    pub fn register_async<F, Fut>(&mut self, spec: ToolSpec, f: F) -> Result<(), String>
+    pub fn register_async<F, Fut>(&mut self, spec: ToolSpec, f: F) -> Result<(), ToolSpecError>
     where
         F: Fn(Json, Option<Json>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Json, String>> + Send + 'static,
@@ -76,7 +76,7 @@ impl Toolbox {
     }
 
     /// Registers a plain closure `|arguments, context| -> Result<Json, String>`.
-    pub fn register_fn<F>(&mut self, spec: ToolSpec, f: F) -> Result<(), String>
+    pub fn register_fn<F>(&mut self, spec: ToolSpec, f: F) -> Result<(), ToolSpecError>
     where
         F: Fn(Json, Option<Json>) -> Result<Json, String> + Send + Sync + 'static,
     {

@@ -22,7 +22,7 @@ use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 use serde_json::Value as Json;
 
-use crate::http::{self, BodyError, HttpClient, MAX_BODY_BYTES};
+use crate::http::{self, BodyError, ConfigError, HttpClient, MAX_BODY_BYTES};
 use crate::provider::DeltaSink;
 use crate::redact::{REDACTED, Redactor};
 
@@ -480,26 +480,21 @@ fn status_kind(status: StatusCode) -> ProviderErrorKind {
 
 /// `{base_url}/v1/{path}`, without doubling a trailing `/v1`; a URL with credentials, a
 /// query string or a fragment is refused without showing them.
-pub(crate) fn endpoint(base_url: &str, path: &str) -> Result<Url, String> {
+pub(crate) fn endpoint(base_url: &str, path: &str) -> Result<Url, ConfigError> {
     let text = base_url.trim();
-    let shown = printable_url(text);
-    let mut url = Url::parse(text).map_err(|e| format!("invalid base URL `{shown}`: {e}"))?;
+    let invalid = |reason: String| ConfigError::BaseUrl {
+        url: printable_url(text),
+        reason,
+    };
+    let mut url = Url::parse(text).map_err(|e| invalid(e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "invalid base URL `{shown}`: expected an http:// or https:// URL"
-        ));
+        return Err(invalid("expected an http:// or https:// URL".into()));
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err(
-            "invalid base URL: credentials in the URL are not supported; use an API \
-                    key or a header"
-                .into(),
-        );
+        return Err(ConfigError::Credentials);
     }
     if url.query().is_some() || url.fragment().is_some() {
-        return Err(format!(
-            "invalid base URL `{shown}`: a base URL has no query string or fragment"
-        ));
+        return Err(invalid("a base URL has no query string or fragment".into()));
     }
     let base = url.path().trim_end_matches('/');
     let full = if base.ends_with("/v1") {
@@ -531,7 +526,7 @@ pub(crate) fn request_headers(
     managed: &[HeaderName],
     key_header: &KeyHeader,
     key: Option<&str>,
-) -> Result<(HeaderMap, Vec<String>), String> {
+) -> Result<(HeaderMap, Vec<String>), ConfigError> {
     let mut headers = HeaderMap::new();
     headers.insert(
         header::CONTENT_TYPE,
@@ -541,21 +536,15 @@ pub(crate) fn request_headers(
     let mut secrets = Vec::new();
     for (name, value) in configured {
         let header_name = HeaderName::from_bytes(name.trim().as_bytes())
-            .map_err(|_| format!("`{name}` is not a valid HTTP header name"))?;
+            .map_err(|_| ConfigError::HeaderName(name.clone()))?;
         if MANAGED_HEADERS.contains(&header_name) || managed.contains(&header_name) {
-            return Err(format!(
-                "header `{header_name}` is set by the provider and cannot be configured"
-            ));
+            return Err(ConfigError::ManagedHeader(header_name.to_string()));
         }
         if header_name == key_header.name && key.is_some() {
-            return Err(format!(
-                "both an API key and an `{}` header are configured: use one of them",
-                key_header.shown
-            ));
+            return Err(ConfigError::KeyAndHeader(key_header.shown));
         }
-        let mut header_value = HeaderValue::from_str(value.trim()).map_err(|_| {
-            format!("the value of header `{header_name}` is not a valid HTTP header value")
-        })?;
+        let mut header_value = HeaderValue::from_str(value.trim())
+            .map_err(|_| ConfigError::HeaderValue(header_name.to_string()))?;
         header_value.set_sensitive(true);
         headers.append(header_name, header_value);
         secrets.push(value.trim().to_owned());
@@ -563,14 +552,10 @@ pub(crate) fn request_headers(
     if let Some(key) = key {
         let key = key.trim();
         if key.is_empty() {
-            return Err("the API key is empty".into());
+            return Err(ConfigError::EmptyKey);
         }
-        let mut value =
-            HeaderValue::from_str(&format!("{}{key}", key_header.prefix)).map_err(|_| {
-                "the API key is not a valid HTTP header value (it holds a line break or \
-                 another control character)"
-                    .to_string()
-            })?;
+        let mut value = HeaderValue::from_str(&format!("{}{key}", key_header.prefix))
+            .map_err(|_| ConfigError::KeyValue)?;
         value.set_sensitive(true);
         headers.insert(key_header.name.clone(), value);
         secrets.push(key.to_owned());
@@ -774,10 +759,12 @@ mod tests {
             ("http://h/?key=1", "no query string"),
             ("nonsense", "invalid base URL `nonsense`"),
         ] {
-            let e = endpoint(base, "chat/completions").unwrap_err();
+            let e = endpoint(base, "chat/completions").unwrap_err().to_string();
             assert!(e.contains(error), "{base}: {e}");
         }
-        let e = endpoint("https://user:sk-secret-1234@h", "messages").unwrap_err();
+        let e = endpoint("https://user:sk-secret-1234@h", "messages")
+            .unwrap_err()
+            .to_string();
         assert!(!e.contains("sk-secret"), "{e}");
         assert_eq!(
             endpoint("http://h:1/v1/", "messages").unwrap().as_str(),
@@ -798,7 +785,9 @@ mod tests {
             "http://h:1/v1?<redacted>"
         );
         assert_eq!(printable_url("https://h#a@b"), "https://h#<redacted>");
-        let e = endpoint("http://h/?key=sk-0123456789abcdef", "messages").unwrap_err();
+        let e = endpoint("http://h/?key=sk-0123456789abcdef", "messages")
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "invalid base URL `http://h/?<redacted>`: a base URL has no query string or fragment"
@@ -865,7 +854,8 @@ mod tests {
             &key_header,
             Some("sk"),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "both an API key and an `x-api-key` header are configured: use one of them"
@@ -876,7 +866,8 @@ mod tests {
             &key_header,
             None,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "header `anthropic-version` is set by the provider and cannot be configured"

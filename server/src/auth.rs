@@ -51,10 +51,19 @@ impl Tokens {
     }
 }
 
+/// A token that could not be sent in a header as written. The token itself is not in
+/// the error: it is a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("token {position} has whitespace or control characters inside")]
+pub struct TokenError {
+    /// The token's position in the file or list, from 1.
+    pub position: usize,
+}
+
 /// Tokens from a tokens file (one per line; blank lines and `#` comments ignored) or
 /// from `APLC_SERVE_TOKENS` (comma-separated). A token with whitespace or control
 /// characters inside is refused: it could not be sent in a header as written.
-pub fn parse_tokens(text: &str, separator: char) -> Result<Vec<String>, String> {
+pub fn parse_tokens(text: &str, separator: char) -> Result<Vec<String>, TokenError> {
     let mut tokens = Vec::new();
     for (index, item) in text.split(separator).enumerate() {
         let item = item.trim();
@@ -62,11 +71,9 @@ pub fn parse_tokens(text: &str, separator: char) -> Result<Vec<String>, String> 
             continue;
         }
         if item.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            // The token itself is not shown: it is a secret.
-            return Err(format!(
-                "token {} has whitespace or control characters inside",
-                index + 1
-            ));
+            return Err(TokenError {
+                position: index + 1,
+            });
         }
         tokens.push(item.to_string());
     }
@@ -111,7 +118,8 @@ mod tests {
         assert_eq!(parse_tokens(file, '\n').unwrap(), ["alpha", "beta"]);
         assert_eq!(parse_tokens("a, b,,", ',').unwrap(), ["a", "b"]);
         let err = parse_tokens("good\nbad token\n", '\n').unwrap_err();
-        assert!(!err.contains("bad token"), "{err}");
+        assert_eq!(err, TokenError { position: 2 });
+        assert!(!err.to_string().contains("bad token"), "{err}");
     }
 
     #[test]

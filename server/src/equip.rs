@@ -13,9 +13,7 @@ use std::sync::Arc;
 use aplc_runtime::Secrets;
 use aplc_runtime::driver::{Provider, Toolbox};
 use aplc_runtime::durable::DurableOptions;
-use aplc_runtime::http::HttpClient;
-use aplc_runtime::openai::{OpenAiConfig, OpenAiProvider};
-use aplc_runtime::routing::Router;
+use aplc_runtime::equip::{Builder, ProcessEnvironment, Source};
 
 use crate::ServeError;
 
@@ -34,60 +32,22 @@ impl Equipment {
     pub(crate) fn load(
         providers: Option<&Path>,
         tools: Option<&Path>,
-        mut secrets: Secrets,
+        secrets: Secrets,
     ) -> Result<Self, ServeError> {
-        let config = |message: String| ServeError::Config(message);
-        let http = HttpClient::new().map_err(config)?;
-        let provider: Arc<dyn Provider> = match providers {
-            Some(path) => {
-                let text = read(path)?;
-                let router = secrets
-                    .reading(|env| Router::from_config_json_with_client(&text, env, &http))
-                    .map_err(|e| config(format!("{}: {e}", path.display())))?;
-                Arc::new(router)
-            }
-            None => {
-                let mut openai = OpenAiConfig::new().http_client(http.clone());
-                if let Some(key) = std::env::var("OPENAI_API_KEY")
-                    .ok()
-                    .filter(|k| !k.trim().is_empty())
-                {
-                    openai = openai.api_key(key);
-                } else {
-                    tracing::warn!(
-                        "no OPENAI_API_KEY and no --providers file: provider calls will fail"
-                    );
-                }
-                Arc::new(OpenAiProvider::new(openai).map_err(config)?)
-            }
-        };
-        let redactor = secrets.redactor();
-        let mut toolbox = match tools {
-            Some(path) => {
-                let text = read(path)?;
-                let base = path.parent().unwrap_or(Path::new("."));
-                aplc_runtime::manifest::toolbox_from_manifest_with_client(
-                    &text,
-                    base,
-                    &http,
-                    secrets.variables(),
-                )
-                .map_err(|e| config(format!("{}: {e}", path.display())))?
-            }
-            None => Toolbox::new(),
-        };
-        toolbox.redact_with(redactor.clone());
+        let equipment = Builder::new(secrets)
+            .providers(providers.map(|path| Source::File(path.to_owned())))
+            .tools(tools.map(Path::to_owned))
+            .build(&ProcessEnvironment)
+            .map_err(|e| ServeError::Config(e.to_string()))?;
+        if equipment.no_key {
+            tracing::warn!("no OPENAI_API_KEY and no --providers file: provider calls will fail");
+        }
         let mut durable = DurableOptions::default();
-        durable.redactor = redactor;
+        durable.redactor = equipment.redactor;
         Ok(Equipment {
-            provider,
-            toolbox: Arc::new(toolbox),
+            provider: equipment.provider,
+            toolbox: Arc::new(equipment.toolbox),
             durable,
         })
     }
-}
-
-/// The CLI's bounded reader: a providers or tools file is config, never gigabytes.
-fn read(path: &Path) -> Result<String, ServeError> {
-    aplc_runtime::files::read_text(path).map_err(ServeError::Config)
 }

@@ -34,7 +34,7 @@ mod metrics;
 mod state;
 mod worker;
 
-pub use auth::{Tokens, parse_tokens};
+pub use auth::{TokenError, Tokens, parse_tokens};
 pub use logging::{LogFormat, init_logging};
 
 /// How a server is set up: `aplc serve`'s flags.

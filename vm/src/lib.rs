@@ -48,7 +48,7 @@ pub use provider::exchange::{
     ProviderErrorKind, ProviderRequest, Role, Sampling, ToolCall, ToolDefinition, Usage,
 };
 pub use provider::request::build_request;
-pub use provider::scripted::ScriptedProvider;
+pub use provider::scripted::{ScriptError, ScriptedProvider};
 pub use run::events::{
     EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage,
     Totals,

@@ -54,7 +54,8 @@ impl SupportAgent {
                 .base_url(base_url)
                 .api_key(api_key)
                 .request_timeout(Duration::from_secs(30)),
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
         Ok(SupportAgent {
             program,
             provider,
@@ -132,17 +133,20 @@ fn toolbox() -> Result<Toolbox, String> {
             "required": ["order_id"],
             "additionalProperties": false
         }
-    }))?;
+    }))
+    .map_err(|e| e.to_string())?;
     let mut tools = Toolbox::new();
     // The machine has checked the arguments against `parameters` before the call, so
     // `order_id` is an integer here; an unknown order is an ordinary tool error.
-    tools.register_fn(spec, move |arguments, _context| {
-        let id = arguments["order_id"].as_u64().unwrap_or_default();
-        match orders.get(&id) {
-            Some(status) => Ok(json!({"id": id, "status": status})),
-            None => Err(format!("no order {id}")),
-        }
-    })?;
+    tools
+        .register_fn(spec, move |arguments, _context| {
+            let id = arguments["order_id"].as_u64().unwrap_or_default();
+            match orders.get(&id) {
+                Some(status) => Ok(json!({"id": id, "status": status})),
+                None => Err(format!("no order {id}")),
+            }
+        })
+        .map_err(|e| e.to_string())?;
     Ok(tools)
 }
 

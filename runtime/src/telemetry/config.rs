@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use super::TelemetryError;
+
 /// Where and how a process exports its runs' telemetry.
 #[derive(Clone)]
 pub struct TelemetryConfig {
@@ -67,7 +69,7 @@ impl TelemetryConfig {
     pub fn resolve(
         env: &dyn Fn(&str) -> Option<String>,
         flags: TelemetryFlags,
-    ) -> Result<Resolved, String> {
+    ) -> Result<Resolved, TelemetryError> {
         let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         let mut warnings = Vec::new();
         let endpoint = var("OTEL_EXPORTER_OTLP_ENDPOINT");
@@ -121,9 +123,12 @@ impl TelemetryConfig {
             }
             (Some("otlp") | None, None) => Some(format!("{base}/v1/metrics")),
             (Some(other), _) => {
-                return Err(format!(
-                    "OTEL_METRICS_EXPORTER is `{other}`: aplc exports metrics with `otlp` or not at all (`none`)"
-                ));
+                return Err(TelemetryError::Variable {
+                    variable: "OTEL_METRICS_EXPORTER",
+                    problem: format!(
+                        "is `{other}`: aplc exports metrics with `otlp` or not at all (`none`)"
+                    ),
+                });
             }
         };
         let headers = match var("OTEL_EXPORTER_OTLP_HEADERS") {
@@ -169,25 +174,28 @@ fn truthy(value: Option<&str>, name: &str, warnings: &mut Vec<String>) -> bool {
 
 /// `url`, trimmed, if it is an absolute `http` or `https` URL with a host. The message
 /// names the variable but not the value: a URL may carry credentials.
-fn checked_url(name: &str, url: &str) -> Result<String, String> {
+fn checked_url(name: &'static str, url: &str) -> Result<String, TelemetryError> {
+    let bad = |problem: String| TelemetryError::Variable {
+        variable: name,
+        problem,
+    };
     let url = url.trim();
-    let parsed =
-        reqwest::Url::parse(url).map_err(|e| format!("{name} is not a valid URL ({e})"))?;
+    let parsed = reqwest::Url::parse(url).map_err(|e| bad(format!("is not a valid URL ({e})")))?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!(
-            "{name} must be an http:// or https:// URL (OTLP over HTTP), not {}://",
+        return Err(bad(format!(
+            "must be an http:// or https:// URL (OTLP over HTTP), not {}://",
             parsed.scheme()
-        ));
+        )));
     }
     if parsed.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{name} has no host"));
+        return Err(bad("has no host".into()));
     }
     Ok(url.to_owned())
 }
 
 /// The W3C Baggage-style list `k=v,k2=v2` of `OTEL_EXPORTER_OTLP_HEADERS`, percent-decoded.
 /// Errors name the entry by position and its key, never a value.
-fn parse_headers(name: &str, list: &str) -> Result<Vec<(String, String)>, String> {
+fn parse_headers(name: &'static str, list: &str) -> Result<Vec<(String, String)>, TelemetryError> {
     let mut headers = Vec::new();
     for (index, entry) in list.split(',').enumerate() {
         let entry = entry.trim();
@@ -195,23 +203,30 @@ fn parse_headers(name: &str, list: &str) -> Result<Vec<(String, String)>, String
             continue;
         }
         let position = index + 1;
+        let bad = |problem: String| TelemetryError::HeaderEntry {
+            variable: name,
+            entry: position,
+            problem,
+        };
         let Some((key, value)) = entry.split_once('=') else {
-            return Err(format!("{name}: entry {position} is not `key=value`"));
+            return Err(bad(format!("entry {position} is not `key=value`")));
         };
         let key = percent_decode(key.trim())
-            .ok_or_else(|| format!("{name}: entry {position} has a malformed %-escape"))?;
+            .ok_or_else(|| bad(format!("entry {position} has a malformed %-escape")))?;
         let value = percent_decode(value.trim()).ok_or_else(|| {
-            format!("{name}: the value of `{key}` (entry {position}) has a malformed %-escape")
+            bad(format!(
+                "the value of `{key}` (entry {position}) has a malformed %-escape"
+            ))
         })?;
         if http::HeaderName::from_bytes(key.as_bytes()).is_err() {
-            return Err(format!(
-                "{name}: entry {position} does not have a valid header name"
-            ));
+            return Err(bad(format!(
+                "entry {position} does not have a valid header name"
+            )));
         }
         if http::HeaderValue::from_str(&value).is_err() {
-            return Err(format!(
-                "{name}: the value of `{key}` (entry {position}) is not a valid header value"
-            ));
+            return Err(bad(format!(
+                "the value of `{key}` (entry {position}) is not a valid header value"
+            )));
         }
         headers.push((key, value));
     }
@@ -360,7 +375,9 @@ mod tests {
                 otel: true,
                 capture_content: false,
             };
-            let error = TelemetryConfig::resolve(&env, flags).unwrap_err();
+            let error = TelemetryConfig::resolve(&env, flags)
+                .unwrap_err()
+                .to_string();
             assert!(error.contains("entry 2"), "{error}");
             assert!(!error.contains("fine"), "{error}");
         }
@@ -371,7 +388,9 @@ mod tests {
         for url in ["not a url", "ftp://c:21", "grpc://c:4317"] {
             let env =
                 move |name: &str| (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| url.to_owned());
-            let error = TelemetryConfig::resolve(&env, TelemetryFlags::default()).unwrap_err();
+            let error = TelemetryConfig::resolve(&env, TelemetryFlags::default())
+                .unwrap_err()
+                .to_string();
             assert!(error.starts_with("OTEL_EXPORTER_OTLP_ENDPOINT"), "{error}");
         }
         let resolved = resolve(

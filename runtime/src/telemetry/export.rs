@@ -16,6 +16,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use opentelemetry_http::{HttpError, Request, Response};
 
+use super::TelemetryError;
+
 /// How long one export request may take (connect, send, answer).
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most of a collector's answer that is read: it is a small protobuf message, and
@@ -39,14 +41,17 @@ impl fmt::Debug for OtlpClient {
 
 impl OtlpClient {
     /// A client on a new export runtime; proxies as `crate::http::HttpClient` reads them.
-    pub(crate) fn new(env: &dyn Fn(&str) -> Option<String>) -> Result<OtlpClient, String> {
+    pub(crate) fn new(env: &dyn Fn(&str) -> Option<String>) -> Result<OtlpClient, TelemetryError> {
         let client = crate::http::HttpClient::with_env(env)?.inner().clone();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("aplc-otlp")
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the telemetry export runtime: {e}"))?;
+            .map_err(|e| TelemetryError::Setup {
+                what: "telemetry export runtime",
+                message: e.to_string(),
+            })?;
         Ok(OtlpClient {
             client,
             runtime: Arc::new(ExportRuntime(Some(runtime))),

@@ -30,6 +30,62 @@ pub use config::{
 };
 pub use spans::{Parent, RunDetails, RunTrace, Traced};
 
+/// Why telemetry could not be configured, set up, joined or flushed. A variable is
+/// named, never a header's value or a URL (which may carry credentials).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// An `OTEL_*` variable is malformed.
+    #[error("{variable} {problem}")]
+    Variable {
+        /// The variable.
+        variable: &'static str,
+        /// What is wrong ("has no host").
+        problem: String,
+    },
+    /// An entry of an OTLP header list is malformed.
+    #[error("{variable}: {problem}")]
+    HeaderEntry {
+        /// The variable.
+        variable: &'static str,
+        /// The entry's position, from 1.
+        entry: usize,
+        /// What is wrong, naming the entry and its key, never its value.
+        problem: String,
+    },
+    /// The HTTP client for the exporters could not be built.
+    #[error(transparent)]
+    Client(#[from] crate::http::HttpClientError),
+    /// An exporter or the export runtime could not be set up.
+    #[error("cannot set up the {what}: {message}")]
+    Setup {
+        /// "span exporter", "metric exporter", "telemetry export runtime".
+        what: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// A `traceparent` is malformed.
+    #[error("malformed traceparent: {0}")]
+    Traceparent(&'static str),
+    /// An export failed (the first failure).
+    #[error("could not export telemetry: {0}")]
+    Export(String),
+    /// The spans were not all flushed.
+    #[error("telemetry for {endpoint} was not all sent: {message}")]
+    Unsent {
+        /// The traces endpoint.
+        endpoint: String,
+        /// Why.
+        message: String,
+    },
+    /// The metrics were not all flushed.
+    #[error("metrics for {endpoint}'s collector were not all sent")]
+    MetricsUnsent {
+        /// The traces endpoint.
+        endpoint: String,
+    },
+}
+
 /// Spans that may wait for export; more are dropped (the SDK counts them). About 1 KiB
 /// each.
 const MAX_QUEUED_SPANS: usize = 16_384;
@@ -75,7 +131,7 @@ impl Telemetry {
     pub fn start(
         config: &TelemetryConfig,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Telemetry, String> {
+    ) -> Result<Telemetry, TelemetryError> {
         let client = export::OtlpClient::new(env)?;
         let failure = client.failures();
         let headers: HashMap<String, String> = config.headers.iter().cloned().collect();
@@ -87,7 +143,10 @@ impl Telemetry {
             .with_headers(headers.clone())
             .with_timeout(export::REQUEST_TIMEOUT)
             .build()
-            .map_err(|e| format!("cannot set up the span exporter: {e}"))?;
+            .map_err(|e| TelemetryError::Setup {
+                what: "span exporter",
+                message: e.to_string(),
+            })?;
         let metrics = match &config.metrics_endpoint {
             Some(endpoint) => Some(
                 opentelemetry_otlp::MetricExporter::builder()
@@ -98,7 +157,10 @@ impl Telemetry {
                     .with_headers(headers)
                     .with_timeout(export::REQUEST_TIMEOUT)
                     .build()
-                    .map_err(|e| format!("cannot set up the metric exporter: {e}"))?,
+                    .map_err(|e| TelemetryError::Setup {
+                        what: "metric exporter",
+                        message: e.to_string(),
+                    })?,
             ),
             None => None,
         };
@@ -193,7 +255,7 @@ impl Telemetry {
     ///
     /// It takes `&self` so that a server can hold the pipeline in an `Arc`; spans ended
     /// after it are not exported.
-    pub fn shutdown(&self, timeout: Duration) -> Result<(), String> {
+    pub fn shutdown(&self, timeout: Duration) -> Result<(), TelemetryError> {
         let traces_endpoint = &self.traces_endpoint;
         let (spans, metrics) = std::thread::scope(|scope| {
             let metrics = scope.spawn(|| self.meter_provider.shutdown_with_timeout(timeout));
@@ -207,13 +269,14 @@ impl Telemetry {
             .take();
         let metrics_failed = !matches!(metrics, Ok(Ok(())));
         match (first, spans) {
-            (Some(failure), _) => Err(format!("could not export telemetry: {failure}")),
-            (None, Err(e)) => Err(format!(
-                "telemetry for {traces_endpoint} was not all sent: {e}"
-            )),
-            (None, Ok(())) if metrics_failed => Err(format!(
-                "metrics for {traces_endpoint}'s collector were not all sent"
-            )),
+            (Some(failure), _) => Err(TelemetryError::Export(failure)),
+            (None, Err(e)) => Err(TelemetryError::Unsent {
+                endpoint: traces_endpoint.clone(),
+                message: e.to_string(),
+            }),
+            (None, Ok(())) if metrics_failed => Err(TelemetryError::MetricsUnsent {
+                endpoint: traces_endpoint.clone(),
+            }),
             (None, Ok(())) => Ok(()),
         }
     }

@@ -19,7 +19,7 @@ use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
 use serde_json::{Value as Json, json};
 
-use super::Instruments;
+use super::{Instruments, TelemetryError};
 use crate::Redactor;
 use crate::future::BoxFuture;
 use crate::provider::{CallContext, Provider};
@@ -37,8 +37,8 @@ impl Parent {
     pub fn parse(
         traceparent: &str,
         tracestate: Option<&str>,
-    ) -> Result<(Parent, Option<String>), String> {
-        let bad = |why: &str| format!("malformed traceparent: {why}");
+    ) -> Result<(Parent, Option<String>), TelemetryError> {
+        let bad = TelemetryError::Traceparent;
         let text = traceparent.trim();
         let fields: Vec<&str> = text.split('-').collect();
         let [version, trace_id, span_id, flags, rest @ ..] = fields.as_slice() else {

@@ -42,29 +42,46 @@ pub struct ScriptedProvider {
     cursor: usize,
 }
 
+/// Why a script (`--mock` answers, a mock route's `responses`) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScriptError {
+    /// The text is not JSON (serde's message, with the line and column).
+    #[error("mock responses are not valid JSON: {0}")]
+    NotJson(String),
+    /// The JSON is not an array.
+    #[error("mock responses: expected a JSON array of entries, found {0}")]
+    NotAnArray(&'static str),
+    /// One entry is not an answer the machine can read.
+    #[error("mock entry {index}: {message}")]
+    Entry {
+        /// The entry's position, from 0.
+        index: usize,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
 impl ScriptedProvider {
     /// Reads a script from JSON text: an array of entries (see the type's docs).
-    pub fn from_json(text: &str) -> Result<ScriptedProvider, String> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| format!("mock responses are not valid JSON: {e}"))?;
+    pub fn from_json(text: &str) -> Result<ScriptedProvider, ScriptError> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| ScriptError::NotJson(e.to_string()))?;
         match value {
             Value::Array(entries) => ScriptedProvider::from_entries(entries),
-            other => Err(format!(
-                "mock responses: expected a JSON array of entries, found {}",
-                kind(&other)
-            )),
+            other => Err(ScriptError::NotAnArray(kind(&other))),
         }
     }
 
     /// Builds a script from already-parsed entries (see the type's docs).
-    pub fn from_entries(entries: Vec<Value>) -> Result<ScriptedProvider, String> {
+    pub fn from_entries(entries: Vec<Value>) -> Result<ScriptedProvider, ScriptError> {
         let entries = entries
             .into_iter()
             .enumerate()
             .map(|(index, entry)| {
-                normalize(entry).map_err(|why| format!("mock entry {index}: {why}"))
+                normalize(entry).map_err(|message| ScriptError::Entry { index, message })
             })
-            .collect::<Result<Arc<[Entry]>, String>>()?;
+            .collect::<Result<Arc<[Entry]>, ScriptError>>()?;
         Ok(ScriptedProvider { entries, cursor: 0 })
     }
 
@@ -259,7 +276,7 @@ mod tests {
     }
 
     fn rejected(text: &str) -> String {
-        ScriptedProvider::from_json(text).unwrap_err()
+        ScriptedProvider::from_json(text).unwrap_err().to_string()
     }
 
     /// The next completion's `raw`, as JSON text.

@@ -43,6 +43,45 @@ impl std::fmt::Debug for ToolSpec {
     }
 }
 
+/// Why a tool descriptor was refused ([`ToolSpec::new`]) or a tool could not be added to a
+/// registry ([`ToolRegistry::register`]). Each names the tool once it has a name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolSpecError {
+    /// The descriptor is not a JSON object.
+    #[error("a tool descriptor must be a JSON object")]
+    NotAnObject,
+    /// The descriptor has no `name`, or not a non-empty string.
+    #[error("a tool descriptor needs a non-empty string `name`")]
+    NoName,
+    /// `description` is there but not a string.
+    #[error("tool `{name}`: `description` must be a string")]
+    Description {
+        /// The tool.
+        name: String,
+    },
+    /// `parameters` is an object but not a JSON Schema the validator compiles.
+    #[error("tool `{name}`: invalid `parameters` schema: {message}")]
+    Schema {
+        /// The tool.
+        name: String,
+        /// What the schema compiler said.
+        message: String,
+    },
+    /// `parameters` is there but not an object.
+    #[error("tool `{name}`: `parameters` must be a JSON Schema object")]
+    ParametersNotAnObject {
+        /// The tool.
+        name: String,
+    },
+    /// A registry already has a tool of this name.
+    #[error("tool `{name}` is registered twice")]
+    Duplicate {
+        /// The tool.
+        name: String,
+    },
+}
+
 /// When a tool's successful results may be reused within a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Idempotency {
@@ -65,30 +104,28 @@ impl ToolSpec {
     /// A tool from its OpenAI function descriptor (`{"name", "description",
     /// "parameters", "strict"?}`). The `parameters` schema is compiled here, so an invalid
     /// schema is an error at registration, not at the first call.
-    pub fn new(descriptor: Json) -> Result<ToolSpec, String> {
+    pub fn new(descriptor: Json) -> Result<ToolSpec, ToolSpecError> {
         let Json::Object(map) = &descriptor else {
-            return Err("a tool descriptor must be a JSON object".into());
+            return Err(ToolSpecError::NotAnObject);
         };
         let name = match map.get("name") {
             Some(Json::String(s)) if !s.is_empty() => s.clone(),
-            _ => return Err("a tool descriptor needs a non-empty string `name`".into()),
+            _ => return Err(ToolSpecError::NoName),
         };
         if let Some(d) = map.get("description")
             && !d.is_string()
         {
-            return Err(format!("tool `{name}`: `description` must be a string"));
+            return Err(ToolSpecError::Description { name });
         }
         let validator = match map.get("parameters") {
             None => None,
             Some(schema @ Json::Object(_)) => Some(Arc::new(
-                jsonschema::validator_for(schema)
-                    .map_err(|e| format!("tool `{name}`: invalid `parameters` schema: {e}"))?,
+                jsonschema::validator_for(schema).map_err(|e| ToolSpecError::Schema {
+                    message: e.to_string(),
+                    name: name.clone(),
+                })?,
             )),
-            Some(_) => {
-                return Err(format!(
-                    "tool `{name}`: `parameters` must be a JSON Schema object"
-                ));
-            }
+            Some(_) => return Err(ToolSpecError::ParametersNotAnObject { name }),
         };
         let described = crate::template::store::value_from_json(
             &serde_json::json!({"type": "function", "function": descriptor}),
@@ -164,9 +201,9 @@ impl ToolRegistry {
     }
 
     /// Adds a tool; a second tool with the same name is an error.
-    pub fn register(&mut self, spec: ToolSpec) -> Result<(), String> {
+    pub fn register(&mut self, spec: ToolSpec) -> Result<(), ToolSpecError> {
         if self.by_name.contains_key(&spec.name) {
-            return Err(format!("tool `{}` is registered twice", spec.name));
+            return Err(ToolSpecError::Duplicate { name: spec.name });
         }
         self.by_name.insert(spec.name.clone(), self.tools.len());
         self.tools.push(spec);
@@ -527,13 +564,24 @@ mod tests {
 
     #[test]
     fn descriptors_are_checked() {
-        assert!(ToolSpec::new(json!("calc")).is_err());
-        assert!(ToolSpec::new(json!({"description": "x"})).is_err());
-        assert!(ToolSpec::new(json!({"name": "x", "parameters": 3})).is_err());
-        let e = ToolSpec::new(json!({"name": "x", "parameters": {"type": 12}})).unwrap_err();
-        assert!(e.contains("invalid `parameters` schema"), "{e}");
+        let error = |descriptor| ToolSpec::new(descriptor).unwrap_err();
+        assert_eq!(error(json!("calc")), ToolSpecError::NotAnObject);
+        assert_eq!(error(json!({"description": "x"})), ToolSpecError::NoName);
+        let name = || "x".to_owned();
+        assert_eq!(
+            error(json!({"name": "x", "parameters": 3})),
+            ToolSpecError::ParametersNotAnObject { name: name() }
+        );
+        let e = error(json!({"name": "x", "parameters": {"type": 12}}));
+        assert!(matches!(&e, ToolSpecError::Schema { name, .. } if name == "x"));
+        assert!(
+            e.to_string()
+                .starts_with("tool `x`: invalid `parameters` schema: "),
+            "{e}"
+        );
         let mut r = registry();
-        assert!(r.register(calc()).unwrap_err().contains("twice"));
+        let e = r.register(calc()).unwrap_err();
+        assert_eq!(e.to_string(), "tool `calc` is registered twice");
     }
 
     #[test]
