@@ -22,14 +22,14 @@ use aplc_vm::{
 };
 
 use crate::future::BoxFuture;
-use crate::provider::{CallContext, Provider, Scripted};
-use crate::tool::Toolbox;
 use crate::http::{HttpClient, HttpClientError};
 use crate::manifest::ManifestError;
 use crate::openai::{ConfigError, OpenAiConfig, OpenAiProvider};
+use crate::provider::{CallContext, Provider, Scripted};
 use crate::redact::Redactor;
 use crate::routing::{ProvidersConfig, RoutingError};
 use crate::secrets::Secrets;
+use crate::tool::Toolbox;
 
 /// Where the builder's variables and files come from, and where its warnings go.
 pub trait Environment {

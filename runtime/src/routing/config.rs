@@ -23,8 +23,8 @@ use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visi
 use serde_json::Value as Json;
 
 use super::{Route, Router};
-use crate::provider::{Provider, Scripted};
 use crate::http::HttpClient;
+use crate::provider::{Provider, Scripted};
 use aplc_vm::ScriptedProvider;
 use aplc_vm::text::json_kind as kind;
 

@@ -378,7 +378,7 @@ impl Machine {
         self.take_timeout(now);
     }
 
-    /// [`Input::Poll`]: runs until the next [`Action`].
+    /// `Input::Poll`: runs until the next [`Action`].
     fn take_poll(&mut self, now: Duration) -> Action {
         if !self.events.on() {
             return self.run_until_action(now);
@@ -486,7 +486,7 @@ impl Machine {
         }
     }
 
-    /// [`Input::Provider`]: the result of the provider call the machine asked for.
+    /// `Input::Provider`: the result of the provider call the machine asked for.
     fn take_provider_response(&mut self, now: Duration, result: Result<Completion, ProviderError>) {
         self.events.at(now);
         if !matches!(self.state, State::AwaitingProvider) {
@@ -505,7 +505,7 @@ impl Machine {
         self.state = State::Responded(result);
     }
 
-    /// [`Input::Tool`]: the result of the tool call the machine asked for.
+    /// `Input::Tool`: the result of the tool call the machine asked for.
     fn take_tool_result(&mut self, now: Duration, result: Result<serde_json::Value, String>) {
         self.events.at(now);
         let key = match std::mem::replace(&mut self.state, State::Running) {
@@ -556,7 +556,7 @@ impl Machine {
         self.report_errors();
     }
 
-    /// [`Input::Timeout`]: the deadline passed while the machine waited for the driver.
+    /// `Input::Timeout`: the deadline passed while the machine waited for the driver.
     fn take_timeout(&mut self, now: Duration) {
         self.events.at(now);
         if !matches!(self.state, State::Done) && now >= self.deadline {
