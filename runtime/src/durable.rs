@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value as Json, json};
 
 use crate::driver::{self, Journal, Provider, Toolbox};
-use crate::recorder::{DurableState, Recorder};
+use crate::recorder::{DurableState, Recorder, Window};
 pub use crate::recorder::{INTERRUPTED_TOOL, outcome_json};
 use crate::redact::Redactor;
 use crate::session::{Listener, Observer, RunSession};
@@ -39,6 +39,12 @@ pub struct DurableOptions {
     /// Applied to provider error messages and to every journaled event and outcome: a
     /// server may echo a key into a message, and the store must never hold one.
     pub redactor: Redactor,
+    /// How many inputs a run may hold uncommitted while a commit is in flight before it
+    /// waits for that commit (`spec/durability.md`, "When the journal commits"): what a
+    /// fast run may get ahead of its store, and so what a crash can make it ask again.
+    pub max_uncommitted_inputs: usize,
+    /// The same bound in bytes: the encoded inputs and redacted events held.
+    pub max_uncommitted_bytes: usize,
 }
 
 impl Default for DurableOptions {
@@ -46,12 +52,30 @@ impl Default for DurableOptions {
         DurableOptions {
             checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
             redactor: Redactor::default(),
+            max_uncommitted_inputs: DEFAULT_MAX_UNCOMMITTED_INPUTS,
+            max_uncommitted_bytes: DEFAULT_MAX_UNCOMMITTED_BYTES,
+        }
+    }
+}
+
+impl DurableOptions {
+    fn window(&self) -> Window {
+        Window {
+            inputs: self.max_uncommitted_inputs,
+            bytes: self.max_uncommitted_bytes,
         }
     }
 }
 
 /// The default number of steps between checkpoints.
 pub const DEFAULT_CHECKPOINT_EVERY: u64 = 100;
+
+/// The default [`DurableOptions::max_uncommitted_inputs`]: about 85 steps of a loop of
+/// provider calls (six inputs a step).
+pub const DEFAULT_MAX_UNCOMMITTED_INPUTS: usize = 512;
+
+/// The default [`DurableOptions::max_uncommitted_bytes`]: 4 MiB.
+pub const DEFAULT_MAX_UNCOMMITTED_BYTES: usize = 4 << 20;
 
 /// A durable run that could not start, go on, or resume.
 #[derive(Debug, thiserror::Error)]
@@ -260,7 +284,11 @@ pub async fn start(
         program,
         machine,
         recorder: Recorder::new(config.checkpoint_every, config.redactor.clone(), 0, 0),
-        committer: Committer { store, lease },
+        committer: Committer {
+            store,
+            lease,
+            window: config.window(),
+        },
         at: Duration::ZERO,
         pending: None,
         last_event: None,
@@ -479,7 +507,11 @@ async fn reopen_leased<'s>(
         program,
         machine: replayed.machine,
         recorder,
-        committer: Committer { store, lease },
+        committer: Committer {
+            store,
+            lease,
+            window: config.window(),
+        },
         at: replayed.at,
         pending: replayed.pending,
         last_event: replayed.last_event,
@@ -671,6 +703,7 @@ fn replay(
 struct Committer<'s> {
     store: &'s dyn RunJournal,
     lease: Box<dyn Lease>,
+    window: Window,
 }
 
 impl Journal for Committer<'_> {
@@ -681,5 +714,9 @@ impl Journal for Committer<'_> {
             Some(batch) => self.store.append(self.lease.as_ref(), batch).await,
             None => Ok(()),
         }
+    }
+
+    fn window(&self) -> Window {
+        self.window
     }
 }
