@@ -3,10 +3,11 @@
 //!
 //! The machine is deterministic given its inputs: the times passed in, the provider
 //! completions and the tool results. This driver records every input, in order, with the
-//! run's events, and commits at the boundaries where effects happen: before a tool call
-//! starts (so a tool in flight at a crash is known to be in flight, and is not run twice
-//! unless it is idempotent) and as soon as a provider's or tool's answer is back (so a
-//! paid completion is never lost). Every
+//! run's events, and commits them in groups while the run goes on, waiting only where an
+//! effect depends on it ([`driver::drive`]): before a non-idempotent tool call starts (so
+//! a tool in flight at a crash is known to be in flight, and is not run twice), as soon as
+//! its result is back, and with the outcome. A crash loses at most the provider answers
+//! of the groups not committed yet, which a resume asks for again. Every
 //! `checkpoint_every` steps it adds a checkpoint, so a resume restores the newest one and
 //! replays only the inputs after it.
 //!
