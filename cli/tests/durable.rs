@@ -452,6 +452,179 @@ fn concurrent_resume(name: &str, store: &str) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Group commit (issue #24): a long loop of instant scripted answers runs ahead of its
+// store, committing in groups; SIGKILLed again and again in the middle of it.
+
+/// Iterations of the group loop, and how often its model calls the logging tool.
+const GROUP_STEPS: u64 = 4000;
+const GROUP_TOOL_EVERY: u64 = 40;
+
+/// The message a non-idempotent tool call in flight at a crash resolves with.
+const INTERRUPTED: &str = "interrupted; not retried because the tool is not idempotent";
+
+/// The scripted answers (distinct, so a resume that skips the wrong number of them ends
+/// another way), the `log` tool (never idempotent: it appends its request to
+/// `ledger.log`, a line per execution) and the context.
+fn group_setup(dir: &Path) {
+    let answers: Vec<Json> = (1..=GROUP_STEPS)
+        .map(|i| {
+            if i % GROUP_TOOL_EVERY == GROUP_TOOL_EVERY / 2 {
+                let arguments = json!({ "key": format!("k{i}") }).to_string();
+                json!({"content": null, "tool_calls": [{
+                    "id": format!("call-{i}"), "type": "function",
+                    "function": {"name": "log", "arguments": arguments},
+                }]})
+            } else {
+                json!(format!("a{i}"))
+            }
+        })
+        .collect();
+    std::fs::write(dir.join("mock.json"), Json::from(answers).to_string()).unwrap();
+    // It pauses after logging for `GROUP_PAUSE` seconds: a kill can land while it runs.
+    let log = "cat >> ledger.log && echo >> ledger.log && sleep \"${GROUP_PAUSE:-0}\" \
+               && echo '{\"logged\": true}'";
+    let manifest = json!({"log": {
+        "command": ["sh", "-c", log],
+        "timeout_ms": 20_000,
+        "descriptor": {
+            "description": "Log a key",
+            "parameters": {
+                "type": "object",
+                "properties": {"key": {"type": "string"}},
+                "required": ["key"],
+            },
+        },
+    }});
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).unwrap();
+    let context = json!({ "limit": GROUP_STEPS }).to_string();
+    std::fs::write(dir.join("context.json"), context).unwrap();
+}
+
+/// The flags every run and resume of the group loop takes.
+const GROUP_FLAGS: [&str; 6] = [
+    "--json",
+    "--quiet",
+    "--tools",
+    "tools.json",
+    "--mock",
+    "mock.json",
+];
+
+fn group_run(dir: &Path, extra: &[&str]) -> Command {
+    let agent = root().join("fixtures/durable/group_loop.apl");
+    let agent = agent.display().to_string();
+    let max_steps = (2 * GROUP_STEPS).to_string();
+    let mut args = vec!["run", agent.as_str(), "--context", "context.json"];
+    args.extend_from_slice(&["--max-steps", &max_steps]);
+    args.extend_from_slice(&GROUP_FLAGS);
+    args.extend_from_slice(extra);
+    aplc!(dir, &args)
+}
+
+fn group_resume(dir: &Path, store: &str, id: &str) -> Command {
+    let mut args = vec!["resume", id, "--store", store];
+    args.extend_from_slice(&GROUP_FLAGS);
+    aplc!(dir, &args)
+}
+
+/// The keys the `log` tool logged, one per execution, in order.
+fn ledger_keys(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("ledger.log")).unwrap_or_default();
+    text.lines()
+        .filter(|line| !line.is_empty())
+        .map(|line| {
+            let request: Json = serde_json::from_str(line).expect("a logged request");
+            request["arguments"]["key"]
+                .as_str()
+                .expect("a key")
+                .to_string()
+        })
+        .collect()
+}
+
+/// The `log` calls of `context`'s history whose result is the interruption, by history
+/// index and key. Each is put back as the uninterrupted run (`expected`) has it: its
+/// result and errors, and the next step's prompt that shows the result.
+fn put_back_interrupted(context: &mut Json, expected: &Json) -> Vec<String> {
+    let mut keys = Vec::new();
+    let count = context["context_history"].as_array().map_or(0, Vec::len);
+    for h in 0..count {
+        let step = &context["context_history"][h];
+        let interrupted = step["result_tool_calls"].as_array().is_some_and(|calls| {
+            calls.iter().any(|call| {
+                call["content"]
+                    .as_str()
+                    .is_some_and(|c| c.contains(INTERRUPTED))
+            })
+        });
+        if !interrupted {
+            continue;
+        }
+        keys.push(format!("k{}", step["i"]));
+        let (done, next) = (
+            &expected["context_history"][h],
+            &expected["context_history"][h + 1],
+        );
+        let history = &mut context["context_history"];
+        history[h]["result_tool_calls"] = done["result_tool_calls"].clone();
+        history[h]["errors"] = done["errors"].clone();
+        history[h + 1]["prompts"] = next["prompts"].clone();
+    }
+    keys
+}
+
+/// Kills the durable group loop three times while it runs ahead of its store (after a few
+/// more of its tool calls are visible each time: each is committed before it runs),
+/// resuming it after each kill, then lets a resume finish it. It ends as an uninterrupted
+/// run does, with the scripted answers skipped where the journal left off (a call that
+/// was in flight at a kill resolves as interrupted: at most one per kill); no tool call
+/// ran twice, and every call the run reports as done ran exactly once.
+fn crash_in_a_group(name: &str, store: &str) {
+    let dir = scratch(name);
+    group_setup(&dir);
+    let output = succeed(&mut group_run(&dir, &[]));
+    let expected = context(&output);
+    let all: Vec<String> = ledger_keys(&dir);
+    assert_eq!(all.len() as u64, GROUP_STEPS / GROUP_TOOL_EVERY);
+    std::fs::remove_file(dir.join("ledger.log")).unwrap();
+
+    let mut child = group_run(&dir, &["--store", store, "--run-id", "group"]);
+    // The first and last kills land mostly while a tool call pauses, the second mostly
+    // between tool calls, where the run goes on ahead of its commits.
+    for (kill, pause) in [(1, "0.1"), (2, "0"), (3, "0.1")] {
+        let child_process = child
+            .env("GROUP_PAUSE", pause)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn aplc");
+        wait_for("more tool calls", || ledger_keys(&dir).len() >= 5 * kill);
+        kill9(child_process);
+        child = group_resume(&dir, store, "group");
+    }
+    let mut resumed = context(&succeed(&mut group_resume(&dir, store, "group")));
+
+    let interrupted = put_back_interrupted(&mut resumed, &expected);
+    assert!(
+        interrupted.len() <= 3,
+        "one call in flight per kill at most: {interrupted:?}"
+    );
+    assert!(
+        resumed == expected,
+        "the resumed run ends as the uninterrupted one"
+    );
+    let ledger = ledger_keys(&dir);
+    for key in &all {
+        let runs = ledger.iter().filter(|logged| *logged == key).count();
+        if interrupted.contains(key) {
+            assert!(runs <= 1, "the interrupted call `{key}` ran {runs} times");
+        } else {
+            assert_eq!(runs, 1, "the call `{key}` ran {runs} times: {ledger:?}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // SQLite.
 
 fn sqlite(name: &str) -> String {
@@ -467,6 +640,11 @@ fn sqlite_crash_during_a_provider_call_resumes_without_repeating_calls() {
 #[test]
 fn sqlite_crash_during_a_tool_call_does_not_run_it_twice() {
     crash_during_tool_call("sqlite-tool", &sqlite("sqlite-tool"));
+}
+
+#[test]
+fn sqlite_crash_in_a_group_of_uncommitted_steps_repeats_no_tool_call() {
+    crash_in_a_group("sqlite-group", &sqlite("sqlite-group"));
 }
 
 #[test]
@@ -487,6 +665,12 @@ fn postgres_crash_during_a_provider_call_resumes_without_repeating_calls() {
 fn postgres_crash_during_a_tool_call_does_not_run_it_twice() {
     let url = pg::shared().database("crash_tool");
     crash_during_tool_call("pg-tool", &url);
+}
+
+#[test]
+fn postgres_crash_in_a_group_of_uncommitted_steps_repeats_no_tool_call() {
+    let url = pg::shared().database("group");
+    crash_in_a_group("pg-group", &url);
 }
 
 #[test]

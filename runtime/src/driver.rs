@@ -5,11 +5,13 @@
 //! closures. The machine itself lives in `aplc-vm`, which has no async runtime at all;
 //! the [`RunSession`] around it lives in [`crate::session`].
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 pub use crate::future::BoxFuture;
 pub use crate::provider::{CallContext, DeltaSink, Provider, Scripted};
-use crate::recorder::INTERRUPTED_TOOL;
+use crate::recorder::{INTERRUPTED_TOOL, Window};
 pub use crate::session::Listener;
 use crate::session::{Next, Observer, RunSession};
 use crate::store::Batch;
@@ -88,6 +90,11 @@ pub(crate) trait Journal {
 
     /// Commits `batch` (nothing to do for `None`).
     fn commit(&self, batch: Option<Batch>) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// How far the run may go on ahead of its commits.
+    fn window(&self) -> Window {
+        Window::UNBOUNDED
+    }
 }
 
 /// The journal of an in-memory run: it keeps nothing, and its session records nothing.
@@ -104,52 +111,157 @@ impl Journal for InMemory {
 /// The one loop that drives a run: asks the session for its next action, performs it
 /// with `provider` or `toolbox`, and hands the answer back, until the run is done.
 ///
-/// A durable session's journal is committed where the contract needs it
-/// (`spec/durability.md`): while a provider call is out (its latency hides the commit;
-/// both are awaited before the answer goes in: a crash before the commit ends loses the
-/// previous answer too, and a resume asks for it again), before a tool runs (so a tool in
-/// flight at a crash is known to be in flight), as soon as its result is back, and with
-/// the outcome at the end. A tool call that was in flight at a crash runs again only if
-/// the tool is idempotent; otherwise it resolves as a failed call.
+/// A durable session's journal is committed in groups (`spec/durability.md`, "When the
+/// journal commits"): at most one commit is in flight, so batches reach the store in
+/// order, and the run goes on while it lands. At a provider call (or an idempotent
+/// tool's), what the session recorded since the last group goes out as the next group if
+/// no commit is in flight, and the call races the commit without waiting for it; what
+/// the run records meanwhile waits for the next group. The run waits for everything to
+/// be committed only where something outside it depends on it: before a non-idempotent
+/// tool runs (so a tool in flight at a crash is known to be in flight), as soon as its
+/// result is back, and with the outcome at the end. And it waits for the commit in flight
+/// when it holds more than the journal's [`Window`], so it cannot outrun its store. A
+/// crash loses at most the provider answers of the groups not committed: a resume asks
+/// for them again. A tool call that was in flight at a crash runs again only if the tool
+/// is idempotent; otherwise it resolves as a failed call.
 pub(crate) async fn drive<J: Journal + Sync>(
     mut session: RunSession<'_>,
     provider: &dyn Provider,
     toolbox: &Toolbox,
     journal: &J,
 ) -> Result<RunOutcome, J::Error> {
+    let mut commits = Commits::new(journal);
     loop {
         let Next { action, in_flight } = session.next_action();
         match action {
             Action::CallProvider(request) => {
-                let batch = session.batch();
-                let (committed, answer) = tokio::join!(
-                    journal.commit(batch),
-                    session.call_provider(provider, &request),
-                );
-                committed?;
+                commits.begin(&mut session).await?;
+                let answer = commits
+                    .race(session.call_provider(provider, &request))
+                    .await?;
                 session.provider_answered(answer);
+                commits.keep_within_window(&mut session).await?;
+            }
+            Action::CallTool(invocation) if toolbox.is_idempotent(&invocation.name) => {
+                commits.begin(&mut session).await?;
+                let answer = commits
+                    .race(toolbox.run(&invocation, session.clock()))
+                    .await?;
+                session.tool_answered(answer);
+                commits.keep_within_window(&mut session).await?;
             }
             Action::CallTool(invocation) => {
-                if in_flight && !toolbox.is_idempotent(&invocation.name) {
+                if in_flight {
                     session.answer_tool(Err(INTERRUPTED_TOOL.to_string()));
-                    journal.commit(session.batch()).await?;
+                    commits.flush(&mut session).await?;
                     continue;
                 }
-                journal.commit(session.batch()).await?;
+                commits.flush(&mut session).await?;
                 let answer = toolbox.run(&invocation, session.clock()).await;
                 let returned = answer.is_ok();
                 session.tool_answered(answer);
                 if returned {
-                    journal.commit(session.batch()).await?;
+                    commits.flush(&mut session).await?;
                 }
             }
             Action::Continue => {}
             Action::Done => {
+                commits.wait().await?;
                 let (outcome, batch) = session.finish();
                 journal.commit(batch).await?;
                 return Ok(outcome);
             }
         }
+    }
+}
+
+/// A commit in flight.
+type Commit<'j, E> = Pin<Box<dyn Future<Output = Result<(), E>> + Send + 'j>>;
+
+/// A run's commits: at most one in flight, so that groups reach the store in order.
+struct Commits<'j, J: Journal> {
+    journal: &'j J,
+    in_flight: Option<Commit<'j, J::Error>>,
+    window: Window,
+}
+
+impl<'j, J: Journal + Sync> Commits<'j, J> {
+    fn new(journal: &'j J) -> Self {
+        Commits {
+            journal,
+            in_flight: None,
+            window: journal.window(),
+        }
+    }
+
+    /// Polls the commit in flight once, without waiting: a commit that landed is done
+    /// with (its error ends the run), and a new one gets its request to the store's
+    /// writer, which works on it while the run goes on.
+    async fn poll(&mut self) -> Result<(), J::Error> {
+        let Some(commit) = self.in_flight.as_mut() else {
+            return Ok(());
+        };
+        let polled = std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await;
+        if let Poll::Ready(result) = polled {
+            self.in_flight = None;
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Starts committing what `session` recorded since the last group, unless a commit
+    /// is still in flight (then it waits for the next group).
+    async fn begin(&mut self, session: &mut RunSession<'_>) -> Result<(), J::Error> {
+        self.poll().await?;
+        if self.in_flight.is_none()
+            && let Some(batch) = session.batch()
+        {
+            self.in_flight = Some(Box::pin(self.journal.commit(Some(batch))));
+            self.poll().await?;
+        }
+        Ok(())
+    }
+
+    /// Awaits `work` (a call) while the commit in flight lands, without waiting for it.
+    /// The commit is polled first, so the store's writer gets it even if `work` is done
+    /// at once; a commit that fails ends the run (and drops the call).
+    async fn race<T>(&mut self, work: impl Future<Output = T>) -> Result<T, J::Error> {
+        let Some(commit) = self.in_flight.as_mut() else {
+            return Ok(work.await);
+        };
+        tokio::pin!(work);
+        let landed = tokio::select! {
+            biased;
+            result = commit.as_mut() => result,
+            out = &mut work => return Ok(out),
+        };
+        self.in_flight = None;
+        landed?;
+        Ok(work.await)
+    }
+
+    /// Waits for the commit in flight, if any.
+    async fn wait(&mut self) -> Result<(), J::Error> {
+        match self.in_flight.take() {
+            Some(commit) => commit.await,
+            None => Ok(()),
+        }
+    }
+
+    /// Commits everything `session` recorded, and waits until it is committed.
+    async fn flush(&mut self, session: &mut RunSession<'_>) -> Result<(), J::Error> {
+        self.wait().await?;
+        self.journal.commit(session.batch()).await
+    }
+
+    /// If `session` holds more than the window, waits for the commit in flight and
+    /// starts the next group, so that a run cannot outrun its store.
+    async fn keep_within_window(&mut self, session: &mut RunSession<'_>) -> Result<(), J::Error> {
+        if session.outruns(&self.window) {
+            self.wait().await?;
+            self.begin(session).await?;
+        }
+        Ok(())
     }
 }
 

@@ -3,10 +3,11 @@
 //!
 //! The machine is deterministic given its inputs: the times passed in, the provider
 //! completions and the tool results. This driver records every input, in order, with the
-//! run's events, and commits at the boundaries where effects happen: before a tool call
-//! starts (so a tool in flight at a crash is known to be in flight, and is not run twice
-//! unless it is idempotent) and as soon as a provider's or tool's answer is back (so a
-//! paid completion is never lost). Every
+//! run's events, and commits them in groups while the run goes on, waiting only where an
+//! effect depends on it ([`driver::drive`]): before a non-idempotent tool call starts (so
+//! a tool in flight at a crash is known to be in flight, and is not run twice), as soon as
+//! its result is back, and with the outcome. A crash loses at most the provider answers
+//! of the groups not committed yet, which a resume asks for again. Every
 //! `checkpoint_every` steps it adds a checkpoint, so a resume restores the newest one and
 //! replays only the inputs after it.
 //!
@@ -21,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value as Json, json};
 
 use crate::driver::{self, Journal, Provider, Toolbox};
-use crate::recorder::{DurableState, Recorder};
+use crate::recorder::{DurableState, Recorder, Window};
 pub use crate::recorder::{INTERRUPTED_TOOL, outcome_json};
 use crate::redact::Redactor;
 use crate::session::{Listener, Observer, RunSession};
@@ -39,6 +40,12 @@ pub struct DurableOptions {
     /// Applied to provider error messages and to every journaled event and outcome: a
     /// server may echo a key into a message, and the store must never hold one.
     pub redactor: Redactor,
+    /// How many inputs a run may hold uncommitted while a commit is in flight before it
+    /// waits for that commit (`spec/durability.md`, "When the journal commits"): what a
+    /// fast run may get ahead of its store, and so what a crash can make it ask again.
+    pub max_uncommitted_inputs: usize,
+    /// The same bound in bytes: the encoded inputs and redacted events held.
+    pub max_uncommitted_bytes: usize,
 }
 
 impl Default for DurableOptions {
@@ -46,12 +53,30 @@ impl Default for DurableOptions {
         DurableOptions {
             checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
             redactor: Redactor::default(),
+            max_uncommitted_inputs: DEFAULT_MAX_UNCOMMITTED_INPUTS,
+            max_uncommitted_bytes: DEFAULT_MAX_UNCOMMITTED_BYTES,
+        }
+    }
+}
+
+impl DurableOptions {
+    fn window(&self) -> Window {
+        Window {
+            inputs: self.max_uncommitted_inputs,
+            bytes: self.max_uncommitted_bytes,
         }
     }
 }
 
 /// The default number of steps between checkpoints.
 pub const DEFAULT_CHECKPOINT_EVERY: u64 = 100;
+
+/// The default [`DurableOptions::max_uncommitted_inputs`]: about 85 steps of a loop of
+/// provider calls (six inputs a step).
+pub const DEFAULT_MAX_UNCOMMITTED_INPUTS: usize = 512;
+
+/// The default [`DurableOptions::max_uncommitted_bytes`]: 4 MiB.
+pub const DEFAULT_MAX_UNCOMMITTED_BYTES: usize = 4 << 20;
 
 /// A durable run that could not start, go on, or resume.
 #[derive(Debug, thiserror::Error)]
@@ -261,7 +286,11 @@ pub async fn start(
         program,
         machine,
         recorder: Recorder::new(config.checkpoint_every, config.redactor.clone(), 0, 0),
-        committer: Committer { store, lease },
+        committer: Committer {
+            store,
+            lease,
+            window: config.window(),
+        },
         at: Duration::ZERO,
         pending: None,
         last_event: None,
@@ -480,7 +509,11 @@ async fn reopen_leased<'s>(
         program,
         machine: replayed.machine,
         recorder,
-        committer: Committer { store, lease },
+        committer: Committer {
+            store,
+            lease,
+            window: config.window(),
+        },
         at: replayed.at,
         pending: replayed.pending,
         last_event: replayed.last_event,
@@ -672,6 +705,7 @@ fn replay(
 struct Committer<'s> {
     store: &'s dyn RunJournal,
     lease: Box<dyn Lease>,
+    window: Window,
 }
 
 impl Journal for Committer<'_> {
@@ -682,5 +716,9 @@ impl Journal for Committer<'_> {
             Some(batch) => self.store.append(self.lease.as_ref(), batch).await,
             None => Ok(()),
         }
+    }
+
+    fn window(&self) -> Window {
+        self.window
     }
 }

@@ -45,6 +45,25 @@ fn without_history(mut context: Json) -> Json {
     context
 }
 
+/// How far a durable run may go on ahead of its store: the inputs, and the bytes of
+/// inputs and events, it may hold uncommitted while a commit is in flight before it waits
+/// for that commit (`spec/durability.md`, "When the journal commits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    /// Uncommitted inputs.
+    pub(crate) inputs: usize,
+    /// Uncommitted bytes (encoded inputs and redacted events).
+    pub(crate) bytes: usize,
+}
+
+impl Window {
+    /// No bound: for a run that journals nothing.
+    pub(crate) const UNBOUNDED: Window = Window {
+        inputs: usize::MAX,
+        bytes: usize::MAX,
+    };
+}
+
 /// What the driver keeps beside the machine's own checkpoint: the machine's clock at the
 /// checkpoint (a resume counts on from it) and how many provider answers came before it.
 #[derive(Serialize, Deserialize)]
@@ -62,6 +81,8 @@ pub(crate) struct Recorder {
     committed: u64,
     inputs: Vec<Vec<u8>>,
     events: Vec<String>,
+    /// The bytes of `inputs` and `events`.
+    bytes: usize,
     /// Provider answers journaled so far.
     provider_inputs: u64,
     checkpoint_every: u64,
@@ -86,6 +107,7 @@ impl Recorder {
             committed,
             inputs: Vec::new(),
             events: Vec::new(),
+            bytes: 0,
             provider_inputs,
             checkpoint_every: checkpoint_every.max(1),
             steps_at_checkpoint: 0,
@@ -107,22 +129,35 @@ impl Recorder {
         }
         let entry = input.entry_head();
         let action = machine.apply(input);
-        self.inputs.push(entry.finish(machine.position()));
+        let entry = entry.finish(machine.position());
+        self.bytes += entry.len();
+        self.inputs.push(entry);
         action
     }
 
     /// Journals `event`, redacted.
     pub(crate) fn event(&mut self, event: &Event) {
-        let json = self.redactor.redact_json(event.to_json());
-        self.events.push(json.to_string());
+        let json = self.redactor.redact_json(event.to_json()).to_string();
+        self.bytes += json.len();
+        self.events.push(json);
+    }
+
+    /// True if what waits for a commit is past `window`: more inputs or bytes than it
+    /// lets a run hold.
+    pub(crate) fn outruns(&self, window: &Window) -> bool {
+        self.inputs.len() > window.inputs || self.bytes > window.bytes
     }
 
     /// Adds a checkpoint to the next batch if `checkpoint_every` steps passed since the
     /// last one. A machine holding a value with no durable form is not checkpointed now;
-    /// a resume replays from the previous checkpoint instead.
+    /// a resume replays from the previous checkpoint instead. Nor is one taken while the
+    /// last one waits for its batch (a run going on ahead of its commits): each checkpoint
+    /// carries the `context_history` entries since the one before, so none may be dropped.
     pub(crate) fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) {
-        if machine.steps() >= self.steps_at_checkpoint + self.checkpoint_every {
-            self.checkpoint = self.checkpoint(machine, at).or(self.checkpoint.take());
+        if self.checkpoint.is_none()
+            && machine.steps() >= self.steps_at_checkpoint + self.checkpoint_every
+        {
+            self.checkpoint = self.checkpoint(machine, at);
         }
     }
 
@@ -161,6 +196,7 @@ impl Recorder {
             return None;
         }
         let inputs = std::mem::take(&mut self.inputs);
+        self.bytes = 0;
         let first_input = self.committed;
         self.committed += inputs.len() as u64;
         Some(Batch {

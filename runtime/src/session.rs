@@ -23,7 +23,7 @@ use aplc_vm::{
 use serde_json::Value as Json;
 
 use crate::provider::{CallContext, DeltaSink, Provider};
-use crate::recorder::Recorder;
+use crate::recorder::{Recorder, Window};
 use crate::store::Batch;
 
 /// Receives a run's events, in order, on the driver's task (see `spec/events.md`).
@@ -265,6 +265,13 @@ impl<'l> RunSession<'l> {
     pub(crate) fn batch(&mut self) -> Option<Batch> {
         let steps = self.machine.steps();
         self.recorder.as_mut()?.batch(steps, None)
+    }
+
+    /// True if a durable run holds more uncommitted inputs or bytes than `window` lets it.
+    pub(crate) fn outruns(&self, window: &Window) -> bool {
+        self.recorder
+            .as_ref()
+            .is_some_and(|recorder| recorder.outruns(window))
     }
 
     /// The run's outcome, once [`next_action`](Self::next_action) said

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use aplc_runtime::driver::{BoxFuture, CallContext, Provider, Toolbox};
 use aplc_runtime::durable::{self, DurableOptions, INTERRUPTED_TOOL};
-use aplc_runtime::store::{self, RunStore, StoreError, StoreUrl};
+use aplc_runtime::store::{
+    self, Batch, Lease, LoadedRun, NewRun, RunJournal, RunStore, RunSummary, StoreError, StoreUrl,
+};
 use aplc_vm::tools::ToolSpec;
 use aplc_vm::{
     Completion, Content, Event, EventKind, Part, Program, ProviderError, ProviderRequest, Role,
@@ -476,4 +478,111 @@ async fn deltas_reach_the_listener_and_are_never_journaled() {
         assert_ne!(event["type"], "provider_delta", "{line}");
         assert_eq!(event["seq"], json!(n), "{line}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Group commit (issue #24): a run goes on while its commit lands, within a window.
+
+/// A store whose appends never land: the first hangs, and so does every later one.
+#[derive(Debug)]
+struct Stalled {
+    inner: Arc<dyn RunStore>,
+}
+
+impl RunJournal for Stalled {
+    fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        self.inner.create(run)
+    }
+    fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        self.inner.acquire(id)
+    }
+    fn append<'a>(&'a self, _: &'a dyn Lease, _: Batch) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
+        self.inner.load(id)
+    }
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
+        self.inner.list()
+    }
+    fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
+        self.inner.summary(id)
+    }
+    fn events<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.events(id, from, limit)
+    }
+    fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.run_bytes(id)
+    }
+}
+
+/// Answers at once, counting the calls.
+struct Instant(AtomicU64);
+
+impl Provider for Instant {
+    fn complete<'a>(
+        &'a self,
+        _request: &'a ProviderRequest,
+        _call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok(Completion::text("ok")) })
+    }
+}
+
+/// With its first commit stuck in the store, a run of instant answers goes on ahead of
+/// it (more than one call: it does not wait for the commit at every call), but no further
+/// than its window lets it: it holds at most `max_uncommitted_inputs` inputs (each call
+/// adds at least one, its answer), then waits for the commit, here forever.
+#[tokio::test(flavor = "current_thread")]
+async fn a_run_goes_on_while_its_commit_lands_but_not_past_its_window() {
+    const WINDOW: usize = 30;
+    let store = Stalled {
+        inner: sqlite("stalled").await,
+    };
+    let compiled = aplc_compiler::compile(
+        "# pre: loop\n{{ set_context('i', get_context('i', 0) + 1) }}\n\n# prompt: loop\n\
+         Iteration {{ i }}\n\n# post: loop\n{% if i < 1000 %}{{ set_context('next_step', \
+         'loop') }}{% endif %}\n",
+        "loop.apl",
+        &Default::default(),
+    );
+    let program = Program::from_bundle(compiled.bundle.expect("compiles"), Default::default());
+    let options = RunOptions {
+        max_steps: 5_000,
+        ..RunOptions::default()
+    };
+    let mut config = DurableOptions::default();
+    config.max_uncommitted_inputs = WINDOW;
+    let provider = Instant(AtomicU64::new(0));
+    let toolbox = Toolbox::new();
+    let run = durable::start(
+        &store,
+        durable::NewDurableRun {
+            id: "stalled".into(),
+            program: Arc::new(program.expect("loads")),
+            options,
+        },
+        &provider,
+        &toolbox,
+        None,
+        &config,
+    );
+    // It never ends: its commit never lands. Give it ample time to get as far as it can.
+    let stalled = tokio::time::timeout(Duration::from_secs(2), run).await;
+    assert!(stalled.is_err(), "the run cannot end without its commits");
+    let calls = provider.0.load(Ordering::SeqCst);
+    assert!(
+        calls > 2,
+        "the run waited for its first commit: {calls} calls"
+    );
+    assert!(
+        calls <= WINDOW as u64 + 2,
+        "the run went past its window: {calls} calls"
+    );
 }
