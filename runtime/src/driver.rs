@@ -178,10 +178,19 @@ pub(crate) async fn drive<J: Journal + Sync>(
 /// A commit in flight.
 type Commit<'j, E> = Pin<Box<dyn Future<Output = Result<(), E>> + Send + 'j>>;
 
-/// A run's commits: at most one in flight, so that groups reach the store in order.
+/// A run's commits: at most one in flight, so that groups reach the store in order, and
+/// the groups taken from the session since, waiting to go next (merged into as few
+/// batches as checkpoints allow).
+///
+/// Taking every group from the session before a call is what makes a long call safe: the
+/// session is the call's while it runs, so what it recorded before the call must already
+/// be here; it goes out as soon as the commits before it land, while the call is still
+/// out. So the answers before a call are committed during it, however long it takes, as
+/// when every step waited for its commit.
 struct Commits<'j, J: Journal> {
     journal: &'j J,
     in_flight: Option<Commit<'j, J::Error>>,
+    waiting: std::collections::VecDeque<Batch>,
     window: Window,
 }
 
@@ -190,62 +199,94 @@ impl<'j, J: Journal + Sync> Commits<'j, J> {
         Commits {
             journal,
             in_flight: None,
+            waiting: std::collections::VecDeque::new(),
             window: journal.window(),
         }
     }
 
-    /// Polls the commit in flight once, without waiting: a commit that landed is done
-    /// with (its error ends the run), and a new one gets its request to the store's
-    /// writer, which works on it while the run goes on.
-    async fn poll(&mut self) -> Result<(), J::Error> {
-        let Some(commit) = self.in_flight.as_mut() else {
-            return Ok(());
-        };
-        let polled = std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await;
-        if let Poll::Ready(result) = polled {
-            self.in_flight = None;
-            result?;
-        }
-        Ok(())
-    }
-
-    /// Starts committing what `session` recorded since the last group, unless a commit
-    /// is still in flight (then it waits for the next group).
-    async fn begin(&mut self, session: &mut RunSession<'_>) -> Result<(), J::Error> {
-        self.poll().await?;
+    /// Sends the oldest waiting group, if no commit is in flight.
+    fn start_next(&mut self) {
         if self.in_flight.is_none()
-            && let Some(batch) = session.batch()
+            && let Some(batch) = self.waiting.pop_front()
         {
             self.in_flight = Some(Box::pin(self.journal.commit(Some(batch))));
-            self.poll().await?;
+        }
+    }
+
+    /// Polls the commit in flight without waiting: a commit that landed is done with (its
+    /// error ends the run) and the waiting group goes out; a new commit gets its request
+    /// to the store's writer, which works on it while the run goes on.
+    async fn poll(&mut self) -> Result<(), J::Error> {
+        while let Some(commit) = self.in_flight.as_mut() {
+            let polled = std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await;
+            let Poll::Ready(result) = polled else {
+                break;
+            };
+            self.in_flight = None;
+            result?;
+            self.start_next();
         }
         Ok(())
     }
 
-    /// Awaits `work` (a call) while the commit in flight lands, without waiting for it.
-    /// The commit is polled first, so the store's writer gets it even if `work` is done
-    /// at once; a commit that fails ends the run (and drops the call).
-    async fn race<T>(&mut self, work: impl Future<Output = T>) -> Result<T, J::Error> {
-        let Some(commit) = self.in_flight.as_mut() else {
-            return Ok(work.await);
-        };
-        tokio::pin!(work);
-        let landed = tokio::select! {
-            biased;
-            result = commit.as_mut() => result,
-            out = &mut work => return Ok(out),
-        };
-        self.in_flight = None;
-        landed?;
-        Ok(work.await)
+    /// Takes what `session` recorded since the last group as a waiting group (into the
+    /// last one waiting, when their checkpoints allow), and sends the oldest if no commit
+    /// is in flight.
+    async fn begin(&mut self, session: &mut RunSession<'_>) -> Result<(), J::Error> {
+        self.poll().await?;
+        if let Some(batch) = session.batch() {
+            match self.waiting.back_mut() {
+                Some(last) => {
+                    if let Some(batch) = last.absorb(batch) {
+                        self.waiting.push_back(batch);
+                    }
+                }
+                None => self.waiting.push_back(batch),
+            }
+        }
+        self.start_next();
+        self.poll().await
     }
 
-    /// Waits for the commit in flight, if any.
-    async fn wait(&mut self) -> Result<(), J::Error> {
-        match self.in_flight.take() {
-            Some(commit) => commit.await,
-            None => Ok(()),
+    /// True if the groups waiting hold more than the window.
+    fn outrun(&self) -> bool {
+        let (inputs, bytes) = self
+            .waiting
+            .iter()
+            .map(Batch::size)
+            .fold((0, 0), |(i, b), (bi, bb)| (i + bi, b + bb));
+        inputs > self.window.inputs || bytes > self.window.bytes
+    }
+
+    /// Awaits `work` (a call) while the commits land, without waiting for them. The
+    /// commit is polled first, so the store's writer gets it even if `work` is done at
+    /// once; when it lands, the waiting group goes out; a commit that fails ends the run
+    /// (and drops the call).
+    async fn race<T>(&mut self, work: impl Future<Output = T>) -> Result<T, J::Error> {
+        tokio::pin!(work);
+        loop {
+            let Some(commit) = self.in_flight.as_mut() else {
+                return Ok(work.await);
+            };
+            tokio::select! {
+                biased;
+                result = commit.as_mut() => {
+                    self.in_flight = None;
+                    result?;
+                    self.start_next();
+                }
+                out = &mut work => return Ok(out),
+            }
         }
+    }
+
+    /// Waits until the commit in flight and the waiting groups have landed.
+    async fn wait(&mut self) -> Result<(), J::Error> {
+        while let Some(commit) = self.in_flight.take() {
+            commit.await?;
+            self.start_next();
+        }
+        Ok(())
     }
 
     /// Commits everything `session` recorded, and waits until it is committed.
@@ -254,10 +295,10 @@ impl<'j, J: Journal + Sync> Commits<'j, J> {
         self.journal.commit(session.batch()).await
     }
 
-    /// If `session` holds more than the window, waits for the commit in flight and
+    /// If `session` holds more than the window, waits for the commits in flight and
     /// starts the next group, so that a run cannot outrun its store.
     async fn keep_within_window(&mut self, session: &mut RunSession<'_>) -> Result<(), J::Error> {
-        if session.outruns(&self.window) {
+        if session.outruns(&self.window) || self.outrun() {
             self.wait().await?;
             self.begin(session).await?;
         }

@@ -206,6 +206,33 @@ pub struct Batch {
     pub outcome: Option<serde_json::Value>,
 }
 
+impl Batch {
+    /// Adds `later`, the batch that follows this one, so that both commit in one
+    /// transaction, as if appended one after the other. Two checkpoints do not go in one
+    /// batch (each carries its own segment of `context_history`), nor anything after an
+    /// outcome: then `later` is handed back, to be appended after this one.
+    pub fn absorb(&mut self, later: Batch) -> Option<Batch> {
+        if (self.checkpoint.is_some() && later.checkpoint.is_some()) || self.outcome.is_some() {
+            return Some(later);
+        }
+        self.inputs.extend(later.inputs);
+        self.events.extend(later.events);
+        if later.checkpoint.is_some() {
+            self.checkpoint = later.checkpoint;
+        }
+        self.steps = later.steps;
+        self.outcome = later.outcome;
+        None
+    }
+
+    /// What the batch holds: inputs, and bytes of inputs and events.
+    pub(crate) fn size(&self) -> (usize, usize) {
+        let bytes = self.inputs.iter().map(Vec::len).sum::<usize>()
+            + self.events.iter().map(String::len).sum::<usize>();
+        (self.inputs.len(), bytes)
+    }
+}
+
 /// The exclusive right to advance one run. Dropping it releases the run; a process that
 /// dies releases it too (the OS or the server notices), so a crash never leaves a run
 /// locked.
@@ -575,6 +602,49 @@ pub(crate) fn percent_decode(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn batch(first_input: u64, inputs: usize, checkpoint: bool) -> Batch {
+        Batch {
+            first_input,
+            inputs: (0..inputs)
+                .map(|i| vec![first_input as u8 + i as u8])
+                .collect(),
+            events: vec![format!("{first_input}")],
+            checkpoint: checkpoint.then(|| StoredCheckpoint {
+                inputs: first_input,
+                history_start: 0,
+                history: Vec::new(),
+                state: None,
+            }),
+            steps: first_input,
+            outcome: None,
+        }
+    }
+
+    /// Groups merge as if appended one after the other, but never two checkpoints (each
+    /// carries its own history segment) and nothing after an outcome.
+    #[test]
+    fn a_batch_absorbs_the_next_unless_both_checkpoint() {
+        let mut first = batch(0, 2, true);
+        assert!(first.absorb(batch(2, 3, false)).is_none());
+        assert_eq!(first.first_input, 0);
+        assert_eq!(
+            first.inputs,
+            vec![vec![0], vec![1], vec![2], vec![3], vec![4]]
+        );
+        assert_eq!(first.events, ["0", "2"]);
+        assert_eq!(first.steps, 2);
+        assert_eq!(first.checkpoint.as_ref().map(|c| c.inputs), Some(0));
+        let refused = first.absorb(batch(5, 1, true)).expect("two checkpoints");
+        assert_eq!(refused.first_input, 5);
+        assert_eq!(first.inputs.len(), 5);
+
+        let mut plain = batch(0, 1, false);
+        assert!(plain.absorb(batch(1, 1, true)).is_none());
+        assert_eq!(plain.checkpoint.as_ref().map(|c| c.inputs), Some(1));
+        plain.outcome = Some(serde_json::json!({}));
+        assert!(plain.absorb(batch(2, 1, false)).is_some());
+    }
 
     /// One vocabulary (issue #22): outcomes stored before it said `succeeded`, and
     /// `failed` for a cancellation; they read as `completed` and `cancelled`.
