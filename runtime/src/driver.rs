@@ -114,13 +114,14 @@ impl Journal for InMemory {
 /// A durable session's journal is committed in groups (`spec/durability.md`, "When the
 /// journal commits"): at most one commit is in flight, so batches reach the store in
 /// order, and the run goes on while it lands. At a provider call (or an idempotent
-/// tool's), what the session recorded since the last group goes out as the next group if
-/// no commit is in flight, and the call races the commit without waiting for it; what
-/// the run records meanwhile waits for the next group. The run waits for everything to
+/// tool's), what the session recorded since the last group is queued behind the commit
+/// in flight ([`Commits`]), and the call races the commits without waiting for them:
+/// each queued group goes out as soon as the one before it lands. The run waits for everything to
 /// be committed only where something outside it depends on it: before a non-idempotent
 /// tool runs (so a tool in flight at a crash is known to be in flight), as soon as its
 /// result is back, and with the outcome at the end. And it waits for the commit in flight
-/// when it holds more than the journal's [`Window`], so it cannot outrun its store. A
+/// when it holds more than the journal's [`Window`] (in the session and the queue), so it
+/// cannot outrun its store. A
 /// crash loses at most the provider answers of the groups not committed: a resume asks
 /// for them again. A tool call that was in flight at a crash runs again only if the tool
 /// is idempotent; otherwise it resolves as a failed call.
@@ -191,6 +192,9 @@ struct Commits<'j, J: Journal> {
     journal: &'j J,
     in_flight: Option<Commit<'j, J::Error>>,
     waiting: std::collections::VecDeque<Batch>,
+    /// Inputs and bytes in `waiting`, kept as groups come and go: the window is checked
+    /// at every step, and must not walk the queue to do it.
+    waiting_size: (usize, usize),
     window: Window,
 }
 
@@ -200,6 +204,7 @@ impl<'j, J: Journal + Sync> Commits<'j, J> {
             journal,
             in_flight: None,
             waiting: std::collections::VecDeque::new(),
+            waiting_size: (0, 0),
             window: journal.window(),
         }
     }
@@ -209,6 +214,9 @@ impl<'j, J: Journal + Sync> Commits<'j, J> {
         if self.in_flight.is_none()
             && let Some(batch) = self.waiting.pop_front()
         {
+            let (inputs, bytes) = batch.size();
+            self.waiting_size.0 -= inputs;
+            self.waiting_size.1 -= bytes;
             self.in_flight = Some(Box::pin(self.journal.commit(Some(batch))));
         }
     }
@@ -235,6 +243,9 @@ impl<'j, J: Journal + Sync> Commits<'j, J> {
     async fn begin(&mut self, session: &mut RunSession<'_>) -> Result<(), J::Error> {
         self.poll().await?;
         if let Some(batch) = session.batch() {
+            let (inputs, bytes) = batch.size();
+            self.waiting_size.0 += inputs;
+            self.waiting_size.1 += bytes;
             match self.waiting.back_mut() {
                 Some(last) => {
                     if let Some(batch) = last.absorb(batch) {
@@ -250,11 +261,7 @@ impl<'j, J: Journal + Sync> Commits<'j, J> {
 
     /// True if the groups waiting hold more than the window.
     fn outrun(&self) -> bool {
-        let (inputs, bytes) = self
-            .waiting
-            .iter()
-            .map(Batch::size)
-            .fold((0, 0), |(i, b), (bi, bb)| (i + bi, b + bb));
+        let (inputs, bytes) = self.waiting_size;
         inputs > self.window.inputs || bytes > self.window.bytes
     }
 
