@@ -135,16 +135,28 @@ impl RunOutcome {
     /// The final context as one JSON object: every variable plus `context_history`, keys
     /// sorted. The `context` view is left out: it would repeat every variable.
     pub fn context_json(&self) -> serde_json::Value {
-        let mut map = std::collections::BTreeMap::new();
-        for (k, v) in &self.vars {
-            map.insert(k.to_string(), to_json(v));
-        }
+        let mut map = self.variables_map();
         let history: Vec<serde_json::Value> = self.history.iter().map(to_json).collect();
         map.insert(
             CONTEXT_HISTORY.to_string(),
             serde_json::Value::Array(history),
         );
         serde_json::Value::Object(map.into_iter().collect())
+    }
+
+    /// The final variables as one JSON object, keys sorted, without `context_history`:
+    /// [`context_json`](Self::context_json) less the history, which it never converts.
+    /// The history holds every step's variables, so a long run's would cost O(steps ×
+    /// context) to convert only to be dropped (a 10,000-step run's took 58 MB at its end).
+    pub fn variables_json(&self) -> serde_json::Value {
+        serde_json::Value::Object(self.variables_map().into_iter().collect())
+    }
+
+    fn variables_map(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        self.vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), to_json(v)))
+            .collect()
     }
 }
 
