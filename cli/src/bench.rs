@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
-use aplc_runtime::durable::DurableOptions;
 use aplc_runtime::store::{
     Batch, Lease, LoadedRun, NewRun, RunJournal, RunSummary, StoreError, StoreUrl,
 };
@@ -69,10 +68,9 @@ pub(crate) struct BenchArgs {
     /// same runs in memory: per step, per commit, and bytes stored per step.
     #[arg(long, value_name = "URL", conflicts_with = "events")]
     store: Option<String>,
-    /// Steps between checkpoints of durable runs (with --store).
-    #[arg(long, value_name = "N", default_value_t = aplc_runtime::durable::DEFAULT_CHECKPOINT_EVERY,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    checkpoint_every: u64,
+    /// How durable runs journal (with --store).
+    #[command(flatten)]
+    journal: crate::durable::JournalArgs,
     /// Export every run's spans and metrics over OTLP/HTTP to an in-process sink on
     /// 127.0.0.1 (it reads each request and answers 200), to measure what `--otel` costs.
     #[arg(long, conflicts_with_all = ["events", "store"])]
@@ -443,8 +441,7 @@ fn durability(
     });
     let concurrency = args.concurrency.unwrap_or(1).min(args.runs);
     let latency = Duration::from_millis(args.latency_ms);
-    let mut config = DurableOptions::default();
-    config.checkpoint_every = args.checkpoint_every;
+    let config = args.journal.options(Default::default());
     let prefix = aplc_runtime::durable::new_run_id();
     let ids: Arc<Vec<String>> = Arc::new(
         (0..args.warmup + args.runs)
@@ -545,7 +542,8 @@ fn durability(
         "runs": args.runs,
         "concurrency": concurrency,
         "latency_ms": args.latency_ms,
-        "checkpoint_every": args.checkpoint_every,
+        "checkpoint_every": args.journal.checkpoint_every,
+        "max_uncommitted": args.journal.max_uncommitted,
         "steps_per_run": durable.steps as f64 / runs,
         "failed_runs": durable.failures + memory.failures,
         "memory_runs_per_sec": runs / memory.wall.as_secs_f64(),
@@ -568,7 +566,7 @@ fn durability(
             escape_control(&display_name(&args.file)),
             args.runs,
             args.latency_ms,
-            args.checkpoint_every
+            args.journal.checkpoint_every
         );
         println!("  steps per run     {:.0}", durable.steps as f64 / runs);
         println!(

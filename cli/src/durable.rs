@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use aplc_runtime::Redactor;
 use aplc_runtime::durable::{self, DurableError, DurableOptions, Finished};
 use aplc_runtime::store::{self, QueueStatus, RunStore, RunSummary, StoreError, StoreUrl};
 use aplc_runtime::telemetry::RunTrace;
@@ -28,11 +29,33 @@ pub(crate) struct StoreArgs {
     /// The run's id in the store (default: a new time-ordered id, printed on stderr).
     #[arg(long, value_name = "ID", requires = "store")]
     run_id: Option<String>,
+    #[command(flatten)]
+    journal: JournalArgs,
+}
+
+/// How a durable run journals: `aplc run --store`, `aplc resume`, `aplc bench --store`.
+#[derive(Args, Debug)]
+pub(crate) struct JournalArgs {
     /// Steps between checkpoints of the run's state: a resume replays at most this many
     /// steps.
     #[arg(long, value_name = "N", default_value_t = durable::DEFAULT_CHECKPOINT_EVERY,
           value_parser = clap::value_parser!(u64).range(1..))]
-    checkpoint_every: u64,
+    pub(crate) checkpoint_every: u64,
+    /// Inputs a durable run may hold uncommitted while its store catches up: what a crash
+    /// can make it ask its provider again (0: wait for every commit).
+    #[arg(long, value_name = "N", default_value_t = durable::DEFAULT_MAX_UNCOMMITTED_INPUTS)]
+    pub(crate) max_uncommitted: usize,
+}
+
+impl JournalArgs {
+    /// The options of a durable run journaled this way, scrubbing secrets with `redactor`.
+    pub(crate) fn options(&self, redactor: Redactor) -> DurableOptions {
+        let mut options = DurableOptions::default();
+        options.checkpoint_every = self.checkpoint_every;
+        options.max_uncommitted_inputs = self.max_uncommitted;
+        options.redactor = redactor;
+        options
+    }
 }
 
 impl StoreArgs {
@@ -72,10 +95,9 @@ pub(crate) struct ResumeArgs {
     with: WithArgs,
     #[command(flatten)]
     output: OutputArgs,
-    /// Steps between checkpoints of the run's state from here on.
-    #[arg(long, value_name = "N", default_value_t = durable::DEFAULT_CHECKPOINT_EVERY,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    checkpoint_every: u64,
+    /// How the run journals from here on.
+    #[command(flatten)]
+    journal: JournalArgs,
 }
 
 /// `aplc runs`.
@@ -149,7 +171,7 @@ pub(crate) fn run(
         Some(id) => check_id(id)?,
         None => durable::new_run_id(),
     };
-    let config = config(&equipment, store_args.checkpoint_every);
+    let config = store_args.journal.options(equipment.secrets.redactor());
     let runtime = runtime()?;
     let store = runtime.block_on(open(&url))?;
     eprintln!("run id: {id}");
@@ -206,7 +228,7 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     crate::run::warn_no_key(equipment.no_key);
     // Dropped last, on every way out: the drop flushes what is still batched.
     let exporting = args.output.telemetry.start()?;
-    let config = config(&equipment, args.checkpoint_every);
+    let config = args.journal.options(equipment.secrets.redactor());
     let runtime = runtime()?;
     let store = runtime.block_on(open(&url))?;
     let reopened = runtime
@@ -252,13 +274,6 @@ fn check_id(id: &str) -> Result<String, Failure> {
             escape_control(id)
         )))
     }
-}
-
-fn config(equipment: &Equipment, checkpoint_every: u64) -> DurableOptions {
-    let mut config = DurableOptions::default();
-    config.checkpoint_every = checkpoint_every;
-    config.redactor = equipment.secrets.redactor();
-    config
 }
 
 /// The run's event sinks: `--events`, the progress line and `--verbose`.

@@ -836,3 +836,42 @@ fn aplc_store_sets_the_default_store() {
     strip_times(&mut context);
     assert_eq!(context, expected);
 }
+
+/// `--max-uncommitted 0` is a window of nothing: the run waits for every commit before it
+/// goes on, so an instant scripted loop makes at least one commit per step (with the
+/// default window it makes a few dozen for the whole run; not asserted: that depends on
+/// the machine's speed).
+#[test]
+fn a_window_of_zero_commits_every_step() {
+    let dir = scratch_in!("durable", "window_zero");
+    let agent = root().join("benches/agents/self_loop.apl");
+    std::fs::write(dir.join("limit.json"), r#"{"limit": 40}"#).unwrap();
+    std::fs::write(dir.join("ok.json"), json!(vec!["ok"; 41]).to_string()).unwrap();
+    let store = format!("sqlite:{}", dir.join("bench.db").display());
+    let agent = agent.display().to_string();
+    let report = succeed(&mut aplc!(
+        &dir,
+        &[
+            "bench",
+            &agent,
+            "--mock",
+            "ok.json",
+            "--context",
+            "limit.json",
+            "-n",
+            "2",
+            "--warmup",
+            "0",
+            "--store",
+            &store,
+            "--max-uncommitted",
+            "0",
+            "--json",
+        ]
+    ));
+    let report: Json = serde_json::from_slice(&report.stdout).expect("one JSON object");
+    assert_eq!(report["max_uncommitted"], 0, "{report}");
+    assert_eq!(report["steps_per_run"], 40.0, "{report}");
+    let commits = report["commits_per_run"].as_f64().unwrap_or_default();
+    assert!(commits >= 40.0, "{commits} commits for 40 steps: {report}");
+}
