@@ -174,6 +174,11 @@ pub(crate) fn run(
     let config = store_args.journal.options(equipment.secrets.redactor());
     let runtime = runtime()?;
     let store = runtime.block_on(open(&url))?;
+    if store_args.run_id.is_some() {
+        // The run's row is created by its first commit, while its first provider call
+        // is out: an id given that is taken is refused before that call is paid for.
+        taken(&runtime, store.as_ref(), &id)?;
+    }
     eprintln!("run id: {id}");
     let hint = format!("aplc resume {id} --store …");
     let trace = exporting.and_then(|e| {
@@ -182,18 +187,12 @@ pub(crate) fn run(
     });
     let mut sinks = sinks(output, &equipment)?.with_trace(trace.clone());
     let calls = &RunTrace::provider_of(trace.as_ref(), &equipment.provider);
-    // The machine makes its first event only once the run is stored: a run that never
-    // got that far (a read-only store, an id already taken) has nothing to resume.
-    let started = std::sync::atomic::AtomicBool::new(false);
     let finished = {
-        let mut listener = |event: &aplc_vm::Event| {
-            started.store(true, std::sync::atomic::Ordering::Relaxed);
-            sinks.on_event(event)
-        };
+        let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
         let run = durable::start(
             store.as_ref(),
             durable::NewDurableRun {
-                id,
+                id: id.clone(),
                 program,
                 options,
             },
@@ -204,10 +203,27 @@ pub(crate) fn run(
         );
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
-    let hint = started
-        .load(std::sync::atomic::Ordering::Relaxed)
-        .then_some(hint.as_str());
-    finish(sinks, finished, output, &equipment, hint)
+    // A run that never got its first commit in (a read-only store, an id taken, an
+    // interrupt before it) has nothing to resume.
+    let stored = runtime
+        .block_on(store.summary(&id))
+        .is_ok_and(|summary| summary.state != store::RunState::Finished);
+    finish(
+        sinks,
+        finished,
+        output,
+        &equipment,
+        stored.then_some(hint.as_str()),
+    )
+}
+
+/// Refuses the id of a run the store holds already.
+fn taken(runtime: &tokio::runtime::Runtime, store: &dyn RunStore, id: &str) -> Result<(), Failure> {
+    match runtime.block_on(store.summary(id)) {
+        Err(StoreError::NotFound(_)) => Ok(()),
+        Ok(_) => Err(store_failure(StoreError::Exists(id.to_owned()))),
+        Err(error) => Err(store_failure(error)),
+    }
 }
 
 /// `aplc resume`.

@@ -137,17 +137,29 @@ fn a_missing_or_empty_file_lists_no_runs_and_stays_as_it_was() {
 }
 
 /// R11: a run that was never stored (here: its id is taken) is not offered for resume.
+/// A run's row is created by its first commit, while its first provider call is out
+/// (issue #24), so an id given with `--run-id` is checked before the run starts: no
+/// provider call is made for a run that cannot be stored.
 #[test]
 fn a_run_that_was_never_stored_is_not_offered_for_resume() {
     let dir = scratch("never-stored");
     let store = store_with_a_run(&dir);
     let (code, stderr) = fail(&mut mock_run(
         &dir,
-        &["--store", &store, "--run-id", "done"],
+        &[
+            "--store",
+            &store,
+            "--run-id",
+            "done",
+            "--events",
+            "events.jsonl",
+        ],
     ));
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("already exists"), "{stderr}");
     assert!(!stderr.contains("aplc resume"), "{stderr}");
+    let events = std::fs::read_to_string(dir.join("events.jsonl")).unwrap_or_default();
+    assert!(!events.contains("provider_call"), "{events}");
 }
 
 /// R11: `sqlite:/dev/null` (or any file that is not a regular file) is refused before

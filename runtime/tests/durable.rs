@@ -586,3 +586,68 @@ async fn a_run_goes_on_while_its_commit_lands_but_not_past_its_window() {
         "the run went past its window: {calls} calls"
     );
 }
+
+/// A new run's row is created by its first commit, which goes out while its first
+/// provider call is out (issue #24): the run is in the store, resumable, while that call
+/// hangs. And an id the store holds already fails the run with `Exists`, leaving the
+/// stored run as it was.
+#[tokio::test(flavor = "current_thread")]
+async fn a_new_run_is_stored_while_its_first_call_is_out_and_a_taken_id_fails() {
+    let store = sqlite("created-during-call").await;
+    let tools = toolbox(Arc::new(AtomicU64::new(0)), None, false);
+    let cfg = config(100);
+    let start = |id: &str, model| {
+        durable::start(
+            store.as_ref(),
+            durable::NewDurableRun {
+                id: id.into(),
+                program: program(),
+                options: options(),
+            },
+            model,
+            &tools,
+            None,
+            &cfg,
+        )
+    };
+    let hanging = Model {
+        calls: AtomicU64::new(0),
+        hang_at: Some(0),
+    };
+    let mut run = Box::pin(start("hangs", &hanging));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let summary = loop {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut run)
+                .await
+                .is_err(),
+            "the run cannot finish: its first call hangs"
+        );
+        match store.summary("hangs").await {
+            Ok(summary) => break summary,
+            Err(StoreError::NotFound(_)) if std::time::Instant::now() < deadline => continue,
+            Err(e) => panic!("the run was not stored while its first call was out: {e}"),
+        }
+    };
+    assert_eq!(summary.state, aplc_runtime::store::RunState::Running);
+    assert_eq!(hanging.calls.load(Ordering::SeqCst), 1);
+    drop(run);
+
+    let model = Model {
+        calls: AtomicU64::new(0),
+        hang_at: None,
+    };
+    let done = start("done", &model).await.expect("a new id runs");
+    let calls = model.calls.load(Ordering::SeqCst);
+    let again = start("done", &model).await;
+    assert!(
+        matches!(again, Err(durable::DurableError::Store(StoreError::Exists(ref id))) if id == "done"),
+        "{:?}",
+        again.map(|_| ())
+    );
+    // The first call may have gone out before the creation was refused; nothing else.
+    assert!(model.calls.load(Ordering::SeqCst) <= calls + 1);
+    let stored = store.summary("done").await.expect("still stored");
+    assert_eq!(stored.steps, done.outcome.steps);
+    assert_eq!(stored.state, aplc_runtime::store::RunState::Finished);
+}
