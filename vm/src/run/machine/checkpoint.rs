@@ -405,51 +405,97 @@ fn encode_history(
     w.u8(FORMAT);
     w.u64(start as u64);
     w.u64((history.len() - start) as u64);
+    let encode = |value: &Value, name: &str| {
+        let mut w = Writer::new(max_depth, Some(namespaces));
+        w.value(value, name, 0).map(|()| w.buf)
+    };
     let mut previous = match start.checked_sub(1) {
-        Some(i) => encoded_vars(&history[i], max_depth, namespaces)?,
-        None => BTreeMap::new(),
+        Some(i) => Some(snapshot_vars(&history[i])?),
+        None => None,
     };
     for entry in history.iter().skip(start) {
-        let current = encoded_vars(entry, max_depth, namespaces)?;
-        let changed: Vec<(&String, &Vec<u8>)> = (current.iter())
-            .filter(|(name, bytes)| previous.get(*name) != Some(*bytes))
-            .collect();
+        let current = snapshot_vars(entry)?;
+        // Only what changed since the entry before is written. Consecutive snapshots
+        // share most values (the store copies references, not data), so a value is
+        // encoded only when it is not plainly the same as the one before: encoding every
+        // variable of every entry to compare bytes was most of a durable run's cost on
+        // its own thread (callgrind, issue #24).
+        // Both entries list their variables in name order: one merge finds what
+        // changed, what is new and what was removed.
+        let mut olds = previous.into_iter().flat_map(Vars::iter).peekable();
+        let mut changed: Vec<(&str, Vec<u8>)> = Vec::new();
+        let mut removed: Vec<&str> = Vec::new();
+        for (name, value) in current.iter() {
+            while let Some((gone, _)) = olds.next_if(|(old, _)| *old < name) {
+                removed.push(gone);
+            }
+            let old = olds.next_if(|(old, _)| *old == name).map(|(_, old)| old);
+            if old.is_some_and(|old| same_encoding(old, value)) {
+                continue;
+            }
+            let bytes = encode(value, name)?;
+            // Equal values that are not the same object (a list built anew each step):
+            // their bytes decide, as they always did.
+            if let Some(old) = old
+                && encode(old, name)? == bytes
+            {
+                continue;
+            }
+            changed.push((name, bytes));
+        }
         w.u64(changed.len() as u64);
         for (name, bytes) in changed {
             w.str(name);
-            w.raw(bytes);
+            w.raw(&bytes);
         }
-        let removed: Vec<&String> = (previous.keys())
-            .filter(|name| !current.contains_key(*name))
-            .collect();
+        removed.extend(olds.map(|(gone, _)| gone));
         w.u64(removed.len() as u64);
         for name in removed {
             w.str(name);
         }
-        previous = current;
+        previous = Some(current);
     }
     Ok(w.buf)
 }
 
-/// Every variable of a `context_history` entry, each value encoded on its own.
-fn encoded_vars(
-    entry: &Value,
-    max_depth: usize,
-    namespaces: &Namespaces,
-) -> Result<BTreeMap<String, Vec<u8>>, JournalError> {
-    let Some(snapshot) = entry.downcast_object_ref::<Snapshot>() else {
-        return Err(JournalError::Unencodable {
+/// The variables of a `context_history` entry.
+fn snapshot_vars(entry: &Value) -> Result<&Vars, JournalError> {
+    match entry.downcast_object_ref::<Snapshot>() {
+        Some(snapshot) => Ok(&snapshot.0),
+        None => Err(JournalError::Unencodable {
             name: "context_history".into(),
             kind: format!("{} entry", entry.kind()),
-        });
-    };
-    let mut out = BTreeMap::new();
-    for (name, value) in snapshot.0.iter() {
-        let mut w = Writer::new(max_depth, Some(namespaces));
-        w.value(value, name, 0)?;
-        out.insert(name.to_string(), w.buf);
+        }),
     }
-    Ok(out)
+}
+
+/// True if `a` and `b` certainly encode to the same bytes: the same object (a clone of
+/// a value is the same object; objects are encoded whole, and namespaces by identity),
+/// or equal scalars of the same representation. False says nothing: the caller then
+/// compares the bytes.
+fn same_encoding(a: &Value, b: &Value) -> bool {
+    if a.is_same_object(b) {
+        return true;
+    }
+    match (a.kind(), b.kind()) {
+        (ValueKind::Undefined, ValueKind::Undefined) => {
+            durable::is_silent_undefined(a) == durable::is_silent_undefined(b)
+        }
+        (ValueKind::None, ValueKind::None) => true,
+        (ValueKind::Bool, ValueKind::Bool) => a.is_true() == b.is_true(),
+        (ValueKind::Number, ValueKind::Number) => match (durable::number(a), durable::number(b)) {
+            // By bits: 0.0 and -0.0 are equal floats that encode apart.
+            (Some(Number::F64(x)), Some(Number::F64(y))) => x.to_bits() == y.to_bits(),
+            (Some(Number::F64(_)), _) | (_, Some(Number::F64(_))) => false,
+            // The same variant with the same value (integers only, here).
+            (Some(x), Some(y)) => x == y,
+            _ => false,
+        },
+        (ValueKind::String, ValueKind::String) => {
+            a.is_safe() == b.is_safe() && a.as_str().is_some() && a.as_str() == b.as_str()
+        }
+        _ => false,
+    }
 }
 
 fn decode_history(
