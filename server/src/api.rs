@@ -289,7 +289,7 @@ async fn enqueue(state: &AppState, queued: QueuedRun) -> Result<String, ApiError
     match &enqueued {
         Enqueued::New(_) => {
             tracing::info!(run_id = %id, agent = %agent, "run queued");
-            state.work.notify_one();
+            state.work.queued();
         }
         Enqueued::Existing(_) => {
             tracing::info!(run_id = %id, agent = %agent, "idempotency key: existing run");
@@ -335,9 +335,10 @@ const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 async fn wait_for_end(state: &AppState, id: &str) -> Result<Option<QueueEntry>, ApiError> {
     let deadline = tokio::time::Instant::now() + state.wait_limit;
     let mut stop = state.stop.clone();
+    let watch = state.live.watch_end(id);
     loop {
         // Created before the read, so an end between the two is not missed.
-        let finished = state.live.finished.notified();
+        let finished = watch.ended();
         let entry = state.store.queue_entry(id).await.map_err(ApiError::store)?;
         if entry.status.is_final() {
             return Ok(Some(entry));

@@ -12,6 +12,7 @@ use crate::auth::Tokens;
 use crate::equip::Equipment;
 use crate::live::LiveRuns;
 use crate::metrics::Metrics;
+use crate::worker::Work;
 
 /// Everything the handlers and workers share.
 #[derive(Clone)]
@@ -23,7 +24,7 @@ pub(crate) struct AppState {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) tokens: Arc<Tokens>,
     /// Wakes the dispatcher when a run is queued.
-    pub(crate) work: Arc<tokio::sync::Notify>,
+    pub(crate) work: Arc<Work>,
     /// Set once the server shuts down: streams and waits end.
     pub(crate) stop: watch::Receiver<bool>,
     /// OpenTelemetry export, when on.
@@ -49,7 +50,7 @@ impl AppState {
             live: Arc::new(LiveRuns::default()),
             metrics: Arc::new(Metrics::default()),
             tokens: Arc::new(config.tokens.clone()),
-            work: Arc::new(tokio::sync::Notify::new()),
+            work: Arc::new(Work::default()),
             stop,
             telemetry: config.telemetry.clone(),
             wait_limit: config.wait_limit,
