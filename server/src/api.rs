@@ -29,8 +29,6 @@ use crate::state::AppState;
 
 /// The longest idempotency key accepted.
 const MAX_IDEMPOTENCY_KEY: usize = 256;
-/// How often `?wait=true` polls the store for a run another process executes.
-const WAIT_POLL: Duration = Duration::from_millis(250);
 
 /// The application: every route, with auth on all but `/healthz`.
 pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
@@ -345,7 +343,9 @@ async fn wait_for_end(state: &AppState, id: &str) -> Result<Option<QueueEntry>, 
         }
         tokio::select! {
             () = finished => {}
-            () = tokio::time::sleep(WAIT_POLL) => {}
+            // For a run another process executes: twice as often as an idle worker
+            // looks for new runs (250 ms by default).
+            () = tokio::time::sleep(state.store_poll / 2) => {}
             () = tokio::time::sleep_until(deadline) => return Ok(None),
             _ = stop.wait_for(|stop| *stop) => return Ok(None),
         }

@@ -31,6 +31,9 @@ pub(crate) struct AppState {
     pub(crate) telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
     /// How long `?wait=true` waits for a run to end.
     pub(crate) wait_limit: Duration,
+    /// How often to look in the store for what this process was not told about
+    /// ([`ServeConfig::store_poll`](crate::ServeConfig::store_poll)).
+    pub(crate) store_poll: Duration,
     /// How long a request body may take to arrive.
     pub(crate) body_timeout: Duration,
 }
@@ -54,6 +57,7 @@ impl AppState {
             stop,
             telemetry: config.telemetry.clone(),
             wait_limit: config.wait_limit,
+            store_poll: config.store_poll,
             body_timeout: config.body_timeout,
         }
     }

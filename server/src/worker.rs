@@ -4,7 +4,7 @@
 //! claims) are in progress here ([`Slot`]: a run whose machine has finished frees its
 //! slot while its last commit lands); once a claim finds nothing, and no run was queued in
 //! this process since that claim began ([`Work`]), it waits to be woken by a submit here
-//! or, for runs submitted elsewhere and runs left by a dead worker, for [`IDLE_POLL`].
+//! or, for runs submitted elsewhere and runs left by a dead worker, for the store poll ([`ServeConfig::store_poll`](crate::ServeConfig::store_poll)).
 //! Each claimed run is a task of its own: it replays the
 //! run's journal (nothing for a new run), goes on live, and hands its events to the
 //! process's [`LiveRuns`](crate::live::LiveRuns) for the SSE streams.
@@ -35,8 +35,6 @@ use tracing::Instrument;
 use crate::live::{LiveEvent, LiveEvents};
 use crate::state::AppState;
 
-/// How often an idle dispatcher looks for runs it was not told about.
-const IDLE_POLL: Duration = Duration::from_millis(500);
 /// How often an executing run reads its cancel flag from the store.
 const CANCEL_POLL: Duration = Duration::from_millis(500);
 
@@ -45,7 +43,7 @@ const CANCEL_POLL: Duration = Duration::from_millis(500);
 ///
 /// Without the count, a claim that began before a submit and found nothing could put
 /// the dispatcher to sleep after that submit's wake-up was spent on another claim: the
-/// run then waited for the next submit or [`IDLE_POLL`].
+/// run then waited for the next submit or the store poll ([`ServeConfig::store_poll`](crate::ServeConfig::store_poll)).
 #[derive(Debug, Default)]
 pub(crate) struct Work {
     wake: Notify,
@@ -94,7 +92,7 @@ pub(crate) async fn dispatch(
             // began: wait for a new run, or poll.
             tokio::select! {
                 () = state.work.wake.notified() => {}
-                () = tokio::time::sleep(IDLE_POLL) => {}
+                () = tokio::time::sleep(state.store_poll) => {}
                 _ = stop.wait_for(|stop| *stop) => break,
             }
         }
