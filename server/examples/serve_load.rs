@@ -228,7 +228,7 @@ async fn main() {
     let mut submit_latency = submitted.latency.clone();
     let mut run_latency: Vec<f64> = runs.iter().map(|r| r.stored_ms).collect();
     println!(
-        "{} latency p50 {:.1} ms, p99 {:.1} ms; run latency (queued to done) p50 {:.0} ms, p99 {:.0} ms",
+        "{} latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; run latency (queued to done) p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         if options.clients > 0 {
             "request (submit to finished run)"
         } else {
@@ -236,8 +236,10 @@ async fn main() {
         },
         percentile(&mut submit_latency, 0.50),
         percentile(&mut submit_latency, 0.99),
+        percentile(&mut submit_latency, 1.0),
         percentile(&mut run_latency, 0.50),
         percentile(&mut run_latency, 0.99),
+        percentile(&mut run_latency, 1.0),
     );
     print_breakdown(&runs, &submitted, options.clients > 0, commits, runs_f);
     println!(
