@@ -48,6 +48,13 @@ pub(crate) struct ServeArgs {
     /// How long `?wait=true` waits for a run before answering 202, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_WAIT_LIMIT.as_millis() as u64)]
     wait_timeout_ms: u64,
+    /// How often an idle worker looks in the store for runs it was not told about
+    /// (queued by another process, or left by a dead one), in milliseconds; a
+    /// `?wait=true` request looks for the end of a run another process executes twice as
+    /// often. Runs queued and ended in this process are seen at once.
+    #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_STORE_POLL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(2..))]
+    store_poll_ms: u64,
     /// On SIGTERM, how long running runs may go on before they are stopped (they resume
     /// from their journal at the next start), in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_DRAIN_TIMEOUT.as_millis() as u64)]
@@ -97,6 +104,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     config.tools = args.tools;
     config.max_body_bytes = args.max_body_bytes;
     config.wait_limit = Duration::from_millis(args.wait_timeout_ms);
+    config.store_poll = Duration::from_millis(args.store_poll_ms);
     config.drain_timeout = Duration::from_millis(args.drain_timeout_ms);
     config.header_timeout = Duration::from_millis(args.header_timeout_ms);
     config.body_timeout = Duration::from_millis(args.body_timeout_ms);

@@ -1642,3 +1642,42 @@ async fn symlinked_agents_are_served_and_a_configmap_swap_reloads_them() {
     let reports = log.lines().filter(|l| l.contains("loop-a.apl")).count();
     assert_eq!(reports, 1, "{log}");
 }
+
+/// Issue #24: a run queued here is claimed on its submit's wake-up and its `?wait=true`
+/// answered on its own end, never left for a poll of the store: with the polls an hour
+/// away, clients that each wait for their run and submit the next at once all get their
+/// runs back finished. Before, a claim that found nothing just before a submit could put
+/// the dispatcher to sleep after that submit's wake-up was spent on another claim; the
+/// run then waited for the next submit, and the last runs for the poll.
+#[tokio::test]
+async fn waiting_clients_get_their_runs_without_polls_of_the_store() {
+    let model = Model::start();
+    let dir = scratch("waiting_clients", &model);
+    let server = Server::start(
+        &dir,
+        &[
+            "--max-concurrent-runs",
+            "32",
+            "--store-poll-ms",
+            "3600000",
+            "--wait-timeout-ms",
+            "60000",
+        ],
+    );
+    let clients: Vec<_> = (0..24)
+        .map(|c| {
+            let client = Client::new(&server);
+            tokio::spawn(async move {
+                for r in 0..20 {
+                    let (status, run) = client.submit(&format!("c{c}r{r}"), 1, true).await;
+                    assert_eq!(status, 200, "client {c}, run {r}: {run}");
+                    assert_eq!(run["status"], "completed", "{run}");
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.expect("a client");
+    }
+    assert_eq!(model.requests().len(), 24 * 20);
+}

@@ -29,8 +29,6 @@ use crate::state::AppState;
 
 /// The longest idempotency key accepted.
 const MAX_IDEMPOTENCY_KEY: usize = 256;
-/// How often `?wait=true` polls the store for a run another process executes.
-const WAIT_POLL: Duration = Duration::from_millis(250);
 
 /// The application: every route, with auth on all but `/healthz`.
 pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
@@ -289,7 +287,7 @@ async fn enqueue(state: &AppState, queued: QueuedRun) -> Result<String, ApiError
     match &enqueued {
         Enqueued::New(_) => {
             tracing::info!(run_id = %id, agent = %agent, "run queued");
-            state.work.notify_one();
+            state.work.queued();
         }
         Enqueued::Existing(_) => {
             tracing::info!(run_id = %id, agent = %agent, "idempotency key: existing run");
@@ -335,16 +333,19 @@ const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 async fn wait_for_end(state: &AppState, id: &str) -> Result<Option<QueueEntry>, ApiError> {
     let deadline = tokio::time::Instant::now() + state.wait_limit;
     let mut stop = state.stop.clone();
+    let watch = state.live.watch_end(id);
     loop {
         // Created before the read, so an end between the two is not missed.
-        let finished = state.live.finished.notified();
+        let finished = watch.ended();
         let entry = state.store.queue_entry(id).await.map_err(ApiError::store)?;
         if entry.status.is_final() {
             return Ok(Some(entry));
         }
         tokio::select! {
             () = finished => {}
-            () = tokio::time::sleep(WAIT_POLL) => {}
+            // For a run another process executes: twice as often as an idle worker
+            // looks for new runs (250 ms by default).
+            () = tokio::time::sleep(state.store_poll / 2) => {}
             () = tokio::time::sleep_until(deadline) => return Ok(None),
             _ = stop.wait_for(|stop| *stop) => return Ok(None),
         }

@@ -19,7 +19,7 @@ use futures_util::Stream;
 use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-use crate::live::LiveEvent;
+use crate::live::{EndWatch, LiveEvent};
 use crate::state::AppState;
 
 /// Events read from the store at a time.
@@ -35,6 +35,8 @@ struct Cursor {
     next: u64,
     ready: VecDeque<Event>,
     live: Option<broadcast::Receiver<LiveEvent>>,
+    /// Wakes the stream when the run ends in this process.
+    end: EndWatch,
     /// The run was seen finished; one more read of the store, then the end.
     finished: bool,
     done: bool,
@@ -46,7 +48,9 @@ pub(crate) fn stream(
     id: String,
     after: Option<u64>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
+    let end = state.live.watch_end(&id);
     let cursor = Cursor {
+        end,
         state,
         id,
         next: after.map_or(0, |seq| seq.saturating_add(1)),
@@ -115,7 +119,7 @@ impl Cursor {
     /// Waits for a live event, the end of a run here, the poll interval, or shutdown.
     async fn wait(&mut self) {
         let mut stop = self.state.stop.clone();
-        let finished = self.state.live.finished.notified();
+        let finished = self.end.ended();
         let live = async {
             match self.live.as_mut() {
                 Some(live) => Some(live.recv().await),

@@ -60,6 +60,11 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// How long `?wait=true` waits for a run to end before answering 202.
     pub wait_limit: Duration,
+    /// How often this process looks in the store for what it was not told about: an idle
+    /// worker for runs queued by another process or left by a dead one, and a
+    /// `?wait=true` request (twice as often) for the end of a run another process
+    /// executes. Runs queued and ended here are seen at once, without it.
+    pub store_poll: Duration,
     /// How long a shutdown waits for running runs before it stops them.
     pub drain_timeout: Duration,
     /// How often the agents directory is checked for changes.
@@ -94,6 +99,7 @@ impl ServeConfig {
             tools: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             wait_limit: DEFAULT_WAIT_LIMIT,
+            store_poll: DEFAULT_STORE_POLL,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             reload_interval: DEFAULT_RELOAD_INTERVAL,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
@@ -111,6 +117,8 @@ pub const DEFAULT_MAX_CONCURRENT_RUNS: usize = 16;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 /// The default of `--wait-timeout-ms`.
 pub const DEFAULT_WAIT_LIMIT: Duration = Duration::from_secs(60);
+/// The default of `--store-poll-ms`.
+pub const DEFAULT_STORE_POLL: Duration = Duration::from_millis(500);
 /// The default of `--drain-timeout-ms`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the agents directory is polled.

@@ -1,12 +1,18 @@
 //! The runs this process executes ([`LiveRuns`]), and each one's live events
 //! ([`LiveEvents`]): what the SSE streams follow and what a cancel interrupts at once.
 //! The workers fill it; the handlers and the streams read it.
+//!
+//! A request waiting for a run to end (`?wait=true`, an SSE stream) watches that run
+//! alone ([`LiveRuns::watch_end`]): the end of a run wakes its own waiters, not every
+//! waiter of the process, each of which would read its run from the store again (with
+//! 50 clients waiting, every run's end cost 50 reads on the store's one reader).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use aplc_vm::Interrupt;
-use tokio::sync::broadcast;
+use tokio::sync::futures::Notified;
+use tokio::sync::{Notify, broadcast};
 
 /// Live events kept for a slow SSE reader before it falls back to the store.
 const LIVE_BUFFER: usize = 1024;
@@ -53,8 +59,36 @@ impl LiveEvents {
 #[derive(Default)]
 pub(crate) struct LiveRuns {
     runs: Mutex<HashMap<String, LiveRun>>,
-    /// Told whenever a run of this process ends (`?wait=true` and SSE wake on it).
-    pub(crate) finished: tokio::sync::Notify,
+    /// The runs someone waits for the end of, by id, told when the run ends here. An
+    /// entry lives as long as one of its [`EndWatch`]es.
+    ends: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+/// A watch on the end of one run in this process: see [`LiveRuns::watch_end`].
+pub(crate) struct EndWatch {
+    live: Arc<LiveRuns>,
+    id: String,
+    notify: Arc<Notify>,
+}
+
+impl EndWatch {
+    /// Completes once the run ends here after this call. Create it before reading the
+    /// run's status, so that an end between the read and the wait is not missed
+    /// (`Notify::notify_waiters` tells every `Notified` made before it, polled or not).
+    pub(crate) fn ended(&self) -> Notified<'_> {
+        self.notify.notified()
+    }
+}
+
+impl Drop for EndWatch {
+    fn drop(&mut self) {
+        let mut ends = lock(&self.live.ends);
+        // The map's reference and this one: no other watch shares the entry (a clone is
+        // only made under this lock).
+        if Arc::strong_count(&self.notify) == 2 {
+            ends.remove(&self.id);
+        }
+    }
 }
 
 impl LiveRuns {
@@ -70,9 +104,24 @@ impl LiveRuns {
         events
     }
 
-    /// Forgets run `id`, which no longer executes here.
+    /// Forgets run `id`, which no longer executes here (it ended, or stopped to resume
+    /// later), and wakes whoever waits for its end: they read its status again.
     pub(crate) fn remove(&self, id: &str) {
         self.lock().remove(id);
+        if let Some(notify) = lock(&self.ends).get(id) {
+            notify.notify_waiters();
+        }
+    }
+
+    /// A watch on the end of run `id` here; a run executing elsewhere never ends here,
+    /// so its waiters poll the store as well.
+    pub(crate) fn watch_end(self: &Arc<Self>, id: &str) -> EndWatch {
+        let notify = lock(&self.ends).entry(id.to_string()).or_default().clone();
+        EndWatch {
+            live: self.clone(),
+            id: id.to_string(),
+            notify,
+        }
     }
 
     /// A receiver of the run's live events, if it executes here.
@@ -88,7 +137,11 @@ impl LiveRuns {
             .is_some()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, LiveRun>> {
-        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, LiveRun>> {
+        lock(&self.runs)
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

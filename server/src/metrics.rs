@@ -7,8 +7,12 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use aplc_runtime::store::{QueueCounts, QueueStatus};
+use aplc_runtime::driver::BoxFuture;
+use aplc_runtime::store::{
+    Batch, Lease, LoadedRun, NewRun, QueueCounts, QueueStatus, RunJournal, RunSummary, StoreError,
+};
 use aplc_vm::{Event, EventKind};
 
 /// Upper bounds of the provider latency histogram, in seconds.
@@ -30,6 +34,10 @@ pub(crate) struct Metrics {
     latency_sum_us: AtomicU64,
     pub(crate) runs_in_flight: AtomicU64,
     pub(crate) runs_started: AtomicU64,
+    /// Journal appends of this process's runs (each one commit of the run's store), and
+    /// the time the runs waited for them.
+    journal_commits: AtomicU64,
+    journal_commit_us: AtomicU64,
 }
 
 impl Metrics {
@@ -137,6 +145,12 @@ impl Metrics {
                 "Tool calls started.",
                 load(&self.tool_calls),
             ),
+            (
+                "aplc_journal_commits_total",
+                "counter",
+                "Journal appends (commits) of this process's runs.",
+                load(&self.journal_commits),
+            ),
         ];
         for (name, kind, help, value) in counters {
             header(&mut out, name, kind, help);
@@ -180,7 +194,71 @@ impl Metrics {
         let sum = load(&self.latency_sum_us) as f64 / 1_000_000.0;
         let _ = writeln!(out, "aplc_provider_latency_seconds_sum {sum}");
         let _ = writeln!(out, "aplc_provider_latency_seconds_count {cumulative}");
+        header(
+            &mut out,
+            "aplc_journal_commit_seconds_total",
+            "counter",
+            "Time this process's runs spent waiting for their journal appends.",
+        );
+        let commit_seconds = load(&self.journal_commit_us) as f64 / 1_000_000.0;
+        let _ = writeln!(out, "aplc_journal_commit_seconds_total {commit_seconds}");
         out
+    }
+
+    /// Counts one journal append that took `took`.
+    fn on_commit(&self, took: Duration) {
+        self.journal_commits.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.journal_commit_us.fetch_add(micros, Ordering::Relaxed);
+    }
+}
+
+/// A run's journal that counts its appends (commits) into the metrics: how many commits
+/// a run costs, seen from outside (`aplc_journal_commits_total` over the runs finished).
+#[derive(Debug)]
+pub(crate) struct CountedJournal<'a> {
+    pub(crate) inner: &'a dyn RunJournal,
+    pub(crate) metrics: &'a Metrics,
+}
+
+impl RunJournal for CountedJournal<'_> {
+    fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        self.inner.create(run)
+    }
+    fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
+        self.inner.acquire(id)
+    }
+    fn append<'a>(
+        &'a self,
+        lease: &'a dyn Lease,
+        batch: Batch,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let appended = self.inner.append(lease, batch).await;
+            self.metrics.on_commit(started.elapsed());
+            appended
+        })
+    }
+    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
+        self.inner.load(id)
+    }
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
+        self.inner.list()
+    }
+    fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
+        self.inner.summary(id)
+    }
+    fn events<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        self.inner.events(id, from, limit)
+    }
+    fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.run_bytes(id)
     }
 }
 
@@ -228,6 +306,7 @@ mod tests {
             "aplc_provider_latency_seconds_bucket{le=\"30\"} 1",
             "aplc_provider_latency_seconds_bucket{le=\"+Inf\"} 2",
             "aplc_provider_latency_seconds_count 2",
+            "aplc_journal_commits_total 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

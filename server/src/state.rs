@@ -12,6 +12,7 @@ use crate::auth::Tokens;
 use crate::equip::Equipment;
 use crate::live::LiveRuns;
 use crate::metrics::Metrics;
+use crate::worker::Work;
 
 /// Everything the handlers and workers share.
 #[derive(Clone)]
@@ -23,13 +24,16 @@ pub(crate) struct AppState {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) tokens: Arc<Tokens>,
     /// Wakes the dispatcher when a run is queued.
-    pub(crate) work: Arc<tokio::sync::Notify>,
+    pub(crate) work: Arc<Work>,
     /// Set once the server shuts down: streams and waits end.
     pub(crate) stop: watch::Receiver<bool>,
     /// OpenTelemetry export, when on.
     pub(crate) telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
     /// How long `?wait=true` waits for a run to end.
     pub(crate) wait_limit: Duration,
+    /// How often to look in the store for what this process was not told about
+    /// ([`ServeConfig::store_poll`](crate::ServeConfig::store_poll)).
+    pub(crate) store_poll: Duration,
     /// How long a request body may take to arrive.
     pub(crate) body_timeout: Duration,
 }
@@ -49,10 +53,11 @@ impl AppState {
             live: Arc::new(LiveRuns::default()),
             metrics: Arc::new(Metrics::default()),
             tokens: Arc::new(config.tokens.clone()),
-            work: Arc::new(tokio::sync::Notify::new()),
+            work: Arc::new(Work::default()),
             stop,
             telemetry: config.telemetry.clone(),
             wait_limit: config.wait_limit,
+            store_poll: config.store_poll,
             body_timeout: config.body_timeout,
         }
     }

@@ -2,9 +2,10 @@
 //!
 //! One dispatcher task starts a claim whenever fewer than `max_concurrent_runs` runs (or
 //! claims) are in progress here ([`Slot`]: a run whose machine has finished frees its
-//! slot while its last commit lands); once a claim finds nothing, it waits to be woken by a
-//! submit in this process or, for runs submitted elsewhere and runs left by a dead
-//! worker, for [`IDLE_POLL`]. Each claimed run is a task of its own: it replays the
+//! slot while its last commit lands); once a claim finds nothing, and no run was queued in
+//! this process since that claim began ([`Work`]), it waits to be woken by a submit here
+//! or, for runs submitted elsewhere and runs left by a dead worker, for the store poll ([`ServeConfig::store_poll`](crate::ServeConfig::store_poll)).
+//! Each claimed run is a task of its own: it replays the
 //! run's journal (nothing for a new run), goes on live, and hands its events to the
 //! process's [`LiveRuns`](crate::live::LiveRuns) for the SSE streams.
 //!
@@ -19,25 +20,52 @@
 //! run drops its lease, which frees the run for another worker.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aplc_runtime::durable::{self, DurableError};
-use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunJournal, RunQueue, StoreError};
+use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunQueue, StoreError};
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::live::{LiveEvent, LiveEvents};
 use crate::state::AppState;
 
-/// How often an idle dispatcher looks for runs it was not told about.
-const IDLE_POLL: Duration = Duration::from_millis(500);
 /// How often an executing run reads its cancel flag from the store.
 const CANCEL_POLL: Duration = Duration::from_millis(500);
+
+/// The runs queued in this process, for the dispatcher: a submit wakes it, and a claim
+/// that found nothing can tell whether a run was queued since it looked.
+///
+/// Without the count, a claim that began before a submit and found nothing could put
+/// the dispatcher to sleep after that submit's wake-up was spent on another claim: the
+/// run then waited for the next submit or the store poll ([`ServeConfig::store_poll`](crate::ServeConfig::store_poll)).
+#[derive(Debug, Default)]
+pub(crate) struct Work {
+    wake: Notify,
+    /// Runs queued here so far.
+    queued: AtomicU64,
+}
+
+impl Work {
+    /// A run was queued (its enqueue has committed).
+    pub(crate) fn queued(&self) {
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    fn seen(&self) -> u64 {
+        self.queued.load(Ordering::SeqCst)
+    }
+}
+
+/// What the claims found: `0` while the last one found a run (or none has ended), else
+/// 1 + the [`Work::seen`] count at the start of the latest claim that found nothing.
+type Idle = Arc<AtomicU64>;
 /// Claims and runs queued runs until `stop`, then drains.
 pub(crate) async fn dispatch(
     state: AppState,
@@ -47,7 +75,7 @@ pub(crate) async fn dispatch(
 ) {
     let slots = Arc::new(Semaphore::new(max_concurrent));
     let finishers = Arc::new(Semaphore::new(max_concurrent));
-    let idle = Arc::new(AtomicBool::new(false));
+    let idle: Idle = Arc::new(AtomicU64::new(0));
     let mut running = JoinSet::new();
     loop {
         while running.try_join_next().is_some() {}
@@ -58,11 +86,13 @@ pub(crate) async fn dispatch(
             },
             _ = stop.wait_for(|stop| *stop) => break,
         };
-        if idle.swap(false, Ordering::SeqCst) {
-            // The last claim found nothing (or failed): wait for a new run, or poll.
+        let found_nothing = idle.swap(0, Ordering::SeqCst);
+        if found_nothing != 0 && found_nothing - 1 == state.work.seen() {
+            // A claim found nothing (or failed), and no run was queued here since it
+            // began: wait for a new run, or poll.
             tokio::select! {
-                () = state.work.notified() => {}
-                () = tokio::time::sleep(IDLE_POLL) => {}
+                () = state.work.wake.notified() => {}
+                () = tokio::time::sleep(state.store_poll) => {}
                 _ = stop.wait_for(|stop| *stop) => break,
             }
         }
@@ -124,13 +154,17 @@ impl Slot {
 }
 
 /// Claims a run for the free slot `slot` and drives it; sets `idle` when there was none.
-async fn claim_and_execute(state: AppState, slot: Slot, idle: Arc<AtomicBool>) {
+async fn claim_and_execute(state: AppState, slot: Slot, idle: Idle) {
+    // Read before the claim: a run queued after this was maybe not seen by it.
+    let seen = state.work.seen();
     match state.store.claim().await {
         Ok(Some(claim)) => execute(state, claim, slot).await,
-        Ok(None) => idle.store(true, Ordering::SeqCst),
+        Ok(None) => {
+            idle.fetch_max(seen + 1, Ordering::SeqCst);
+        }
         Err(e) => {
             tracing::error!(error = %e, "cannot claim a run from the store");
-            idle.store(true, Ordering::SeqCst);
+            idle.fetch_max(seen + 1, Ordering::SeqCst);
         }
     }
 }
@@ -199,7 +233,10 @@ async fn drive(
         cancel_requested,
     } = claimed;
     let (id, agent, traceparent) = (id.as_str(), agent.as_str(), traceparent.as_deref());
-    let store: &dyn RunJournal = &*state.store;
+    let store = &crate::metrics::CountedJournal {
+        inner: &*state.store,
+        metrics: &state.metrics,
+    };
     let equipment = &*state.equipment;
     tracing::info!(run_id = %id, agent = %agent, "run started");
     let reopened = durable::reopen_claimed(
@@ -264,8 +301,9 @@ async fn drive(
     watcher.abort();
     match finished {
         Ok(finished) => {
-            let outcome = durable::outcome_json(&finished.outcome);
-            let status = QueueStatus::of_outcome(&outcome);
+            // From the outcome itself: its stored JSON form converts the whole final
+            // context, history included (6 % of the server's CPU under issue #24's load).
+            let status = QueueStatus::of_run(&finished.outcome);
             tracing::info!(run_id = %id, agent = %agent, status = status.as_str(), steps = finished.outcome.steps, "run finished");
         }
         Err(e) => {
@@ -380,6 +418,5 @@ impl Drop for Registered {
             .metrics
             .runs_in_flight
             .fetch_sub(1, Ordering::Relaxed);
-        self.state.live.finished.notify_waiters();
     }
 }
