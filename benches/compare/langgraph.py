@@ -11,7 +11,7 @@ that both send the same messages: it runs the agent with `aplc run --base-url` a
 fake OpenAI-compatible server on 127.0.0.1 that records every request, runs the graph with
 a model that records its messages, and stops with an error if the two lists differ.
 
-Six figures per agent, in µs per step (a step is one model call):
+Seven figures per agent, in µs per step (a step is one model call):
 
   aplc memory      `aplc bench AGENT` (the VM, sequential): median run / steps
   aplc memory/tokio  `aplc bench AGENT --store sqlite:FRESH.db`: the same runs in memory
