@@ -64,6 +64,27 @@ impl Backend {
         }
     }
 
+    /// Runs several statements on the store's database directly.
+    fn exec(&self, sql: &str) {
+        if let Some(path) = self.url.strip_prefix("sqlite:") {
+            let conn = rusqlite::Connection::open(path).expect("sqlite");
+            conn.execute_batch(sql)
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        } else {
+            self.sql(sql);
+        }
+    }
+
+    /// `bytes` as a literal of the store's SQL.
+    fn blob(&self, bytes: &[u8]) -> String {
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        if self.url.starts_with("sqlite:") {
+            format!("X'{hex}'")
+        } else {
+            format!("decode('{hex}', 'hex')")
+        }
+    }
+
     async fn open(&self) -> Arc<dyn RunStore> {
         let url = StoreUrl::parse(&self.url).expect("store URL");
         store::open(&url)
@@ -656,6 +677,7 @@ async fn sqlite_migrates_a_version_1_store() {
     let conn = rusqlite::Connection::open(&path).expect("sqlite");
     conn.execute_batch(
         "DROP TABLE run_queue; DROP TABLE idempotency_keys;
+         ALTER TABLE inputs DROP COLUMN n; ALTER TABLE events DROP COLUMN n;
          UPDATE aplc_meta SET value = '1' WHERE key = 'schema_version';
          PRAGMA user_version = 1;",
     )
@@ -872,6 +894,232 @@ async fn takeover_comes_before_a_backlog(backend: Backend) {
     drop((first, again));
 }
 
+/// Events `from..to` as distinct JSON texts.
+fn events_json(range: std::ops::Range<u32>) -> Vec<String> {
+    range.map(|i| format!(r#"{{"seq":{i}}}"#)).collect()
+}
+
+/// Every event of run `id`, read in pages of `page`.
+async fn paged(store: &dyn RunStore, id: &str, page: u64) -> Vec<String> {
+    let mut all = Vec::new();
+    loop {
+        let got = store
+            .events(id, all.len() as u64, page)
+            .await
+            .expect("page");
+        assert!(got.len() as u64 <= page, "a page holds at most its limit");
+        if got.is_empty() {
+            return all;
+        }
+        all.extend(got);
+        assert!(all.len() < 1_000, "pages that never end");
+    }
+}
+
+/// A group of steps is a few rows (several inputs, several events each), and reads slice
+/// them: a checkpoint whose input count falls inside a row, event pages that start inside
+/// a row or span rows.
+async fn packed_rows_load_resume_and_page(backend: Backend) {
+    let store = backend.open().await;
+    let lease = store.create(new_run("r", 0)).await.expect("create");
+    let events = events_json(0..12);
+    let refs: Vec<&str> = events.iter().map(String::as_str).collect();
+    // One group: inputs 0..10, events 0..7, and a checkpoint taken after input 4.
+    let mut group = batch(0, inputs(0..10), &refs[..7], 5);
+    group.checkpoint = Some(StoredCheckpoint {
+        inputs: 4,
+        history_start: 0,
+        history: vec![1; 5],
+        state: Some(vec![2; 7]),
+    });
+    store.append(&*lease, group).await.expect("append");
+    assert_eq!(
+        backend.sql("SELECT count(*) FROM inputs"),
+        backend.sql("SELECT 1"),
+        "one row for the group's inputs"
+    );
+    assert_eq!(
+        backend.sql("SELECT count(*) FROM events"),
+        backend.sql("SELECT 1")
+    );
+    let loaded = store.load("r").await.expect("load");
+    assert_eq!(loaded.inputs, inputs(4..10), "sliced at the checkpoint");
+    assert_eq!(loaded.events, 7);
+
+    // Resumed in another store: the next group follows on.
+    drop(lease);
+    let again = backend.open().await;
+    let lease = again.acquire("r").await.expect("acquire");
+    let resumed = again.load("r").await.expect("load");
+    assert_eq!(resumed.inputs, loaded.inputs);
+    assert_eq!(resumed.checkpoints, loaded.checkpoints);
+    again
+        .append(&*lease, batch(10, inputs(10..13), &refs[7..], 6))
+        .await
+        .expect("append after resume");
+    let loaded = again.load("r").await.expect("load");
+    assert_eq!(loaded.inputs, inputs(4..13));
+    assert_eq!((loaded.summary.inputs, loaded.summary.events), (13, 12));
+
+    assert_eq!(again.events("r", 0, 100).await.expect("all"), events);
+    assert_eq!(again.events("r", 2, 3).await.expect("inside"), events[2..5]);
+    assert_eq!(again.events("r", 5, 4).await.expect("across"), events[5..9]);
+    assert_eq!(
+        again.events("r", 6, 1).await.expect("last of a row"),
+        events[6..7]
+    );
+    assert_eq!(
+        again.events("r", 7, 1).await.expect("first of a row"),
+        events[7..8]
+    );
+    assert!(again.events("r", 12, 5).await.expect("past").is_empty());
+    assert!(again.events("r", 99, 5).await.expect("far past").is_empty());
+    for page in [1, 2, 3, 5] {
+        assert_eq!(paged(&*again, "r", page).await, events, "pages of {page}");
+    }
+    // The entries' bytes, not the rows' framing: 13 inputs of 3 bytes, the events, the
+    // checkpoint's history and state.
+    let event_bytes: usize = events.iter().map(String::len).sum();
+    assert_eq!(
+        again.run_bytes("r").await.expect("bytes"),
+        (13 * 3 + event_bytes + 5 + 7) as u64
+    );
+}
+
+/// A store written before schema version 3, one row per entry (written here with SQL as
+/// that version did), reads as it did: read-only (SQLite's `aplc runs`, not migrated), and
+/// once opened (migrated), where the run resumes and its new rows follow the old ones.
+async fn one_entry_rows_of_an_older_store_still_read(backend: Backend) {
+    let store = backend.open().await;
+    drop(store.create(new_run("old", 0)).await.expect("create"));
+    drop(store);
+    let events = events_json(0..9);
+    let mut old = String::from(
+        "ALTER TABLE inputs DROP COLUMN n; ALTER TABLE events DROP COLUMN n;
+         UPDATE aplc_meta SET value = '2' WHERE key = 'schema_version';",
+    );
+    if backend.url.starts_with("sqlite:") {
+        old.push_str("PRAGMA user_version = 2;");
+    }
+    for (seq, bytes) in inputs(0..5).iter().enumerate() {
+        let blob = backend.blob(bytes);
+        old.push_str(&format!(
+            "INSERT INTO inputs (run_id, seq, bytes) VALUES ('old', {seq}, {blob});"
+        ));
+    }
+    for (seq, json) in events[..4].iter().enumerate() {
+        old.push_str(&format!(
+            "INSERT INTO events (run_id, seq, json) VALUES ('old', {seq}, '{json}');"
+        ));
+    }
+    let (history, state) = (backend.blob(&[1; 5]), backend.blob(&[2; 7]));
+    old.push_str(&format!(
+        "INSERT INTO checkpoints (run_id, seq, inputs, history_start, history, state)
+         VALUES ('old', 0, 2, 0, {history}, {state});
+         UPDATE runs SET input_count = 5, event_count = 4, steps = 3 WHERE id = 'old';"
+    ));
+    backend.exec(&old);
+
+    let check = |store: Arc<dyn RunStore>, inputs_after: Vec<Vec<u8>>, events: Vec<String>| async move {
+        let loaded = store.load("old").await.expect("load");
+        assert_eq!(loaded.inputs, inputs_after);
+        assert_eq!(loaded.events, events.len() as u64);
+        assert_eq!(store.events("old", 0, 100).await.expect("events"), events);
+        assert_eq!(paged(&*store, "old", 2).await, events);
+        assert_eq!(store.events("old", 1, 2).await.expect("page"), events[1..3]);
+    };
+    if backend.url.starts_with("sqlite:") {
+        let url = StoreUrl::parse(&backend.url).expect("url");
+        let read_only = store::open_read_only(&url).await.expect("read-only");
+        check(read_only, inputs(2..5), events[..4].to_vec()).await;
+        assert_eq!(
+            backend.sql("SELECT value FROM aplc_meta WHERE key = 'schema_version'"),
+            "Text(\"2\")\n",
+            "read-only does not migrate"
+        );
+    }
+    let store = backend.open().await;
+    check(store.clone(), inputs(2..5), events[..4].to_vec()).await;
+    let lease = store.acquire("old").await.expect("acquire");
+    let refs: Vec<&str> = events[4..].iter().map(String::as_str).collect();
+    let mut group = batch(5, inputs(5..9), &refs, 4);
+    group.checkpoint = Some(StoredCheckpoint {
+        inputs: 7,
+        history_start: 1,
+        history: vec![3; 2],
+        state: Some(vec![4; 3]),
+    });
+    store.append(&*lease, group).await.expect("resume");
+    check(store.clone(), inputs(7..9), events.clone()).await;
+    assert_eq!(
+        store.events("old", 3, 3).await.expect("across"),
+        events[3..6]
+    );
+}
+
+/// A journal row that does not decode to what it says, or rows that leave a gap: a clear
+/// `Corrupt` error, never a panic.
+async fn corrupt_rows_are_errors(backend: Backend) {
+    let store = backend.open().await;
+    let lease = store.create(new_run("r", 0)).await.expect("create");
+    let events = events_json(0..6);
+    let refs: Vec<&str> = events.iter().map(String::as_str).collect();
+    store
+        .append(&*lease, batch(0, inputs(0..4), &refs[..3], 1))
+        .await
+        .expect("append");
+    store
+        .append(&*lease, batch(4, inputs(4..8), &refs[3..], 2))
+        .await
+        .expect("append");
+    drop(lease);
+    let corrupt = |what: &str, result: Result<(), StoreError>| match result {
+        Err(StoreError::Corrupt(message)) => message,
+        other => panic!("{what}: {other:?}"),
+    };
+    let load = |store: Arc<dyn RunStore>| async move { store.load("r").await.map(drop) };
+    let events_of =
+        |store: Arc<dyn RunStore>| async move { store.events("r", 1, 10).await.map(drop) };
+    for (what, damage, undo) in [
+        (
+            "a truncated input row",
+            "UPDATE inputs SET bytes = substr(bytes, 1, length(bytes) - 1) WHERE seq = 0",
+            None,
+        ),
+        (
+            "an input count past its data",
+            "UPDATE inputs SET n = 5 WHERE seq = 0",
+            Some("UPDATE inputs SET n = 4 WHERE seq = 0"),
+        ),
+        (
+            "a missing input row",
+            "DELETE FROM inputs WHERE seq = 0",
+            None,
+        ),
+    ] {
+        backend.exec(damage);
+        let message = corrupt(what, load(store.clone()).await);
+        assert!(message.contains("input"), "{what}: {message}");
+        if let Some(undo) = undo {
+            backend.exec(undo);
+        }
+    }
+    for (what, damage) in [
+        (
+            "an event count the row does not hold",
+            "UPDATE events SET n = 4 WHERE seq = 0",
+        ),
+        (
+            "a row count of zero",
+            "UPDATE events SET n = 0 WHERE seq = 0",
+        ),
+    ] {
+        backend.exec(damage);
+        let message = corrupt(what, events_of(store.clone()).await);
+        assert!(message.contains("event row 0"), "{what}: {message}");
+    }
+}
+
 /// Each generic check, once per backend.
 macro_rules! both_backends {
     ($($check:ident),* $(,)?) => {
@@ -909,6 +1157,9 @@ both_backends!(
     concurrent_opens_migrate_once,
     queue_claims_cancel_and_idempotency,
     concurrent_enqueues,
+    packed_rows_load_resume_and_page,
+    one_entry_rows_of_an_older_store_still_read,
+    corrupt_rows_are_errors,
 );
 
 /// Not a check: with `APLC_STORE_LEASE_HOLDER` set, takes that run's lease, says so on
@@ -992,7 +1243,7 @@ async fn sqlite_refuses_a_newer_schema() {
             err,
             StoreError::NewerSchema {
                 found: 99,
-                supported: 2
+                supported: 3
             }
         ),
         "{err:?}"
@@ -1131,7 +1382,7 @@ async fn postgres_refuses_a_newer_schema() {
             err,
             StoreError::NewerSchema {
                 found: 7,
-                supported: 2
+                supported: 3
             }
         ),
         "{err:?}"

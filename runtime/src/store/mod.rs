@@ -20,6 +20,10 @@ use compiled_out::sqlite;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod rows;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use rows::*;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use sql::*;

@@ -2,10 +2,10 @@
 //! and the claim's scan order. Compiled with either backend (`sqlite`, `postgres`
 //! features); with neither, the store is its trait and types only.
 
-use super::{QueueStatus, RunState, StoreError};
+use super::{Batch, QueueStatus, RunState, StoreError};
 
 /// The newest schema version this build reads and writes (both backends).
-pub(super) const SCHEMA_VERSION: i64 = 2;
+pub(super) const SCHEMA_VERSION: i64 = 3;
 
 /// The value of the `magic` row in `aplc_meta`: what marks a database as an aplc store.
 pub(super) const MAGIC: &str = "aplc-run-store";
@@ -120,4 +120,26 @@ pub(super) fn claim_order(takeover: &Every) -> [Scan; 2] {
     } else {
         [Scan::New, Scan::Abandoned]
     }
+}
+
+/// An append's checks against its run's stored row: not finished, and its first input
+/// the next one.
+pub(super) fn check_append(
+    id: &str,
+    batch: &Batch,
+    state: &str,
+    input_count: i64,
+) -> Result<(), StoreError> {
+    if RunState::from_column(state)? == RunState::Finished {
+        return Err(StoreError::Finished(id.to_string()));
+    }
+    let stored = count(input_count, "input count")?;
+    if batch.first_input != stored {
+        return Err(StoreError::Sequence {
+            id: id.to_string(),
+            expected: stored,
+            got: batch.first_input,
+        });
+    }
+    Ok(())
 }

@@ -5,8 +5,8 @@ use super::writer::Work;
 use super::{PgStore, SUMMARY_COLUMNS, read_summary, summary_row};
 use crate::future::BoxFuture;
 use crate::store::{
-    Batch, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
-    StoredCheckpoint, count, db_int, json_column,
+    Batch, Entries, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
+    StoredCheckpoint, count, db_int, json_column, unpack_events, unpack_inputs,
 };
 
 impl RunJournal for PgStore {
@@ -47,11 +47,7 @@ impl RunJournal for PgStore {
                     &format!(
                         "SELECT {SUMMARY_COLUMNS}, b.bytes, runs.options,
                                 c.inputs, c.starts, c.histories, c.states,
-                                (SELECT array_agg(i.bytes ORDER BY i.seq) FROM inputs i
-                                 WHERE i.run_id = runs.id
-                                   AND i.seq >= COALESCE((SELECT k.inputs FROM checkpoints k
-                                                          WHERE k.run_id = runs.id
-                                                          ORDER BY k.seq DESC LIMIT 1), 0))
+                                i.seqs, i.counts, i.data
                          FROM runs
                          LEFT JOIN bundles b ON b.hash = runs.bundle_hash
                          CROSS JOIN LATERAL (
@@ -60,7 +56,22 @@ impl RunJournal for PgStore {
                                     array_agg(k.history ORDER BY k.seq) AS histories,
                                     array_agg(k.state ORDER BY k.seq) AS states
                              FROM checkpoints k WHERE k.run_id = runs.id) c
-                         WHERE runs.id = $1"
+                         CROSS JOIN LATERAL (
+                             SELECT COALESCE((SELECT k.inputs FROM checkpoints k
+                                              WHERE k.run_id = runs.id
+                                              ORDER BY k.seq DESC LIMIT 1), 0) AS after) a
+                         -- The input rows from the one holding input `after` on (a
+                         -- checkpoint may fall inside a row).
+                         CROSS JOIN LATERAL (
+                             SELECT array_agg(i.seq ORDER BY i.seq) AS seqs,
+                                    array_agg(i.n ORDER BY i.seq) AS counts,
+                                    array_agg(i.bytes ORDER BY i.seq) AS data
+                             FROM inputs i
+                             WHERE i.run_id = runs.id
+                               AND i.seq >= COALESCE((SELECT MAX(j.seq) FROM inputs j
+                                                      WHERE j.run_id = runs.id
+                                                        AND j.seq <= a.after), 0)) i
+                        WHERE runs.id = $1"
                     ),
                     id,
                 )
@@ -87,7 +98,15 @@ impl RunJournal for PgStore {
                     })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
-            let inputs: Vec<Vec<u8>> = row.get::<_, Option<_>>(16).unwrap_or_default();
+            let after = checkpoints.last().map_or(0, |c| c.inputs);
+            let seqs: Vec<i64> = row.get::<_, Option<_>>(16).unwrap_or_default();
+            let counts: Vec<i64> = row.get::<_, Option<_>>(17).unwrap_or_default();
+            let data: Vec<Vec<u8>> = row.get::<_, Option<_>>(18).unwrap_or_default();
+            let mut inputs = Entries::new("input", after, u64::MAX);
+            for ((seq, n), data) in seqs.into_iter().zip(counts).zip(data) {
+                inputs.add(seq, || unpack_inputs(seq, n, data))?;
+            }
+            let inputs = inputs.finish(Some(summary.inputs))?;
             Ok(LoadedRun {
                 events: summary.events,
                 options: json_column(&options, "the run options")?,
@@ -133,16 +152,29 @@ impl RunJournal for PgStore {
         Box::pin(async move {
             let client = &self.reader;
             read_summary(&self.url, client, id).await?;
-            Ok(client
-                .query(
-                    "SELECT json FROM events WHERE run_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
-                    &[&id, &db_int(from), &db_int(limit)],
+            // Rows from the one holding event `from`; `limit` rows hold at least `limit`
+            // events (a row holds one or more).
+            let statement = self
+                .reader_statements
+                .get(
+                    client,
+                    "SELECT seq, n, json FROM events WHERE run_id = $1
+                     AND seq >= COALESCE((SELECT MAX(seq) FROM events
+                                          WHERE run_id = $1 AND seq <= $2), 0)
+                     ORDER BY seq LIMIT $3",
                 )
                 .await
-                .map_err(|e| self.error(e))?
-                .into_iter()
-                .map(|row| row.get(0))
-                .collect())
+                .map_err(|e| self.error(e))?;
+            let rows = client
+                .query(&statement, &[&id, &db_int(from), &db_int(limit)])
+                .await
+                .map_err(|e| self.error(e))?;
+            let mut events = Entries::new("event", from, limit);
+            for row in rows {
+                let (seq, n): (i64, i64) = (row.get(0), row.get(1));
+                events.add(seq, || unpack_events(seq, n, row.get(2)))?;
+            }
+            events.finish(None)
         })
     }
 
@@ -150,11 +182,16 @@ impl RunJournal for PgStore {
         Box::pin(async move {
             let client = &self.reader;
             read_summary(&self.url, client, id).await?;
+            // The entries' bytes, without the rows' framing (a 4-byte length, `FRAME`,
+            // before each input and a newline between events, in rows of several).
             let row = client
                 .query_one(
                     "SELECT (
-                       (SELECT COALESCE(SUM(octet_length(bytes)), 0) FROM inputs WHERE run_id = $1)
-                     + (SELECT COALESCE(SUM(octet_length(json)), 0) FROM events WHERE run_id = $1)
+                       (SELECT COALESCE(SUM(octet_length(bytes)
+                                  - CASE WHEN n > 1 THEN 4 * n ELSE 0 END), 0)
+                          FROM inputs WHERE run_id = $1)
+                     + (SELECT COALESCE(SUM(octet_length(json) - (n - 1)), 0)
+                          FROM events WHERE run_id = $1)
                      + (SELECT COALESCE(SUM(octet_length(history) + COALESCE(octet_length(state), 0)), 0)
                           FROM checkpoints WHERE run_id = $1)
                      )::BIGINT",

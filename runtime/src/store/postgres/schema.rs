@@ -62,6 +62,13 @@ const MIGRATIONS: &[(i64, &str)] = &[
          PRIMARY KEY (agent, key)
      );",
     ),
+    (
+        3,
+        // Several entries per journal row, as in SQLite's version 3. A constant default
+        // rewrites no row (PostgreSQL 11 and later).
+        "ALTER TABLE inputs ADD COLUMN n BIGINT NOT NULL DEFAULT 1;
+     ALTER TABLE events ADD COLUMN n BIGINT NOT NULL DEFAULT 1;",
+    ),
 ];
 
 /// The tables of every version: a database holding any of them without `aplc_meta` is

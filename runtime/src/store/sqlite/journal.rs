@@ -6,8 +6,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{Job, SqliteStore, db_error};
 use crate::future::BoxFuture;
 use crate::store::{
-    Batch, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
-    StoredCheckpoint, count, db_int, json_column,
+    Batch, Entries, FRAME, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
+    StoredCheckpoint, count, db_int, json_column, unpack_events, unpack_inputs,
 };
 
 impl RunJournal for SqliteStore {
@@ -48,10 +48,11 @@ impl RunJournal for SqliteStore {
 
     fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
         let id = id.to_string();
+        let n = self.entry_count;
         Box::pin(self.read(move |conn| {
             // One read transaction: a consistent snapshot of the run.
             let tx = conn.transaction().map_err(db_error)?;
-            let loaded = load_run(&tx, &id);
+            let loaded = load_run(&tx, &id, n);
             tx.finish().map_err(db_error)?;
             loaded
         }))
@@ -81,31 +82,46 @@ impl RunJournal for SqliteStore {
         limit: u64,
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         let id = id.to_string();
+        let n = self.entry_count;
         Box::pin(self.read(move |conn| {
             read_summary(conn, &id)?;
+            // Rows from the one holding event `from`; `limit` rows hold at least `limit`
+            // events (a row holds one or more).
             let mut stmt = conn
-                .prepare_cached(
-                    "SELECT json FROM events WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3",
-                )
+                .prepare_cached(&format!(
+                    "SELECT seq, {n}, json FROM events WHERE run_id = ?1
+                     AND seq >= (SELECT COALESCE(MAX(seq), 0) FROM events
+                                 WHERE run_id = ?1 AND seq <= ?2)
+                     ORDER BY seq LIMIT ?3"
+                ))
                 .map_err(db_error)?;
             let rows = stmt
-                .query_map(params![id, db_int(from), db_int(limit)], |row| row.get(0))
+                .query(params![id, db_int(from), db_int(limit)])
                 .map_err(db_error)?;
-            rows.map(|row| row.map_err(db_error)).collect()
+            let entries = read_rows(rows, Entries::new("event", from, limit), unpack_events)?;
+            entries.finish(None)
         }))
     }
 
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         let id = id.to_string();
+        let n = self.entry_count;
         Box::pin(self.read(move |conn| {
             read_summary(conn, &id)?;
+            // The entries' bytes, without the rows' framing (a length before each input,
+            // a newline between events, in rows of several).
             let bytes: i64 = conn
                 .query_row(
-                    "SELECT
-                       (SELECT COALESCE(SUM(length(bytes)), 0) FROM inputs WHERE run_id = ?1)
-                     + (SELECT COALESCE(SUM(length(CAST(json AS BLOB))), 0) FROM events WHERE run_id = ?1)
+                    &format!(
+                        "SELECT
+                       (SELECT COALESCE(SUM(length(bytes)
+                                  - CASE WHEN {n} > 1 THEN {FRAME} * {n} ELSE 0 END), 0)
+                          FROM inputs WHERE run_id = ?1)
+                     + (SELECT COALESCE(SUM(length(CAST(json AS BLOB)) - ({n} - 1)), 0)
+                          FROM events WHERE run_id = ?1)
                      + (SELECT COALESCE(SUM(length(history) + COALESCE(length(state), 0)), 0)
-                          FROM checkpoints WHERE run_id = ?1)",
+                          FROM checkpoints WHERE run_id = ?1)"
+                    ),
                     params![id],
                     |row| row.get(0),
                 )
@@ -155,7 +171,26 @@ pub(super) fn read_summary(conn: &Connection, id: &str) -> Result<RunSummary, St
         .ok_or_else(|| StoreError::NotFound(id.to_string()))?
 }
 
-pub(super) fn load_run(conn: &Connection, id: &str) -> Result<LoadedRun, StoreError> {
+/// Reads journal rows `(seq, n, data)` in order into `entries`, until it is full.
+fn read_rows<T, D: rusqlite::types::FromSql>(
+    mut rows: rusqlite::Rows<'_>,
+    mut entries: Entries<T>,
+    unpack: impl Fn(i64, i64, D) -> Result<Vec<T>, StoreError>,
+) -> Result<Entries<T>, StoreError> {
+    while !entries.full() {
+        let Some(row) = rows.next().map_err(db_error)? else {
+            break;
+        };
+        let (seq, n): (i64, i64) = (row.get(0).map_err(db_error)?, row.get(1).map_err(db_error)?);
+        let data: D = row.get(2).map_err(db_error)?;
+        entries.add(seq, || unpack(seq, n, data))?;
+    }
+    Ok(entries)
+}
+
+/// Loads a run; `n` is the journal rows' entry count column (`"1"` in a store older
+/// than version 3, read as it is).
+pub(super) fn load_run(conn: &Connection, id: &str, n: &str) -> Result<LoadedRun, StoreError> {
     let summary = read_summary(conn, id)?;
     let (bundle, options): (Vec<u8>, String) = conn
         .query_row(
@@ -190,15 +225,19 @@ pub(super) fn load_run(conn: &Connection, id: &str) -> Result<LoadedRun, StoreEr
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
+    // The inputs from the newest checkpoint's count on, which may fall inside a row.
     let after = checkpoints.last().map_or(0, |c| c.inputs);
     let mut stmt = conn
-        .prepare_cached("SELECT bytes FROM inputs WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq")
+        .prepare_cached(&format!(
+            "SELECT seq, {n}, bytes FROM inputs WHERE run_id = ?1
+             AND seq >= (SELECT COALESCE(MAX(seq), 0) FROM inputs
+                         WHERE run_id = ?1 AND seq <= ?2)
+             ORDER BY seq"
+        ))
         .map_err(db_error)?;
-    let inputs = stmt
-        .query_map(params![id, db_int(after)], |row| row.get(0))
-        .map_err(db_error)?
-        .map(|row| row.map_err(db_error))
-        .collect::<Result<Vec<Vec<u8>>, StoreError>>()?;
+    let rows = stmt.query(params![id, db_int(after)]).map_err(db_error)?;
+    let inputs = read_rows(rows, Entries::new("input", after, u64::MAX), unpack_inputs)?
+        .finish(Some(summary.inputs))?;
     Ok(LoadedRun {
         events: summary.events,
         options: json_column(&options, "the run options")?,

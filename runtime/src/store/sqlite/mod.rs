@@ -90,6 +90,9 @@ pub(super) struct SqliteStore {
     purge: Every,
     /// Opened by [`SqliteStore::open_read_only`]: it has no writer.
     read_only: bool,
+    /// What reads select as a journal row's entry count: the column `n`, or `1` in a
+    /// store older than schema version 3 opened read-only (one entry per row, no `n`).
+    entry_count: &'static str,
 }
 
 impl Drop for SqliteStore {
@@ -162,6 +165,7 @@ impl SqliteStore {
                 writer_thread: Some(writer_thread),
                 reader: Arc::new(Mutex::new(reader)),
                 read_only: false,
+                entry_count: "n",
             })
         })
         .await
@@ -174,7 +178,7 @@ impl SqliteStore {
         let path = path.to_path_buf();
         blocking(move || {
             check_file(&path)?;
-            let reader = retry_busy(|| connect_read_only(&path))?;
+            let (reader, version) = retry_busy(|| connect_read_only(&path))?;
             Ok(SqliteStore {
                 holder: Arc::from("read-only"),
                 _holder_file: None,
@@ -186,6 +190,7 @@ impl SqliteStore {
                 writer_thread: None,
                 reader: Arc::new(Mutex::new(reader)),
                 read_only: true,
+                entry_count: if version >= 3 { "n" } else { "1" },
             })
         })
         .await

@@ -258,7 +258,7 @@ fn claim_run(
         let loaded = if abandoned {
             None
         } else {
-            load_run(tx, &id).ok()
+            load_run(tx, &id, "n").ok()
         };
         return Ok(Some(ClaimedRow {
             lease,

@@ -69,6 +69,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
          PRIMARY KEY (agent, key)
      );",
     ),
+    (
+        3,
+        // Several consecutive entries per journal row (`store/rows.rs`): `seq` is the
+        // first one's number, `n` their count. The rows written before hold one entry
+        // each, as the default says, so none is rewritten.
+        "ALTER TABLE inputs ADD COLUMN n INTEGER NOT NULL DEFAULT 1;
+     ALTER TABLE events ADD COLUMN n INTEGER NOT NULL DEFAULT 1;",
+    ),
 ];
 
 /// Refuses a path that names something other than a regular file (a device such as
@@ -113,8 +121,9 @@ pub(super) fn connect(path: &Path) -> Result<Connection, StoreError> {
 /// Opens a read-only connection that writes nothing, not even SQLite's shared-memory
 /// files: `immutable` when the file has no WAL file beside it (no writer has it open, or
 /// one is about to start: a read may then fail, never write), plain `mode=ro` when it has
-/// one (a writer may be at work: its WAL holds the newest commits).
-pub(super) fn connect_read_only(path: &Path) -> Result<Connection, StoreError> {
+/// one (a writer may be at work: its WAL holds the newest commits). With the connection,
+/// the file's schema version: an older store is read as it is, not migrated.
+pub(super) fn connect_read_only(path: &Path) -> Result<(Connection, i64), StoreError> {
     if !path.exists() {
         return empty_store();
     }
@@ -139,14 +148,14 @@ pub(super) fn connect_read_only(path: &Path) -> Result<Connection, StoreError> {
         return empty_store();
     }
     check_meta(&conn, version)?;
-    Ok(conn)
+    Ok((conn, version))
 }
 
 /// A store with nothing in it yet, in memory: what a missing or empty file reads as.
-fn empty_store() -> Result<Connection, StoreError> {
+fn empty_store() -> Result<(Connection, i64), StoreError> {
     let conn = Connection::open_in_memory().map_err(db_error)?;
     migrate(&conn)?;
-    Ok(conn)
+    Ok((conn, SCHEMA_VERSION))
 }
 
 /// `path` for a SQLite URI: every byte but letters, digits and `/-_.~` percent-encoded

@@ -8,7 +8,10 @@ use tokio::sync::oneshot;
 
 use super::lease::{release_lease, take_lease};
 use super::{Job, SqliteStore, begin, db_error};
-use crate::store::{Batch, NewRun, QueueStatus, RunState, StoreError, count, db_int, now_ms};
+use crate::store::{
+    Batch, NewRun, QueueStatus, RunState, StoreError, check_append, db_int, now_ms, pack_events,
+    pack_inputs,
+};
 
 /// The most jobs committed in one transaction (bounds the latency of the first).
 const MAX_GROUP: usize = 512;
@@ -208,80 +211,97 @@ pub(super) fn insert_run(tx: &Connection, run: &NewRun) -> Result<(), StoreError
     Ok(())
 }
 
+/// Appends a batch: the run's row is updated first, on the condition that the batch
+/// follows what is stored (`RETURNING` the first event's number), so an accepted append
+/// reads nothing back; only a refused one reads the row, to say why.
 fn append_batch(tx: &Connection, id: &str, batch: &Batch, now: i64) -> Result<(), StoreError> {
-    let (state, input_count, event_count): (String, i64, i64) = tx
-        .prepare_cached("SELECT state, input_count, event_count FROM runs WHERE id = ?1")
-        .and_then(|mut s| {
-            s.query_row(params![id], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-            })
-            .optional()
-        })
-        .map_err(db_error)?
-        .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-    if RunState::from_column(&state)? == RunState::Finished {
-        return Err(StoreError::Finished(id.to_string()));
-    }
-    let stored = count(input_count, "input count")?;
-    if batch.first_input != stored {
-        return Err(StoreError::Sequence {
-            id: id.to_string(),
-            expected: stored,
-            got: batch.first_input,
-        });
-    }
-    append_rows(tx, id, batch, input_count, event_count)?;
     let (state, outcome) = match &batch.outcome {
-        Some(outcome) => {
-            // A queued run leaves the claimable set (no row for a run `create` made).
-            let status = QueueStatus::of_outcome(outcome).as_str();
-            tx.prepare_cached("UPDATE run_queue SET final_status = ?2 WHERE run_id = ?1")
-                .and_then(|mut s| s.execute(params![id, status]))
-                .map_err(db_error)?;
-            (RunState::Finished, Some(outcome.to_string()))
-        }
+        Some(outcome) => (RunState::Finished, Some(outcome.to_string())),
         None => (RunState::Running, None),
     };
-    tx.prepare_cached(
-        "UPDATE runs SET steps = ?2, updated_at_ms = ?3, input_count = ?4, event_count = ?5,
-                         state = ?6, outcome = COALESCE(?7, outcome)
-         WHERE id = ?1",
-    )
-    .and_then(|mut s| {
-        s.execute(params![
-            id,
-            db_int(batch.steps),
-            now,
-            input_count + db_int(batch.inputs.len() as u64),
-            event_count + db_int(batch.events.len() as u64),
-            state.as_str(),
-            outcome,
-        ])
-    })
-    .map_err(db_error)?;
-    Ok(())
+    let first_event: Option<i64> = tx
+        .prepare_cached(
+            "UPDATE runs SET steps = ?2, updated_at_ms = ?3, input_count = input_count + ?4,
+                             event_count = event_count + ?5, state = ?6,
+                             outcome = COALESCE(?7, outcome)
+             WHERE id = ?1 AND input_count = ?8 AND state = 'running'
+             RETURNING event_count - ?5",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    id,
+                    db_int(batch.steps),
+                    now,
+                    db_int(batch.inputs.len() as u64),
+                    db_int(batch.events.len() as u64),
+                    state.as_str(),
+                    outcome,
+                    db_int(batch.first_input),
+                ],
+                |row| row.get(0),
+            )
+            .optional()
+        })
+        .map_err(db_error)?;
+    let Some(first_event) = first_event else {
+        return Err(refusal(tx, id, batch));
+    };
+    if let Some(outcome) = &batch.outcome {
+        // A queued run leaves the claimable set (no row for a run `create` made).
+        let status = QueueStatus::of_outcome(outcome).as_str();
+        tx.prepare_cached("UPDATE run_queue SET final_status = ?2 WHERE run_id = ?1")
+            .and_then(|mut s| s.execute(params![id, status]))
+            .map_err(db_error)?;
+    }
+    append_rows(tx, id, batch, first_event)
 }
 
-/// Inserts a batch's inputs, events and checkpoint (the run's row is checked already).
+/// Why the run's row refused a batch: no such run, finished, or out of sequence.
+fn refusal(tx: &Connection, id: &str, batch: &Batch) -> StoreError {
+    let row: Result<Option<(String, i64)>, StoreError> = tx
+        .prepare_cached("SELECT state, input_count FROM runs WHERE id = ?1")
+        .and_then(|mut s| {
+            s.query_row(params![id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+        })
+        .map_err(db_error);
+    match row {
+        Err(e) => e,
+        Ok(None) => StoreError::NotFound(id.to_string()),
+        Ok(Some((state, input_count))) => match check_append(id, batch, &state, input_count) {
+            Err(e) => e,
+            // The checks pass now: the row changed in between (another process writing
+            // the run without its lease).
+            Ok(()) => StoreError::Database(format!("the row of run `{id}` changed meanwhile")),
+        },
+    }
+}
+
+/// Inserts a batch's inputs and events (several to a row, `store/rows.rs`) and its
+/// checkpoint (the run's row is updated already).
 fn append_rows(
     tx: &Connection,
     id: &str,
     batch: &Batch,
-    input_count: i64,
-    event_count: i64,
+    first_event: i64,
 ) -> Result<(), StoreError> {
     {
         let mut insert = tx
-            .prepare_cached("INSERT INTO inputs (run_id, seq, bytes) VALUES (?1, ?2, ?3)")
+            .prepare_cached("INSERT INTO inputs (run_id, seq, n, bytes) VALUES (?1, ?2, ?3, ?4)")
             .map_err(db_error)?;
-        for (i, bytes) in (input_count..).zip(&batch.inputs) {
-            insert.execute(params![id, i, bytes]).map_err(db_error)?;
+        for row in pack_inputs(db_int(batch.first_input), &batch.inputs) {
+            insert
+                .execute(params![id, row.seq, row.n, row.data])
+                .map_err(db_error)?;
         }
         let mut insert = tx
-            .prepare_cached("INSERT INTO events (run_id, seq, json) VALUES (?1, ?2, ?3)")
+            .prepare_cached("INSERT INTO events (run_id, seq, n, json) VALUES (?1, ?2, ?3, ?4)")
             .map_err(db_error)?;
-        for (i, json) in (event_count..).zip(&batch.events) {
-            insert.execute(params![id, i, json]).map_err(db_error)?;
+        for row in pack_events(first_event, &batch.events) {
+            insert
+                .execute(params![id, row.seq, row.n, row.data])
+                .map_err(db_error)?;
         }
     }
     if let Some(checkpoint) = &batch.checkpoint {
