@@ -236,7 +236,7 @@ fn concurrent(
     script: ScriptedProvider,
     options: RunOptions,
 ) -> Result<ExitCode, Failure> {
-    let runtime = multi_thread_runtime()?;
+    let runtime = multi_thread_runtime(concurrency)?;
     let sink = args.otel.then(otlp_sink::Sink::start).transpose()?;
     let telemetry = sink
         .as_ref()
@@ -429,7 +429,7 @@ fn durability(
     script: ScriptedProvider,
     options: RunOptions,
 ) -> Result<ExitCode, Failure> {
-    let runtime = multi_thread_runtime()?;
+    let runtime = multi_thread_runtime(args.concurrency.unwrap_or(1).min(args.runs))?;
     let store = runtime
         .block_on(aplc_runtime::store::open(url))
         .map_err(|e| Failure::run(e.to_string()))?;
@@ -599,9 +599,17 @@ fn durability(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The runtime of the concurrent benches: every core, as a service would run.
-fn multi_thread_runtime() -> Result<tokio::runtime::Runtime, Failure> {
+/// The runtime of the concurrent benches: a worker per run in flight, up to every core,
+/// as a service would run. Runs one at a time get one worker, as `aplc run` does (its
+/// runtime has one thread): with more, a durable run's task would hop between idle
+/// workers whenever the store's writer thread wakes it with a commit.
+fn multi_thread_runtime(in_flight: u64) -> Result<tokio::runtime::Runtime, Failure> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = usize::try_from(in_flight)
+        .unwrap_or(usize::MAX)
+        .clamp(1, cores);
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
         .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))
