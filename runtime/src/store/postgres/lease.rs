@@ -26,6 +26,9 @@ pub(super) enum LockOp {
     ClaimNew(oneshot::Sender<Result<Option<NewClaim>, StoreError>>),
     /// `pg_advisory_unlock`.
     Unlock(String),
+    /// Answered once every op queued before it has run: the unlocks of leases this store
+    /// dropped are done (see [`PgStore::settle_locks`]).
+    Barrier(oneshot::Sender<()>),
 }
 
 /// A lease: one advisory lock on the store's lock connection.
@@ -69,6 +72,16 @@ impl Lease for PgLease {
 const LOCK_KEY: &str = "hashtextextended('aplc-run:' || $1, 0)";
 
 impl PgStore {
+    /// Waits until the unlocks of the leases this store dropped have run, so that a scan
+    /// of `pg_locks` does not see this store's own released locks as held. A lock task
+    /// that has stopped took its connection and its locks with it: nothing to wait for.
+    pub(super) async fn settle_locks(&self) {
+        let (reply, answer) = oneshot::channel();
+        if self.locks.ops.send(LockOp::Barrier(reply)).is_ok() {
+            let _ = answer.await;
+        }
+    }
+
     /// Takes the advisory lock of run `id`, or fails with [`StoreError::Locked`].
     pub(super) async fn lock(&self, id: &str) -> Result<PgLease, StoreError> {
         {
@@ -237,6 +250,9 @@ pub(super) async fn lock_loop(
                 if let Ok(statement) = statements.get(&client, &unlock).await {
                     let _ = client.execute(&statement, &[&id]).await;
                 }
+            }
+            LockOp::Barrier(reply) => {
+                let _ = reply.send(());
             }
         }
     }

@@ -148,6 +148,9 @@ impl PgStore {
 
     /// Claims the first run [`CLAIM_ABANDONED`] finds whose advisory lock it can take.
     async fn claim_abandoned(&self) -> Result<Option<Claim>, StoreError> {
+        // A run whose lease this store just dropped is abandoned only once its unlock has
+        // run: the scan reads every session's advisory locks, this store's too.
+        self.settle_locks().await;
         let mut client = self.queue.lock().await;
         let tx = client.transaction().await.map_err(|e| self.error(e))?;
         // The `claimed` flag is only what the API shows (queued or running) and which scan
