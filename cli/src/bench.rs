@@ -14,9 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted};
-use aplc_runtime::store::{
-    Batch, Lease, LoadedRun, NewRun, RunJournal, RunSummary, StoreError, StoreUrl,
-};
+use aplc_runtime::store::{StoreUrl, TimedJournal};
 use aplc_runtime::telemetry::RunDetails;
 use aplc_vm::text::escape_control;
 use aplc_vm::{
@@ -352,62 +350,35 @@ fn concurrent(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Counts a store's commits and the time they take.
-#[derive(Debug)]
-struct Timed {
-    inner: Arc<dyn RunJournal>,
+/// A store's commits and run creations, counted and timed (through a
+/// [`TimedJournal`](aplc_runtime::store::TimedJournal)).
+#[derive(Debug, Default)]
+struct Timings {
     commits: AtomicU64,
     nanos: AtomicU64,
     /// Time spent creating runs (their rows and leases).
     create_nanos: AtomicU64,
 }
 
-impl RunJournal for Timed {
-    fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.create(run).await;
-            let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.create_nanos.fetch_add(nanos, Ordering::Relaxed);
-            result
-        })
+impl Timings {
+    fn reset(&self) {
+        for counter in [&self.commits, &self.nanos, &self.create_nanos] {
+            counter.store(0, Ordering::Relaxed);
+        }
     }
-    fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
-        self.inner.acquire(id)
+}
+
+fn nanos(took: Duration) -> u64 {
+    u64::try_from(took.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl aplc_runtime::store::JournalTimings for Timings {
+    fn created(&self, took: Duration) {
+        self.create_nanos.fetch_add(nanos(took), Ordering::Relaxed);
     }
-    fn append<'a>(
-        &'a self,
-        lease: &'a dyn Lease,
-        batch: Batch,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.append(lease, batch).await;
-            let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.commits.fetch_add(1, Ordering::Relaxed);
-            self.nanos.fetch_add(nanos, Ordering::Relaxed);
-            result
-        })
-    }
-    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
-        self.inner.load(id)
-    }
-    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
-        self.inner.list()
-    }
-    fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
-        self.inner.summary(id)
-    }
-    fn events<'a>(
-        &'a self,
-        id: &'a str,
-        from: u64,
-        limit: u64,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        self.inner.events(id, from, limit)
-    }
-    fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.inner.run_bytes(id)
+    fn appended(&self, took: Duration) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.nanos.fetch_add(nanos(took), Ordering::Relaxed);
     }
 }
 
@@ -433,12 +404,7 @@ fn durability(
     let store = runtime
         .block_on(aplc_runtime::store::open(url))
         .map_err(|e| Failure::run(e.to_string()))?;
-    let store = Arc::new(Timed {
-        inner: store,
-        commits: AtomicU64::new(0),
-        nanos: AtomicU64::new(0),
-        create_nanos: AtomicU64::new(0),
-    });
+    let timings = Arc::new(Timings::default());
     let concurrency = args.concurrency.unwrap_or(1).min(args.runs);
     let latency = Duration::from_millis(args.latency_ms);
     let config = args.journal.options(Default::default());
@@ -457,8 +423,13 @@ fn durability(
             let mut workers = tokio::task::JoinSet::new();
             for _ in 0..concurrency.max(1) {
                 let (program, script, options) = (program.clone(), script.clone(), options.clone());
-                let (next, store, ids, config) =
-                    (next.clone(), store.clone(), ids.clone(), config.clone());
+                let (next, store, timings, ids, config) = (
+                    next.clone(),
+                    store.clone(),
+                    timings.clone(),
+                    ids.clone(),
+                    config.clone(),
+                );
                 workers.spawn(async move {
                     let mut phase = Phase::default();
                     loop {
@@ -471,7 +442,7 @@ fn durability(
                         let provider = Scripted::new(script).with_latency(latency);
                         let outcome = if durable {
                             aplc_runtime::durable::start(
-                                store.as_ref(),
+                                &TimedJournal::new(store.as_ref(), timings.as_ref()),
                                 aplc_runtime::durable::NewDurableRun {
                                     id: ids[i as usize].clone(),
                                     program: program.clone(),
@@ -509,13 +480,11 @@ fn durability(
     phase(false, 0, args.warmup)?;
     phase(true, 0, args.warmup)?;
     let memory = phase(false, args.warmup, args.runs)?;
-    store.commits.store(0, Ordering::Relaxed);
-    store.nanos.store(0, Ordering::Relaxed);
-    store.create_nanos.store(0, Ordering::Relaxed);
+    timings.reset();
     let durable = phase(true, args.warmup, args.runs)?;
-    let commits = store.commits.load(Ordering::Relaxed);
-    let commit_us = store.nanos.load(Ordering::Relaxed) as f64 / 1e3 / commits.max(1) as f64;
-    let create_us = store.create_nanos.load(Ordering::Relaxed) as f64 / 1e3 / args.runs as f64;
+    let commits = timings.commits.load(Ordering::Relaxed);
+    let commit_us = timings.nanos.load(Ordering::Relaxed) as f64 / 1e3 / commits.max(1) as f64;
+    let create_us = timings.create_nanos.load(Ordering::Relaxed) as f64 / 1e3 / args.runs as f64;
     let bytes: u64 = runtime.block_on(async {
         let mut bytes = 0;
         for id in &ids[args.warmup as usize..] {

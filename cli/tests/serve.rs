@@ -463,6 +463,13 @@ async fn submit_then_wait_and_submit_then_poll() {
         metrics.contains("aplc_tokens_total{direction=\"input\"} 50"),
         "{metrics}"
     );
+    // Every run commits its journal at least once (its outcome), and each commit counts.
+    let commits: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("aplc_journal_commits_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_default();
+    assert!(commits >= 2, "{metrics}");
 }
 
 #[tokio::test]

@@ -7,12 +7,9 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aplc_runtime::driver::BoxFuture;
-use aplc_runtime::store::{
-    Batch, Lease, LoadedRun, NewRun, QueueCounts, QueueStatus, RunJournal, RunSummary, StoreError,
-};
+use aplc_runtime::store::{JournalTimings, QueueCounts, QueueStatus};
 use aplc_vm::{Event, EventKind};
 
 /// Upper bounds of the provider latency histogram, in seconds.
@@ -213,52 +210,12 @@ impl Metrics {
     }
 }
 
-/// A run's journal that counts its appends (commits) into the metrics: how many commits
-/// a run costs, seen from outside (`aplc_journal_commits_total` over the runs finished).
-#[derive(Debug)]
-pub(crate) struct CountedJournal<'a> {
-    pub(crate) inner: &'a dyn RunJournal,
-    pub(crate) metrics: &'a Metrics,
-}
-
-impl RunJournal for CountedJournal<'_> {
-    fn create<'a>(&'a self, run: NewRun) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
-        self.inner.create(run)
-    }
-    fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>> {
-        self.inner.acquire(id)
-    }
-    fn append<'a>(
-        &'a self,
-        lease: &'a dyn Lease,
-        batch: Batch,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let appended = self.inner.append(lease, batch).await;
-            self.metrics.on_commit(started.elapsed());
-            appended
-        })
-    }
-    fn load<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<LoadedRun, StoreError>> {
-        self.inner.load(id)
-    }
-    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<RunSummary>, StoreError>> {
-        self.inner.list()
-    }
-    fn summary<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<RunSummary, StoreError>> {
-        self.inner.summary(id)
-    }
-    fn events<'a>(
-        &'a self,
-        id: &'a str,
-        from: u64,
-        limit: u64,
-    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        self.inner.events(id, from, limit)
-    }
-    fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
-        self.inner.run_bytes(id)
+/// The service's runs count their journal's appends (commits) into the metrics: how many
+/// commits a run costs, seen from outside (`aplc_journal_commits_total` over the runs
+/// finished), through a [`TimedJournal`](aplc_runtime::store::TimedJournal).
+impl JournalTimings for Metrics {
+    fn appended(&self, took: Duration) {
+        self.on_commit(took);
     }
 }
 

@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use aplc_runtime::durable::{self, DurableError};
-use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunQueue, StoreError};
+use aplc_runtime::store::{
+    Claim, Lease, LoadedRun, QueueStatus, RunQueue, StoreError, TimedJournal,
+};
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
@@ -233,10 +235,7 @@ async fn drive(
         cancel_requested,
     } = claimed;
     let (id, agent, traceparent) = (id.as_str(), agent.as_str(), traceparent.as_deref());
-    let store = &crate::metrics::CountedJournal {
-        inner: &*state.store,
-        metrics: &state.metrics,
-    };
+    let store = &TimedJournal::new(&*state.store, &*state.metrics);
     let equipment = &*state.equipment;
     tracing::info!(run_id = %id, agent = %agent, "run started");
     let reopened = durable::reopen_claimed(

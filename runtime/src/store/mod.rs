@@ -29,6 +29,9 @@ mod sql;
 use sql::*;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod timed;
+
+pub use timed::{JournalTimings, TimedJournal};
 
 /// Where a store lives: `sqlite:PATH` or `postgres://…` (`postgresql://…`).
 ///
