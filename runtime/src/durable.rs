@@ -117,12 +117,23 @@ pub struct Finished {
 
 /// A new run id: time-ordered (milliseconds since the epoch, in hex) and random enough
 /// that two processes starting in the same millisecond do not collide.
+///
+/// The random part comes from the operating system (through the keys of a std
+/// `RandomState`, drawn from it once per thread), not from `fastrand`, whose global
+/// generator is seeded with a hash of the monotonic clock and the thread's id alone:
+/// sixteen processes started at once drew the same seed, so the same id, and one of them
+/// failed with "already exists" (`cli/tests/stores.rs`,
+/// `concurrent_starts_on_a_new_file_never_fail`).
 pub fn new_run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
     let ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    format!("{ms:012x}-{:08x}", fastrand::u32(..))
+    let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+    random.write_u128(ms);
+    random.write_u32(std::process::id());
+    format!("{ms:012x}-{:08x}", random.finish() as u32)
 }
 
 /// The content hash a bundle is stored under: xxh3-128 of its encoded bytes, in hex.
