@@ -32,6 +32,7 @@ mod live;
 mod logging;
 mod metrics;
 mod state;
+mod work;
 mod worker;
 
 pub use auth::{TokenError, Tokens, parse_tokens};

@@ -12,7 +12,7 @@ use crate::auth::Tokens;
 use crate::equip::Equipment;
 use crate::live::LiveRuns;
 use crate::metrics::Metrics;
-use crate::worker::Work;
+use crate::work::Work;
 
 /// Everything the handlers and workers share.
 #[derive(Clone)]

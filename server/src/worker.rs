@@ -3,7 +3,7 @@
 //! One dispatcher task starts a claim whenever fewer than `max_concurrent_runs` runs (or
 //! claims) are in progress here ([`Slot`]: a run whose machine has finished frees its
 //! slot while its last commit lands); once a claim finds nothing, and no run was queued in
-//! this process since that claim began ([`Work`]), it waits to be woken by a submit here
+//! this process since that claim began ([`Work`](crate::work::Work)), it waits to be woken by a submit here
 //! or, for runs submitted elsewhere and runs left by a dead worker, for the store poll ([`ServeConfig::store_poll`](crate::ServeConfig::store_poll)).
 //! Each claimed run is a task of its own: it replays the
 //! run's journal (nothing for a new run), goes on live, and hands its events to the
@@ -30,7 +30,7 @@ use aplc_runtime::store::{
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -39,31 +39,6 @@ use crate::state::AppState;
 
 /// How often an executing run reads its cancel flag from the store.
 const CANCEL_POLL: Duration = Duration::from_millis(500);
-
-/// The runs queued in this process, for the dispatcher: a submit wakes it, and a claim
-/// that found nothing can tell whether a run was queued since it looked.
-///
-/// Without the count, a claim that began before a submit and found nothing could put
-/// the dispatcher to sleep after that submit's wake-up was spent on another claim: the
-/// run then waited for the next submit or the store poll ([`ServeConfig::store_poll`](crate::ServeConfig::store_poll)).
-#[derive(Debug, Default)]
-pub(crate) struct Work {
-    wake: Notify,
-    /// Runs queued here so far.
-    queued: AtomicU64,
-}
-
-impl Work {
-    /// A run was queued (its enqueue has committed).
-    pub(crate) fn queued(&self) {
-        self.queued.fetch_add(1, Ordering::SeqCst);
-        self.wake.notify_one();
-    }
-
-    fn seen(&self) -> u64 {
-        self.queued.load(Ordering::SeqCst)
-    }
-}
 
 /// What the claims found: `0` while the last one found a run (or none has ended), else
 /// 1 + the [`Work::seen`] count at the start of the latest claim that found nothing.
@@ -93,7 +68,7 @@ pub(crate) async fn dispatch(
             // A claim found nothing (or failed), and no run was queued here since it
             // began: wait for a new run, or poll.
             tokio::select! {
-                () = state.work.wake.notified() => {}
+                () = state.work.woken() => {}
                 () = tokio::time::sleep(state.store_poll) => {}
                 _ = stop.wait_for(|stop| *stop) => break,
             }
