@@ -203,11 +203,14 @@ pub(crate) fn run(
         );
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
-    // A run that never got its first commit in (a read-only store, an id taken, an
-    // interrupt before it) has nothing to resume.
-    let stored = runtime
-        .block_on(store.summary(&id))
-        .is_ok_and(|summary| summary.state != store::RunState::Finished);
+    // Only a run that did not finish is offered for resume, and only if its first commit
+    // got in (not: a read-only store, an id taken, an interrupt before it). A finished
+    // run needs no read of the store to know that.
+    let finished_ok = matches!(finished, Ok(Ok(Ok(_))));
+    let stored = !finished_ok
+        && runtime
+            .block_on(store.summary(&id))
+            .is_ok_and(|summary| summary.state != store::RunState::Finished);
     finish(
         sinks,
         finished,

@@ -201,13 +201,6 @@ impl Metrics {
         let _ = writeln!(out, "aplc_journal_commit_seconds_total {commit_seconds}");
         out
     }
-
-    /// Counts one journal append that took `took`.
-    fn on_commit(&self, took: Duration) {
-        self.journal_commits.fetch_add(1, Ordering::Relaxed);
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        self.journal_commit_us.fetch_add(micros, Ordering::Relaxed);
-    }
 }
 
 /// The service's runs count their journal's appends (commits) into the metrics: how many
@@ -215,7 +208,9 @@ impl Metrics {
 /// finished), through a [`TimedJournal`](aplc_runtime::store::TimedJournal).
 impl JournalTimings for Metrics {
     fn appended(&self, took: Duration) {
-        self.on_commit(took);
+        self.journal_commits.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.journal_commit_us.fetch_add(micros, Ordering::Relaxed);
     }
 }
 
