@@ -280,7 +280,7 @@ impl Builder {
             scripted,
             no_key,
         } = chosen?;
-        let toolbox = self.toolbox(env, http.as_ref(), &secrets)?;
+        let toolbox = self.toolbox(env, http.as_ref(), &mut secrets)?;
         let redactor = secrets.redactor();
         Ok(Equipment {
             provider,
@@ -373,12 +373,22 @@ impl Builder {
         &self,
         env: &dyn Environment,
         http: Option<&HttpClient>,
-        secrets: &Secrets,
+        secrets: &mut Secrets,
     ) -> Result<Toolbox, EquipError> {
         let mut toolbox = match &self.tools {
             Some(path) => {
                 let text = env.read(path).map_err(EquipError::Read)?;
                 let base = path.parent().unwrap_or(Path::new("."));
+                // MCP servers' `env` values and `headers_env` variables are secrets
+                // (spec/mcp.md): recorded before any child's environment is decided.
+                let servers =
+                    crate::manifest::mcp_servers(&text).map_err(|error| EquipError::Tools {
+                        name: path.display().to_string(),
+                        error: Box::new(error),
+                    })?;
+                for server in &servers {
+                    record_mcp_secrets(server, env, secrets);
+                }
                 let hidden = secrets.variables();
                 match http {
                     Some(http) => crate::manifest::toolbox_from_manifest_with_client(
@@ -395,6 +405,27 @@ impl Builder {
         };
         toolbox.redact_with(secrets.redactor());
         Ok(toolbox)
+    }
+}
+
+/// Records the secrets an MCP server names: its `env` entries (variable and literal
+/// value) and the variables of its `headers_env`, with their values if set.
+fn record_mcp_secrets(
+    server: &crate::mcp::McpServer,
+    env: &dyn Environment,
+    secrets: &mut Secrets,
+) {
+    match &server.transport {
+        crate::mcp::McpTransport::Stdio { env: literal, .. } => {
+            for (name, value) in literal {
+                secrets.variable(name, Some(value.clone()));
+            }
+        }
+        crate::mcp::McpTransport::Http { headers_env, .. } => {
+            for (_, variable) in headers_env {
+                secrets.variable(variable, env.var(variable).ok());
+            }
+        }
     }
 }
 

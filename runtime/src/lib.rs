@@ -46,6 +46,7 @@ pub mod files;
 mod future;
 pub mod http;
 pub mod manifest;
+pub mod mcp;
 pub mod openai;
 pub mod provider;
 mod recorder;
