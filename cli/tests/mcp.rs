@@ -196,6 +196,29 @@ fn the_model_calls_mcp_tools_end_to_end() {
 }
 
 #[test]
+#[cfg(target_os = "linux")]
+fn no_server_outlives_aplc() {
+    let dir = scratch("lifetime");
+    let pid_file = dir.join("pid").to_string_lossy().into_owned();
+    let mut server = counter(&dir, json!({}));
+    server["env"]["PID_FILE"] = json!(pid_file);
+    let manifest = json!({"mcpServers": {"counter": server}});
+    let mock = calls(&[("add", json!({"a": 1, "b": 1}))]);
+    let results = results(&context(&run(&dir, AGENT, mock, manifest, &[])));
+    assert_eq!(results[0], (json!({"sum": 2}), false));
+    let pid = std::fs::read_to_string(&pid_file).unwrap_or_else(|e| panic!("no pid: {e}"));
+    let proc = format!("/proc/{}", pid.trim());
+    // aplc has exited: its server is gone (or at most a zombie of an init that reaps late).
+    let alive =
+        || std::fs::read_to_string(format!("{proc}/stat")).is_ok_and(|stat| !stat.contains(") Z "));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while alive() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!alive(), "the MCP server {pid} outlived aplc");
+}
+
+#[test]
 fn allowed_tools_refuses_an_mcp_tool_before_the_call() {
     let dir = scratch("allowed");
     let manifest = json!({"mcpServers": {"counter": counter(&dir, json!({}))}});
