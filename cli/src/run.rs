@@ -176,7 +176,12 @@ pub(crate) fn start_mcp(
     runtime: &tokio::runtime::Runtime,
     toolbox: &mut driver::Toolbox,
 ) -> Result<(), Failure> {
-    runtime.block_on(toolbox.start_mcp()).map_err(|e| {
+    // SIGINT or SIGTERM while a server starts drops the start, which kills its group.
+    let started = runtime
+        .block_on(crate::signals::unless_interrupted(toolbox.start_mcp()))
+        .map_err(|e| Failure::run(e.to_string()))?
+        .map_err(|signal| signal.failure())?;
+    started.map_err(|e| {
         let message = escape_control(&e.to_string()).into_owned();
         if e.is_manifest_error() {
             Failure::usage(message)

@@ -315,3 +315,53 @@ fn a_server_that_fails_to_start_is_an_error_naming_it() {
         "{stderr}"
     );
 }
+
+#[test]
+#[cfg(target_os = "linux")]
+fn sigint_while_a_server_starts_stops_aplc_and_the_server() {
+    let dir = scratch("sigint");
+    let pid_file = dir.join("pid");
+    let script = format!(
+        "import os, time; open({:?}, 'w').write(str(os.getpid())); time.sleep(100)",
+        pid_file.to_string_lossy()
+    );
+    let manifest = json!({"mcpServers": {"slow": {
+        "command": python(), "args": ["-c", script], "startup_timeout_ms": 60000,
+    }}});
+    std::fs::write(dir.join("agent.apl"), AGENT).unwrap();
+    std::fs::write(dir.join("mock.json"), calls(&[]).to_string()).unwrap();
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).unwrap();
+    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let aplc = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        .args(["run", &p("agent.apl"), "--mock", &p("mock.json")])
+        .args(["--tools", &p("tools.json")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("aplc starts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let pid = loop {
+        if let Ok(pid) = std::fs::read_to_string(&pid_file)
+            && !pid.is_empty()
+        {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let sent = Command::new("kill")
+        .args(["-INT", &aplc.id().to_string()])
+        .status();
+    assert!(sent.is_ok_and(|s| s.success()));
+    let out = aplc.wait_with_output().expect("aplc exits");
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    let proc = format!("/proc/{}/stat", pid.trim());
+    let alive = || std::fs::read_to_string(&proc).is_ok_and(|stat| !stat.contains(") Z "));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while alive() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!alive(), "the MCP server {pid} outlived aplc");
+}
