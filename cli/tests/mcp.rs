@@ -306,6 +306,32 @@ fn a_server_that_fails_to_start_is_an_error_naming_it() {
         "{stderr}"
     );
 
+    let manifest = json!({"mcpServers": {"mute": {
+        "command": python(), "args": ["-c", "import time; time.sleep(100)"],
+        "startup_timeout_ms": 500,
+    }}});
+    let started = std::time::Instant::now();
+    let out = run(&dir, AGENT, calls(&[]), manifest, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "MCP server `mute`: did not start, initialize and list its tools within 500 ms"
+        ),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+
+    let manifest = json!({"mcpServers": {"counter": counter(&dir, json!({"tools": ["nope"]}))}});
+    let out = run(&dir, AGENT, calls(&[]), manifest, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr
+            .contains("MCP server `counter`: `tools` names `nope`, which the server does not list"),
+        "{stderr}"
+    );
+
     let manifest = json!({"mcpServers": {"bad": {"command": "x", "timeout_ms": 0}}});
     let out = run(&dir, AGENT, calls(&[]), manifest, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
