@@ -104,6 +104,8 @@ impl WithArgs {
             .base_url(self.base_url.clone())
             .api_key(self.api_key.clone())
             .tools(self.tools.clone())
+            // `start_mcp` starts them on the run's runtime.
+            .mcp(true)
             .stream(self.stream)
             .build(&Flags)
             .map_err(|e| match e {

@@ -123,6 +123,12 @@ pub enum EquipError {
         /// What is wrong (boxed, as above).
         error: Box<ManifestError>,
     },
+    /// The tools manifest declares MCP servers, and this host does not start them yet.
+    #[error("{name}: `mcpServers`: MCP servers are not supported here yet (spec/mcp.md)")]
+    McpNotStarted {
+        /// The file.
+        name: String,
+    },
     /// The shared HTTP client could not be built.
     #[error(transparent)]
     Http(HttpClientError),
@@ -173,6 +179,9 @@ pub struct Builder {
     tools: Option<PathBuf>,
     stream: bool,
     lazy: bool,
+    /// The host starts MCP servers (`Toolbox::start_mcp`); otherwise a manifest that
+    /// declares some is refused rather than run without their tools.
+    mcp: bool,
 }
 
 impl std::fmt::Debug for Builder {
@@ -193,6 +202,7 @@ impl std::fmt::Debug for Builder {
             .field("tools", &self.tools)
             .field("stream", &self.stream)
             .field("lazy", &self.lazy)
+            .field("mcp", &self.mcp)
             .finish()
     }
 }
@@ -249,6 +259,15 @@ impl Builder {
     /// that call). For hosts whose runs mostly use providers of their own (Python).
     pub fn lazy(mut self, lazy: bool) -> Builder {
         self.lazy = lazy;
+        self
+    }
+
+    /// Whether the host starts the manifest's MCP servers (`mcpServers`) with
+    /// [`Toolbox::start_mcp`] before its runs (`aplc run` and `aplc resume` do). Without
+    /// it, a manifest that declares servers is refused ([`EquipError::McpNotStarted`]),
+    /// never run without their tools. Default: false.
+    pub fn mcp(mut self, starts_servers: bool) -> Builder {
+        self.mcp = starts_servers;
         self
     }
 
@@ -386,6 +405,11 @@ impl Builder {
                         name: path.display().to_string(),
                         error: Box::new(error),
                     })?;
+                if !servers.is_empty() && !self.mcp {
+                    return Err(EquipError::McpNotStarted {
+                        name: path.display().to_string(),
+                    });
+                }
                 for server in &servers {
                     record_mcp_secrets(server, env, secrets);
                 }
@@ -568,6 +592,43 @@ mod tests {
 
     fn file(path: &str) -> Option<Source> {
         Some(Source::File(PathBuf::from(path)))
+    }
+
+    #[test]
+    fn mcp_servers_are_refused_unless_the_host_starts_them_and_their_secrets_recorded() {
+        let manifest = r#"{"mcpServers": {
+            "local": {"command": "srv", "env": {"LOCAL_TOKEN": "local-token-0123456789abcdef"}},
+            "remote": {"url": "http://127.0.0.1:9/mcp", "headers_env": {"Authorization": "REMOTE_AUTH"}}
+        }}"#;
+        let env = Fake {
+            vars: HashMap::from([("REMOTE_AUTH", "Bearer remote-secret-0123456789abcdef")]),
+            files: HashMap::from([("tools.json", manifest)]),
+            ..Fake::default()
+        };
+        let builder = || {
+            Builder::new(Secrets::default())
+                .mock(Some(Source::Text {
+                    name: "mock".into(),
+                    text: "[]".into(),
+                }))
+                .tools(Some(PathBuf::from("tools.json")))
+        };
+        let refused = builder().build(&env).err().map(|e| e.to_string());
+        assert_eq!(
+            refused.as_deref(),
+            Some("tools.json: `mcpServers`: MCP servers are not supported here yet (spec/mcp.md)")
+        );
+        let equipment = builder()
+            .mcp(true)
+            .build(&env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(equipment.toolbox.pending_mcp_servers().len(), 2);
+        let hidden = equipment.secrets.variables();
+        assert!(hidden.iter().any(|v| v == "LOCAL_TOKEN"), "{hidden:?}");
+        assert!(hidden.iter().any(|v| v == "REMOTE_AUTH"), "{hidden:?}");
+        let text = "local-token-0123456789abcdef and Bearer remote-secret-0123456789abcdef";
+        let redacted = equipment.redactor.redact(text);
+        assert!(!redacted.contains("0123456789abcdef"), "{redacted}");
     }
 
     const PROVIDERS: &str = r#"{"routes": [
