@@ -267,6 +267,34 @@ fn tools_filters_and_a_slow_call_times_out() {
 }
 
 #[test]
+fn a_server_that_crashes_mid_call_fails_that_call_and_the_next_ones() {
+    let dir = scratch("crash");
+    let manifest = json!({"mcpServers": {"counter": counter(&dir, json!({"timeout_ms": 10000}))}});
+    let mock = calls(&[
+        ("add", json!({"a": 1, "b": 1})),
+        ("crash", json!({})),
+        ("add", json!({"a": 2, "b": 2})),
+    ]);
+    let started = std::time::Instant::now();
+    let results = results(&context(&run(&dir, AGENT, mock, manifest, &[])));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(9),
+        "a call waited for its timeout"
+    );
+    assert_eq!(results[0], (json!({"sum": 2}), false));
+    for failed in &results[1..] {
+        assert!(failed.1, "{results:?}");
+        assert!(
+            failed
+                .0
+                .as_str()
+                .is_some_and(|m| m.contains("MCP server `counter`")),
+            "{results:?}"
+        );
+    }
+}
+
+#[test]
 fn two_tools_with_one_name_are_a_manifest_error_naming_both_servers() {
     let dir = scratch("duplicate");
     let manifest = json!({"mcpServers": {
