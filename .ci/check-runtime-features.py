@@ -3,12 +3,18 @@
 
 With `--no-default-features` the runtime builds, and its normal dependency tree has no
 bundled SQLite, no tokio-postgres and no OpenTelemetry SDK; each feature alone brings in
-its own crate and neither of the others. Fails loudly, naming the crate and the build.
+its own crate and none of the others (`mcp`: rmcp, the MCP client). Fails loudly,
+naming the crate and the build.
 """
 import subprocess
 import sys
 
-HEAVY = {"sqlite": "rusqlite", "postgres": "tokio-postgres", "otel": "opentelemetry_sdk"}
+HEAVY = {
+    "sqlite": "rusqlite",
+    "postgres": "tokio-postgres",
+    "otel": "opentelemetry_sdk",
+    "mcp": "rmcp",
+}
 
 
 def run(*args):

@@ -164,7 +164,7 @@ pub(crate) fn run(
     output: &OutputArgs,
     program: Arc<Program>,
     options: RunOptions,
-    equipment: Equipment,
+    mut equipment: Equipment,
     exporting: Option<&crate::telemetry::Exporting>,
 ) -> Result<ExitCode, Failure> {
     let id = match &store_args.run_id {
@@ -173,6 +173,7 @@ pub(crate) fn run(
     };
     let config = store_args.journal.options(equipment.secrets.redactor());
     let runtime = runtime()?;
+    crate::run::start_mcp(&runtime, &mut equipment.toolbox)?;
     let store = runtime.block_on(open(&url))?;
     if store_args.run_id.is_some() {
         // The run's row is created by its first commit, while its first provider call
@@ -233,7 +234,7 @@ fn taken(runtime: &tokio::runtime::Runtime, store: &dyn RunStore, id: &str) -> R
 pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     let url = parse_url(&args.store.store)?;
     let id = check_id(&args.run_id)?;
-    let equipment = args
+    let mut equipment = args
         .with
         .equip(args.output.record.is_some(), Some(&args.store.store))?;
     let expected = match &args.agent {
@@ -249,6 +250,7 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     let exporting = args.output.telemetry.start()?;
     let config = args.journal.options(equipment.secrets.redactor());
     let runtime = runtime()?;
+    crate::run::start_mcp(&runtime, &mut equipment.toolbox)?;
     let store = runtime.block_on(open(&url))?;
     let reopened = runtime
         .block_on(durable::reopen(

@@ -104,6 +104,8 @@ impl WithArgs {
             .base_url(self.base_url.clone())
             .api_key(self.api_key.clone())
             .tools(self.tools.clone())
+            // `start_mcp` starts them on the run's runtime.
+            .mcp(true)
             .stream(self.stream)
             .build(&Flags)
             .map_err(|e| match e {
@@ -168,6 +170,29 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| Failure::run(format!("cannot start the async runtime: {e}")))
 }
 
+/// Starts the MCP servers of the tools manifest on `runtime`, the one the run is driven
+/// on, before any provider call (`spec/mcp.md`): a server that fails to start, initialize
+/// or list is exit 1 naming it; a manifest problem found in the listing (two tools with
+/// one name) is exit 2.
+pub(crate) fn start_mcp(
+    runtime: &tokio::runtime::Runtime,
+    toolbox: &mut driver::Toolbox,
+) -> Result<(), Failure> {
+    // SIGINT or SIGTERM while a server starts drops the start, which kills its group.
+    let started = runtime
+        .block_on(crate::signals::unless_interrupted(toolbox.start_mcp()))
+        .map_err(|e| Failure::run(e.to_string()))?
+        .map_err(|signal| signal.failure())?;
+    started.map_err(|e| {
+        let message = escape_control(&e.to_string()).into_owned();
+        if e.is_manifest_error() {
+            Failure::usage(message)
+        } else {
+            Failure::run(message)
+        }
+    })
+}
+
 /// Runs the agent in memory (`aplc run` without `--store`), printing and recording what
 /// `output` asks for.
 pub(crate) fn in_memory(
@@ -179,13 +204,14 @@ pub(crate) fn in_memory(
 ) -> Result<ExitCode, Failure> {
     let Equipment {
         provider,
-        toolbox,
+        mut toolbox,
         secrets,
         stream,
         ..
     } = equipment;
 
     let runtime = runtime()?;
+    start_mcp(&runtime, &mut toolbox)?;
     // The progress line would redraw over the streamed text on a terminal.
     let progress = !output.quiet && !stream && std::io::stderr().is_terminal();
     let trace =

@@ -123,6 +123,12 @@ pub enum EquipError {
         /// What is wrong (boxed, as above).
         error: Box<ManifestError>,
     },
+    /// The tools manifest declares MCP servers, and this host does not start them yet.
+    #[error("{name}: `mcpServers`: MCP servers are not supported here yet (spec/mcp.md)")]
+    McpNotStarted {
+        /// The file.
+        name: String,
+    },
     /// The shared HTTP client could not be built.
     #[error(transparent)]
     Http(HttpClientError),
@@ -173,6 +179,9 @@ pub struct Builder {
     tools: Option<PathBuf>,
     stream: bool,
     lazy: bool,
+    /// The host starts MCP servers (`Toolbox::start_mcp`); otherwise a manifest that
+    /// declares some is refused rather than run without their tools.
+    mcp: bool,
 }
 
 impl std::fmt::Debug for Builder {
@@ -193,6 +202,7 @@ impl std::fmt::Debug for Builder {
             .field("tools", &self.tools)
             .field("stream", &self.stream)
             .field("lazy", &self.lazy)
+            .field("mcp", &self.mcp)
             .finish()
     }
 }
@@ -252,6 +262,15 @@ impl Builder {
         self
     }
 
+    /// Whether the host starts the manifest's MCP servers (`mcpServers`) with
+    /// [`Toolbox::start_mcp`] before its runs (`aplc run` and `aplc resume` do). Without
+    /// it, a manifest that declares servers is refused ([`EquipError::McpNotStarted`]),
+    /// never run without their tools. Default: false.
+    pub fn mcp(mut self, starts_servers: bool) -> Builder {
+        self.mcp = starts_servers;
+        self
+    }
+
     /// Builds the equipment, reading variables and files through `env`.
     pub fn build(mut self, env: &dyn Environment) -> Result<Equipment, EquipError> {
         if self.mock.is_some() && self.providers.is_some() {
@@ -280,7 +299,7 @@ impl Builder {
             scripted,
             no_key,
         } = chosen?;
-        let toolbox = self.toolbox(env, http.as_ref(), &secrets)?;
+        let toolbox = self.toolbox(env, http.as_ref(), &mut secrets)?;
         let redactor = secrets.redactor();
         Ok(Equipment {
             provider,
@@ -373,12 +392,27 @@ impl Builder {
         &self,
         env: &dyn Environment,
         http: Option<&HttpClient>,
-        secrets: &Secrets,
+        secrets: &mut Secrets,
     ) -> Result<Toolbox, EquipError> {
         let mut toolbox = match &self.tools {
             Some(path) => {
                 let text = env.read(path).map_err(EquipError::Read)?;
                 let base = path.parent().unwrap_or(Path::new("."));
+                // MCP servers' `env` values and `headers_env` variables are secrets
+                // (spec/mcp.md): recorded before any child's environment is decided.
+                let servers =
+                    crate::manifest::mcp_servers(&text).map_err(|error| EquipError::Tools {
+                        name: path.display().to_string(),
+                        error: Box::new(error),
+                    })?;
+                if !servers.is_empty() && !self.mcp {
+                    return Err(EquipError::McpNotStarted {
+                        name: path.display().to_string(),
+                    });
+                }
+                for server in &servers {
+                    record_mcp_secrets(server, env, secrets);
+                }
                 let hidden = secrets.variables();
                 match http {
                     Some(http) => crate::manifest::toolbox_from_manifest_with_client(
@@ -395,6 +429,27 @@ impl Builder {
         };
         toolbox.redact_with(secrets.redactor());
         Ok(toolbox)
+    }
+}
+
+/// Records the secrets an MCP server names: its `env` entries (variable and literal
+/// value) and the variables of its `headers_env`, with their values if set.
+fn record_mcp_secrets(
+    server: &crate::mcp::McpServer,
+    env: &dyn Environment,
+    secrets: &mut Secrets,
+) {
+    match &server.transport {
+        crate::mcp::McpTransport::Stdio { env: literal, .. } => {
+            for (name, value) in literal {
+                secrets.variable(name, Some(value.clone()));
+            }
+        }
+        crate::mcp::McpTransport::Http { headers_env, .. } => {
+            for (_, variable) in headers_env {
+                secrets.variable(variable, env.var(variable).ok());
+            }
+        }
     }
 }
 
@@ -537,6 +592,43 @@ mod tests {
 
     fn file(path: &str) -> Option<Source> {
         Some(Source::File(PathBuf::from(path)))
+    }
+
+    #[test]
+    fn mcp_servers_are_refused_unless_the_host_starts_them_and_their_secrets_recorded() {
+        let manifest = r#"{"mcpServers": {
+            "local": {"command": "srv", "env": {"LOCAL_TOKEN": "local-token-0123456789abcdef"}},
+            "remote": {"url": "http://127.0.0.1:9/mcp", "headers_env": {"Authorization": "REMOTE_AUTH"}}
+        }}"#;
+        let env = Fake {
+            vars: HashMap::from([("REMOTE_AUTH", "Bearer remote-secret-0123456789abcdef")]),
+            files: HashMap::from([("tools.json", manifest)]),
+            ..Fake::default()
+        };
+        let builder = || {
+            Builder::new(Secrets::default())
+                .mock(Some(Source::Text {
+                    name: "mock".into(),
+                    text: "[]".into(),
+                }))
+                .tools(Some(PathBuf::from("tools.json")))
+        };
+        let refused = builder().build(&env).err().map(|e| e.to_string());
+        assert_eq!(
+            refused.as_deref(),
+            Some("tools.json: `mcpServers`: MCP servers are not supported here yet (spec/mcp.md)")
+        );
+        let equipment = builder()
+            .mcp(true)
+            .build(&env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(equipment.toolbox.pending_mcp_servers().len(), 2);
+        let hidden = equipment.secrets.variables();
+        assert!(hidden.iter().any(|v| v == "LOCAL_TOKEN"), "{hidden:?}");
+        assert!(hidden.iter().any(|v| v == "REMOTE_AUTH"), "{hidden:?}");
+        let text = "local-token-0123456789abcdef and Bearer remote-secret-0123456789abcdef";
+        let redacted = equipment.redactor.redact(text);
+        assert!(!redacted.contains("0123456789abcdef"), "{redacted}");
     }
 
     const PROVIDERS: &str = r#"{"routes": [

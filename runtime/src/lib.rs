@@ -11,6 +11,8 @@
 //! * [`durable`]: durable runs, journaled in a [`store`] (SQLite or PostgreSQL), that
 //!   resume after a crash without repeating a paid call.
 //! * [`manifest`]: command and HTTP tools from a tool manifest.
+//! * [`mcp`]: MCP servers of a manifest (`mcpServers`) and, with the `mcp` feature, their
+//!   tools over stdio.
 //! * [`equip`]: the one builder of a run's provider, tools and secrets from a host's
 //!   flags, files and environment (the CLI, the server and Python all call it).
 //! * [`files`]: the one bounded reader of whole input files.
@@ -46,6 +48,7 @@ pub mod files;
 mod future;
 pub mod http;
 pub mod manifest;
+pub mod mcp;
 pub mod openai;
 pub mod provider;
 mod recorder;

@@ -83,6 +83,36 @@ pub enum ManifestError {
     /// Two entries declare the same tool.
     #[error(transparent)]
     Register(ToolSpecError),
+    /// `mcpServers`, or one server of it, is wrong (`spec/mcp.md`).
+    #[error("{}: {error}", match server {
+        Some(name) => format!("MCP server `{name}`"),
+        None => "`mcpServers`".to_string(),
+    })]
+    McpServer {
+        /// The server's key; `None` when `mcpServers` itself is wrong.
+        server: Option<String>,
+        /// What is wrong.
+        error: crate::mcp::ServerError,
+    },
+    /// The manifest declares MCP servers, but this build has no MCP client.
+    #[error("`mcpServers`: this aplc was built without the `mcp` feature")]
+    McpDisabled,
+}
+
+/// The key of a manifest that declares MCP servers rather than a tool.
+pub const MCP_SERVERS_KEY: &str = "mcpServers";
+
+/// The MCP servers a manifest declares (`mcpServers`; none without the key), checked, for
+/// a host that must know them before the toolbox is built (to record the secrets they
+/// name).
+pub fn mcp_servers(text: &str) -> Result<Vec<crate::mcp::McpServer>, ManifestError> {
+    let mut raw: serde_json::Map<String, Json> =
+        serde_json::from_str(text).map_err(ManifestError::NotJson)?;
+    match raw.remove(MCP_SERVERS_KEY) {
+        Some(value) => crate::mcp::parse_servers(value)
+            .map_err(|(server, error)| ManifestError::McpServer { server, error }),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// What is wrong with one manifest entry.
@@ -162,9 +192,19 @@ fn toolbox_with(
     hidden_env: &[String],
 ) -> Result<Toolbox, ManifestError> {
     let mut client = client;
-    let raw: serde_json::Map<String, Json> =
+    let mut raw: serde_json::Map<String, Json> =
         serde_json::from_str(text).map_err(ManifestError::NotJson)?;
     let mut toolbox = Toolbox::new();
+    if let Some(servers) = raw.remove(MCP_SERVERS_KEY) {
+        let servers = crate::mcp::parse_servers(servers)
+            .map_err(|(server, error)| ManifestError::McpServer { server, error })?;
+        if !servers.is_empty() {
+            if !crate::mcp::ENABLED {
+                return Err(ManifestError::McpDisabled);
+            }
+            toolbox.add_mcp_servers(servers, hidden_env.to_vec());
+        }
+    }
     for (name, value) in raw {
         let (spec, tool) = serde_json::from_value(value)
             .map_err(EntryError::Shape)
@@ -424,11 +464,12 @@ async fn after_exit<F: Future + Unpin>(group: &ProcessGroup, mut streams: F) -> 
 
 /// A tool's process group, killed (with `SIGKILL`) when this is dropped: a tool's
 /// background processes never outlive its call. Holds the group leader's pid, which is
-/// the group's id; `None` once the child was reaped before its id was read.
-struct ProcessGroup(Option<u32>);
+/// the group's id; `None` once the child was reaped before its id was read. (An MCP
+/// server's group lives as long as its session.)
+pub(crate) struct ProcessGroup(pub(crate) Option<u32>);
 
 impl ProcessGroup {
-    fn kill(&self) {
+    pub(crate) fn kill(&self) {
         #[cfg(unix)]
         if let Some(pid) = self
             .0

@@ -42,6 +42,9 @@ pub struct Toolbox {
     tools: HashMap<String, Arc<dyn Tool>>,
     /// Applied to every result and error message before the machine sees it.
     redactor: Redactor,
+    /// MCP servers of the manifest not started yet ([`Toolbox::start_mcp`]), and the
+    /// variables their children do not inherit.
+    pending_mcp: Arc<(Vec<crate::mcp::McpServer>, Vec<String>)>,
 }
 
 impl std::fmt::Debug for Toolbox {
@@ -85,6 +88,62 @@ impl Toolbox {
             let f = f.clone();
             async move { f(args, ctx) }
         })
+    }
+
+    /// Declares MCP servers whose tools [`Toolbox::start_mcp`] will register; their
+    /// children run without the variables `hidden_env` names (the secrets), as command
+    /// tools do.
+    pub fn add_mcp_servers(
+        &mut self,
+        servers: Vec<crate::mcp::McpServer>,
+        hidden_env: Vec<String>,
+    ) {
+        let pending = Arc::make_mut(&mut self.pending_mcp);
+        pending.0.extend(servers);
+        pending.1 = hidden_env;
+    }
+
+    /// The MCP servers declared and not started yet.
+    pub fn pending_mcp_servers(&self) -> &[crate::mcp::McpServer] {
+        &self.pending_mcp.0
+    }
+
+    /// Starts the MCP servers declared ([`Toolbox::add_mcp_servers`]; a manifest's
+    /// `mcpServers`): each is started, initialized and listed, and its tools are
+    /// registered like any other, so every check of a call applies to them. The servers
+    /// stop when the last clone of this toolbox holding their tools is dropped. Must run
+    /// on the tokio runtime that will run the calls. Nothing to do without servers.
+    pub async fn start_mcp(&mut self) -> Result<(), crate::mcp::McpError> {
+        if self.pending_mcp.0.is_empty() {
+            return Ok(());
+        }
+        let (servers, hidden) = (*self.pending_mcp).clone();
+        let started = crate::mcp::start(&servers, &hidden, &self.redactor).await?;
+        let mut origin: HashMap<String, String> = self
+            .tools
+            .keys()
+            .map(|name| (name.clone(), "the manifest".to_string()))
+            .collect();
+        for (server, spec, tool) in started {
+            let name = spec.name().to_string();
+            let here = format!("MCP server `{server}`");
+            if let Some(first) = origin.get(&name) {
+                return Err(crate::mcp::McpError::Duplicate {
+                    name,
+                    first: first.clone(),
+                    second: here,
+                });
+            }
+            origin.insert(name.clone(), here);
+            self.register(spec, tool)
+                .map_err(|error| crate::mcp::McpError::Descriptor {
+                    server,
+                    tool: name,
+                    error,
+                })?;
+        }
+        self.pending_mcp = Arc::default();
+        Ok(())
     }
 
     /// The descriptors, for [`RunOptions::tools`] (an `Arc` clone, not a copy).

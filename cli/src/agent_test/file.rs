@@ -299,6 +299,12 @@ fn load_case<'env>(
             let mut toolbox =
                 aplc_runtime::manifest::toolbox_from_manifest(&text, dir, secrets.variables())
                     .map_err(|e| format!("tools `{manifest}`: {e}"))?;
+            if !toolbox.pending_mcp_servers().is_empty() {
+                return Err(format!(
+                    "tools `{manifest}`: `mcpServers`: MCP servers are not supported by \
+                     `aplc test` yet (spec/mcp.md)"
+                ));
+            }
             toolbox.redact_with(secrets.redactor());
             toolbox
         }

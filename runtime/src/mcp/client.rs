@@ -1,0 +1,331 @@
+//! The MCP client (feature `mcp`): stdio servers started as child processes on rmcp,
+//! the official Rust SDK, and their tools as [`Tool`]s.
+//!
+//! Everything a server sends is outside input: results are mapped through their JSON
+//! form (never unwrapped), listing is bounded in pages and tools, and the SDK's line
+//! reader refuses a message past its 16 MiB line limit. A server's stderr is kept only as
+//! a short tail, for the message of a server that fails to start.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec};
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::transport::TokioChildProcess;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::Value as Json;
+use tokio::io::AsyncReadExt;
+
+use super::{McpError, McpServer, McpTransport};
+use crate::future::BoxFuture;
+use crate::manifest::ProcessGroup;
+use crate::redact::Redactor;
+use crate::tool::Tool;
+
+/// This build has an MCP client.
+pub(crate) const ENABLED: bool = true;
+
+/// The most `tools/list` pages read from one server.
+const MAX_LIST_PAGES: usize = 100;
+/// The most tools one server may list.
+const MAX_TOOLS: usize = 1000;
+/// How much of a server's stderr is kept (its end), for error messages.
+const STDERR_TAIL: usize = 2000;
+
+/// One running server: its session and its process group, killed when this is dropped
+/// (when the last of its tools is), so no child outlives the toolbox.
+pub(crate) struct McpSessions {
+    server: String,
+    service: RunningService<RoleClient, ()>,
+    _group: ProcessGroup,
+}
+
+/// A tool of a running server.
+struct McpTool {
+    session: Arc<McpSessions>,
+    /// The server's name for it (without the prefix).
+    remote: String,
+    timeout: Duration,
+}
+
+/// Starts every server in order, each within its `startup_timeout`, and returns its tools:
+/// `(server, descriptor, implementation)`. The first server that fails is the error; the
+/// ones already started stop when their tools are dropped.
+pub(crate) async fn start(
+    servers: &[McpServer],
+    hidden_env: &[String],
+    redactor: &Redactor,
+) -> Result<Vec<(String, ToolSpec, Arc<dyn Tool>)>, McpError> {
+    let mut all = Vec::new();
+    for server in servers {
+        all.extend(start_one(server, hidden_env, redactor).await?);
+    }
+    Ok(all)
+}
+
+async fn start_one(
+    server: &McpServer,
+    hidden_env: &[String],
+    redactor: &Redactor,
+) -> Result<Vec<(String, ToolSpec, Arc<dyn Tool>)>, McpError> {
+    let fail = |message: String| McpError::Start {
+        server: server.name.clone(),
+        message: redactor.redact(&message),
+    };
+    let McpTransport::Stdio { command, args, env } = &server.transport else {
+        return Err(McpError::Unsupported {
+            server: server.name.clone(),
+            what: "streamable HTTP",
+        });
+    };
+    let mut cmd = tokio::process::Command::new(command);
+    cmd.args(args);
+    for name in hidden_env {
+        cmd.env_remove(name);
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    cmd.kill_on_drop(true);
+    // Its own process group, as command tools: the processes it starts die with it, and
+    // the terminal's Ctrl-C reaches aplc, which stops it.
+    #[cfg(unix)]
+    cmd.process_group(0);
+    let (transport, stderr) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start `{command}`: {e}")))?;
+    let group = ProcessGroup(transport.id());
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let reading = stderr.map(|stderr| tokio::spawn(keep_tail(stderr, tail.clone())));
+    let with_tail = |message: String| {
+        let tail = tail.lock().map(|t| t.clone()).unwrap_or_default();
+        let tail = String::from_utf8_lossy(&tail);
+        let tail = tail.trim();
+        if tail.is_empty() {
+            fail(message)
+        } else {
+            fail(format!("{message}; its stderr ends with: {tail}"))
+        }
+    };
+    let startup = async {
+        let service = ().serve(transport).await.map_err(|e| format!("did not initialize: {e}"))?;
+        let tools = list_tools(&service).await?;
+        Ok::<_, String>((service, tools))
+    };
+    let (service, listed) = match tokio::time::timeout(server.startup_timeout, startup).await {
+        Ok(Ok(started)) => started,
+        Ok(Err(message)) => {
+            stopped(&group, reading).await;
+            return Err(with_tail(message));
+        }
+        Err(_) => {
+            stopped(&group, reading).await;
+            return Err(with_tail(format!(
+                "did not start, initialize and list its tools within {} ms \
+                 (`startup_timeout_ms`)",
+                server.startup_timeout.as_millis()
+            )));
+        }
+    };
+    let session = Arc::new(McpSessions {
+        server: server.name.clone(),
+        service,
+        _group: group,
+    });
+    if let Some(wanted) = &server.tools
+        && let Some(missing) = wanted.iter().find(|w| {
+            !listed
+                .iter()
+                .any(|t| t.get("name").and_then(Json::as_str) == Some(w))
+        })
+    {
+        return Err(McpError::UnknownTool {
+            server: server.name.clone(),
+            tool: missing.clone(),
+        });
+    }
+    let mut tools: Vec<(String, ToolSpec, Arc<dyn Tool>)> = Vec::new();
+    for tool in listed {
+        let Some(remote) = tool.get("name").and_then(Json::as_str) else {
+            return Err(fail("`tools/list` gave a tool without a name".into()));
+        };
+        if server
+            .tools
+            .as_ref()
+            .is_some_and(|wanted| !wanted.iter().any(|w| w == remote))
+        {
+            continue;
+        }
+        let name = format!("{}{remote}", server.prefix);
+        let mut descriptor = serde_json::Map::new();
+        descriptor.insert("name".into(), Json::String(name.clone()));
+        if let Some(description) = tool.get("description").filter(|d| d.is_string()) {
+            descriptor.insert("description".into(), description.clone());
+        }
+        if let Some(schema) = tool.get("inputSchema") {
+            descriptor.insert("parameters".into(), schema.clone());
+        }
+        let mut spec =
+            ToolSpec::new(Json::Object(descriptor)).map_err(|error| McpError::Descriptor {
+                server: server.name.clone(),
+                tool: name.clone(),
+                error,
+            })?;
+        if server.idempotent.includes(remote, tool.get("annotations")) {
+            spec = spec.idempotent(Idempotency {
+                key: IdempotencyKey::Auto,
+                ttl: None,
+            });
+        }
+        let implementation = McpTool {
+            session: session.clone(),
+            remote: remote.to_owned(),
+            timeout: server.timeout,
+        };
+        tools.push((server.name.clone(), spec, Arc::new(implementation)));
+    }
+    Ok(tools)
+}
+
+/// Every tool the server lists, following `nextCursor`, as JSON.
+async fn list_tools(service: &RunningService<RoleClient, ()>) -> Result<Vec<Json>, String> {
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_LIST_PAGES {
+        let params = cursor
+            .take()
+            .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+        let page = service
+            .peer()
+            .list_tools(params)
+            .await
+            .map_err(|e| format!("`tools/list` failed: {e}"))?;
+        let page = serde_json::to_value(&page)
+            .map_err(|e| format!("`tools/list` gave an unreadable page: {e}"))?;
+        if let Some(Json::Array(listed)) = page.get("tools") {
+            if tools.len() + listed.len() > MAX_TOOLS {
+                return Err(format!("lists more than {MAX_TOOLS} tools"));
+            }
+            tools.extend(listed.iter().cloned());
+        }
+        match page.get("nextCursor").and_then(Json::as_str) {
+            Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
+            _ => return Ok(tools),
+        }
+    }
+    Err(format!(
+        "`tools/list` gave more than {MAX_LIST_PAGES} pages"
+    ))
+}
+
+/// Kills a server that failed to start and gives the reader of its stderr a moment to
+/// take what the server wrote last (its stderr closes with the group).
+async fn stopped(group: &ProcessGroup, reading: Option<tokio::task::JoinHandle<()>>) {
+    group.kill();
+    if let Some(reading) = reading {
+        let _ = tokio::time::timeout(Duration::from_millis(500), reading).await;
+    }
+}
+
+/// Reads a server's stderr to its end, keeping the last [`STDERR_TAIL`] bytes.
+async fn keep_tail(mut stderr: tokio::process::ChildStderr, tail: Arc<Mutex<Vec<u8>>>) {
+    let mut chunk = [0u8; 4096];
+    while let Ok(n) = stderr.read(&mut chunk).await {
+        if n == 0 {
+            return;
+        }
+        let Ok(mut tail) = tail.lock() else { return };
+        tail.extend_from_slice(&chunk[..n]);
+        let excess = tail.len().saturating_sub(STDERR_TAIL);
+        tail.drain(..excess);
+    }
+}
+
+impl McpTool {
+    async fn run(&self, invocation: &ToolInvocation) -> Result<Json, String> {
+        let mut params = CallToolRequestParams::new(self.remote.clone());
+        params.arguments = match &invocation.arguments {
+            Json::Object(map) => Some(map.clone()),
+            _ => None,
+        };
+        // Dropping the request on a timeout makes rmcp send `notifications/cancelled`.
+        let call = self.session.service.peer().call_tool(params);
+        let result = match tokio::time::timeout(self.timeout, call).await {
+            Err(_) => {
+                return Err(format!(
+                    "timed out after {} ms (MCP server `{}`; the call was cancelled)",
+                    self.timeout.as_millis(),
+                    self.session.server
+                ));
+            }
+            Ok(Err(e)) => return Err(format!("MCP server `{}`: {e}", self.session.server)),
+            Ok(Ok(result)) => result,
+        };
+        let result = serde_json::to_value(&result).map_err(|e| {
+            format!(
+                "MCP server `{}`: unreadable result: {e}",
+                self.session.server
+            )
+        })?;
+        map_result(&result)
+    }
+}
+
+impl Tool for McpTool {
+    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
+        Box::pin(self.run(invocation))
+    }
+}
+
+/// A `tools/call` result as the run sees it: `structuredContent` if present, else the
+/// text contents joined by newlines (with other contents, a list of items where images,
+/// audio and resources are small descriptors with their MIME types, never their data);
+/// `isError: true` is a failure whose message is the text.
+pub(crate) fn map_result(result: &Json) -> Result<Json, String> {
+    let content = result
+        .get("content")
+        .and_then(Json::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let texts: Vec<&str> = content
+        .iter()
+        .filter_map(|c| c.get("text").and_then(Json::as_str))
+        .collect();
+    if result.get("isError").and_then(Json::as_bool) == Some(true) {
+        let text = texts.join("\n");
+        return Err(if text.trim().is_empty() {
+            "the MCP tool reported an error without a message".to_string()
+        } else {
+            text
+        });
+    }
+    if let Some(structured) = result.get("structuredContent").filter(|s| !s.is_null()) {
+        return Ok(structured.clone());
+    }
+    if texts.len() == content.len() {
+        return Ok(Json::String(texts.join("\n")));
+    }
+    Ok(Json::Array(content.iter().map(descriptor).collect()))
+}
+
+/// A content item, small: text kept, anything else by its type, MIME type and URI.
+fn descriptor(item: &Json) -> Json {
+    let kind = item.get("type").and_then(Json::as_str).unwrap_or("unknown");
+    if kind == "text" {
+        return item.clone();
+    }
+    let mut small = serde_json::Map::new();
+    small.insert("type".into(), Json::String(kind.to_owned()));
+    let resource = item.get("resource");
+    for key in ["mimeType", "uri", "name"] {
+        if let Some(value) = item
+            .get(key)
+            .or_else(|| resource.and_then(|r| r.get(key)))
+            .filter(|v| v.is_string())
+        {
+            small.insert(key.into(), value.clone());
+        }
+    }
+    Json::Object(small)
+}

@@ -1,0 +1,29 @@
+//! Without the `mcp` feature: no client. A manifest with servers is refused when it is
+//! read ([`crate::manifest::ManifestError::McpDisabled`]); an embedder that declares
+//! servers by hand gets this error when they would start.
+
+use std::sync::Arc;
+
+use aplc_vm::tools::ToolSpec;
+
+use super::{McpError, McpServer};
+use crate::redact::Redactor;
+use crate::tool::Tool;
+
+/// This build has no MCP client.
+pub(crate) const ENABLED: bool = false;
+
+/// Refuses the first server: this build cannot start it.
+pub(crate) async fn start(
+    servers: &[McpServer],
+    _hidden_env: &[String],
+    _redactor: &Redactor,
+) -> Result<Vec<(String, ToolSpec, Arc<dyn Tool>)>, McpError> {
+    match servers.first() {
+        Some(server) => Err(McpError::Unsupported {
+            server: server.name.clone(),
+            what: "MCP (this aplc was built without the `mcp` feature)",
+        }),
+        None => Ok(Vec::new()),
+    }
+}
