@@ -432,8 +432,10 @@ impl Builder {
     }
 }
 
-/// Records the secrets an MCP server names: its `env` entries (variable and literal
-/// value) and the variables of its `headers_env`, with their values if set.
+/// Records the secrets an MCP server names: the literal values of its `env` (redacted,
+/// since users paste API keys there; their names stay visible to other children, which
+/// inherit aplc's own value of such a variable, never this one) and the variables of its
+/// `headers_env`, hidden and with their values redacted.
 fn record_mcp_secrets(
     server: &crate::mcp::McpServer,
     env: &dyn Environment,
@@ -441,9 +443,7 @@ fn record_mcp_secrets(
 ) {
     match &server.transport {
         crate::mcp::McpTransport::Stdio { env: literal, .. } => {
-            for (name, value) in literal {
-                secrets.variable(name, Some(value.clone()));
-            }
+            secrets.values(literal.iter().map(|(_, value)| value.as_str()));
         }
         crate::mcp::McpTransport::Http { headers_env, .. } => {
             for (_, variable) in headers_env {
@@ -624,7 +624,9 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(equipment.toolbox.pending_mcp_servers().len(), 2);
         let hidden = equipment.secrets.variables();
-        assert!(hidden.iter().any(|v| v == "LOCAL_TOKEN"), "{hidden:?}");
+        // A server's literal `env` hides nothing from the other children (a `PATH` there
+        // must not take aplc's own `PATH` from command tools); its value is redacted.
+        assert!(!hidden.iter().any(|v| v == "LOCAL_TOKEN"), "{hidden:?}");
         assert!(hidden.iter().any(|v| v == "REMOTE_AUTH"), "{hidden:?}");
         let text = "local-token-0123456789abcdef and Bearer remote-secret-0123456789abcdef";
         let redacted = equipment.redactor.redact(text);

@@ -67,7 +67,7 @@ impl Secrets {
     }
 
     /// A variable that holds (or would hold) a secret, and its value if it is set: a
-    /// providers file's `api_key_env` and `headers_env`, an MCP server's `env` entries.
+    /// providers file's `api_key_env` and `headers_env`, an MCP server's `headers_env`.
     pub fn variable(&mut self, name: &str, value: Option<String>) {
         self.hide(name);
         if let Some(value) = value {
