@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec};
+use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolOrigin, ToolSpec};
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
 use rmcp::transport::TokioChildProcess;
@@ -166,12 +166,15 @@ async fn start_one(
         if let Some(schema) = tool.get("inputSchema") {
             descriptor.insert("parameters".into(), schema.clone());
         }
-        let mut spec =
-            ToolSpec::new(Json::Object(descriptor)).map_err(|error| McpError::Descriptor {
+        let mut spec = ToolSpec::new(Json::Object(descriptor))
+            .map_err(|error| McpError::Descriptor {
                 server: server.name.clone(),
                 tool: name.clone(),
                 error,
-            })?;
+            })?
+            .with_origin(ToolOrigin::Mcp {
+                server: server.name.clone(),
+            });
         if server.idempotent.includes(remote, tool.get("annotations")) {
             spec = spec.idempotent(Idempotency {
                 key: IdempotencyKey::Auto,

@@ -130,6 +130,13 @@ pub enum EventKind {
         tool: String,
         /// The model's id for the call.
         call_id: String,
+        /// Where the tool comes from: `mcp` for an MCP server's tool; `None` for other
+        /// tools, and for a name the run does not have (`ToolOrigin::source`).
+        #[serde(default)]
+        source: Option<String>,
+        /// The MCP server's name, for an MCP tool.
+        #[serde(default)]
+        server: Option<String>,
     },
     /// A tool call's `result_tool_calls` entry is known.
     ToolResult {
@@ -517,15 +524,26 @@ impl Recorder {
         }
     }
 
-    pub(crate) fn tool_call(&mut self, step: &str, tool: &str, call_id: &str) {
+    /// The model asked for `tool`; `tools` says where it comes from (its origin, if the
+    /// run has it).
+    pub(crate) fn tool_call(
+        &mut self,
+        step: &str,
+        tool: &str,
+        call_id: &str,
+        tools: &crate::tools::ToolRegistry,
+    ) {
         if !self.on {
             return;
         }
         self.tool_started = self.now;
+        let origin = tools.get(tool).and_then(|spec| spec.origin());
         self.push(EventKind::ToolCall {
             step: step.to_string(),
             tool: tool.to_string(),
             call_id: call_id.to_string(),
+            source: origin.map(|o| o.source().to_string()),
+            server: origin.and_then(|o| o.server()).map(str::to_string),
         });
     }
 
