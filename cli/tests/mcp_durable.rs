@@ -282,3 +282,73 @@ fn a_durable_run_journals_its_mcp_calls() {
     assert!(trace.contains("tool c_bump [call_1]: ok"), "{trace}");
     assert_eq!(count(&dir), 1);
 }
+
+/// The lines of a JSON Lines file of events.
+fn events(text: &str) -> Vec<Json> {
+    text.lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+/// A server's `notifications/progress` during a call reach `--events` as `tool_progress`
+/// events, in order, with their call's `seq`, redacted; they are live only: the journal
+/// of the same durable run has none.
+#[test]
+fn progress_notifications_become_live_tool_progress_events() {
+    let dir = scratch("progress");
+    let secret = "progress-secret-0123456789";
+    let mock = calls(&[
+        ("c_steps", json!({"n": 3, "note": format!(" ({secret})")})),
+        ("c_add", json!({"a": 1, "b": 1})),
+    ]);
+    setup(&dir, &mock, json!({"env": {"NOTE_SECRET": secret}}));
+    let output = finish(run_command(&dir, "progress").args(["--events", "events.jsonl"]));
+    let context = context(&output);
+    assert_eq!(result(&context, "call_0"), (json!("did 3 steps"), false));
+
+    let text = std::fs::read_to_string(dir.join("events.jsonl")).unwrap();
+    assert!(!text.contains(secret), "{text}");
+    let live = events(&text);
+    let call = live
+        .iter()
+        .find(|e| e["type"] == "tool_call" && e["tool"] == "c_steps")
+        .unwrap_or_else(|| panic!("no tool_call: {text}"));
+    let progress: Vec<&Json> = live
+        .iter()
+        .filter(|e| e["type"] == "tool_progress")
+        .collect();
+    assert_eq!(progress.len(), 3, "{text}");
+    for (i, event) in progress.iter().enumerate() {
+        let n = i + 1;
+        assert_eq!(event["seq"], call["seq"], "{event}");
+        assert_eq!(event["step"], "go", "{event}");
+        assert_eq!(event["tool"], "c_steps", "{event}");
+        assert_eq!(event["call_id"], "call_0", "{event}");
+        assert_eq!(event["progress"], json!(n as f64), "{event}");
+        assert_eq!(event["total"], json!(3.0), "{event}");
+        let message = event["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(&format!("step {n} of 3 (")), "{event}");
+    }
+    // Between the call and its result, and only for the tool that reports.
+    let position = |pred: &dyn Fn(&Json) -> bool| live.iter().position(pred).unwrap();
+    let first = position(&|e| e["type"] == "tool_progress");
+    let result_at = position(&|e| e["type"] == "tool_result" && e["tool"] == "c_steps");
+    assert!(first < result_at, "{text}");
+
+    let store = store(&dir);
+    let journaled = succeed(&mut aplc!(
+        &dir,
+        &["runs", "events", "progress", "--store", &store]
+    ));
+    let journaled = events(&String::from_utf8_lossy(&journaled.stdout));
+    assert!(journaled.iter().all(|e| e["type"] != "tool_progress"));
+    let live_machine: Vec<&Json> = live
+        .iter()
+        .filter(|e| e["type"] != "tool_progress")
+        .collect();
+    assert_eq!(
+        journaled.len(),
+        live_machine.len(),
+        "the same events otherwise"
+    );
+}
