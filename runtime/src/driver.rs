@@ -146,7 +146,7 @@ pub(crate) async fn drive<J: Journal + Sync>(
             Action::CallTool(invocation) if toolbox.is_idempotent(&invocation.name) => {
                 commits.begin(&mut session).await?;
                 let answer = commits
-                    .race(toolbox.run(&invocation, session.clock()))
+                    .race(session.call_tool(toolbox, &invocation))
                     .await?;
                 session.tool_answered(answer);
                 commits.keep_within_window(&mut session).await?;
@@ -158,7 +158,7 @@ pub(crate) async fn drive<J: Journal + Sync>(
                     continue;
                 }
                 commits.flush(&mut session).await?;
-                let answer = toolbox.run(&invocation, session.clock()).await;
+                let answer = session.call_tool(toolbox, &invocation).await;
                 let returned = answer.is_ok();
                 session.tool_answered(answer);
                 if returned {
@@ -321,7 +321,10 @@ mod tests {
 
     use super::*;
     use crate::session::DELTA_QUEUE;
+    use crate::tool::ProgressSink;
+    use aplc_vm::tools::{ToolInvocation, ToolSpec};
     use aplc_vm::{Completion, Event, EventKind, ProviderError, ProviderRequest};
+    use serde_json::Value as Json;
 
     /// Sends `deltas` numbered deltas, far more than the queue holds, then answers with
     /// their concatenation; notes whether it got a sink.
@@ -401,6 +404,110 @@ mod tests {
         let outcome = run(program(), RunOptions::default(), &provider).await;
         assert!(outcome.error.is_none());
         assert!(!provider.had_sink.load(Ordering::SeqCst));
+    }
+
+    /// A tool that reports its progress three times (with `SECRET` in each message) when
+    /// it gets a sink, then answers.
+    struct Steps;
+
+    const SECRET: &str = "progress-secret-0123456789";
+
+    impl Tool for Steps {
+        fn call<'a>(
+            &'a self,
+            invocation: &'a ToolInvocation,
+        ) -> BoxFuture<'a, Result<Json, String>> {
+            self.call_with_progress(invocation, None)
+        }
+
+        fn call_with_progress<'a>(
+            &'a self,
+            _invocation: &'a ToolInvocation,
+            progress: Option<&'a ProgressSink>,
+        ) -> BoxFuture<'a, Result<Json, String>> {
+            Box::pin(async move {
+                for n in 1..=3 {
+                    if let Some(sink) = progress {
+                        sink.report(aplc_vm::Progress {
+                            progress: f64::from(n),
+                            total: (n > 1).then_some(3.0),
+                            message: Some(format!("step {n}\nof 3: {SECRET}")),
+                        });
+                    }
+                }
+                Ok(Json::String("done".into()))
+            })
+        }
+    }
+
+    /// A run asking for the `steps` tool, with it in its toolbox (redacting `SECRET`).
+    async fn run_steps(listener: Option<Listener<'_>>) -> RunOutcome {
+        let script = r#"[{"content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "steps", "arguments": "{}"}}]}]"#;
+        let provider = Scripted::new(aplc_vm::ScriptedProvider::from_json(script).unwrap());
+        let spec = ToolSpec::new(serde_json::json!({"name": "steps"})).unwrap();
+        let mut toolbox = Toolbox::new();
+        toolbox.register(spec, Arc::new(Steps)).unwrap();
+        toolbox.redact_with(crate::Redactor::new([SECRET]));
+        match listener {
+            Some(listener) => {
+                run_with_listener(
+                    program(),
+                    RunOptions::default(),
+                    &provider,
+                    &toolbox,
+                    listener,
+                )
+                .await
+            }
+            None => run_with_tools(program(), RunOptions::default(), &provider, &toolbox).await,
+        }
+    }
+
+    /// A tool's progress reaches the listener as `tool_progress` events between its
+    /// `tool_call` (whose `seq` they carry) and its `tool_result`, the message on one
+    /// line and redacted; without a listener the tool gets no sink, and the run is the
+    /// same.
+    #[tokio::test]
+    async fn tool_progress_reaches_the_listener_between_the_call_and_its_result() {
+        let mut events = Vec::new();
+        let mut listener = |event: &Event| events.push(event.clone());
+        let outcome = run_steps(Some(&mut listener)).await;
+        assert!(outcome.error.is_none(), "{:?}", outcome.error);
+        let call = events
+            .iter()
+            .position(|e| matches!(e.kind, EventKind::ToolCall { .. }))
+            .expect("a tool_call");
+        let progress = &events[call + 1..call + 4];
+        for (n, event) in progress.iter().enumerate() {
+            assert_eq!(event.seq, events[call].seq);
+            let json = event.to_json();
+            assert_eq!(json["type"], "tool_progress", "{json}");
+            assert_eq!(json["tool"], "steps");
+            assert_eq!(json["call_id"], "c1");
+            assert_eq!(json["step"], "a");
+            assert_eq!(json["progress"], serde_json::json!(n as f64 + 1.0));
+            let total = if n == 0 {
+                Json::Null
+            } else {
+                serde_json::json!(3.0)
+            };
+            assert_eq!(json["total"], total);
+            let message = json["message"].as_str().unwrap();
+            assert!(message.starts_with(&format!("step {}", n + 1)), "{message}");
+            assert!(
+                !message.contains(SECRET) && !message.contains('\n'),
+                "{message}"
+            );
+        }
+        assert!(matches!(
+            events[call + 4].kind,
+            EventKind::ToolResult { .. }
+        ));
+        assert_eq!(events[call + 4].seq, events[call].seq + 1);
+
+        let quiet = run_steps(None).await;
+        assert_eq!(quiet.result_text(), outcome.result_text());
     }
 
     /// Takes the call and never answers.

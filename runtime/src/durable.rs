@@ -28,7 +28,7 @@ use crate::redact::Redactor;
 use crate::session::{Listener, Observer, RunSession};
 use crate::store::{Batch, Lease, LoadedRun, NewRun, RunJournal, StoreError, StoredCheckpoint};
 use aplc_vm::journal::Input;
-use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
+use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolOrigin, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Event, Interrupt, Machine, Program, RunOptions, RunOutcome};
 
 /// How a durable run journals.
@@ -141,8 +141,9 @@ pub fn bundle_hash(encoded: &[u8]) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(encoded))
 }
 
-/// What identifies a run's tools: names, descriptors, `with_context` and idempotency. A
-/// resume with other tools would replay into a different run.
+/// What identifies a run's tools: names, descriptors, `with_context`, idempotency and,
+/// for an MCP server's tool, the server's name (its events name it). A resume with other
+/// tools would replay into a different run.
 fn tools_fingerprint(toolbox: &Toolbox) -> Json {
     let registry = toolbox.registry();
     let mut names: Vec<&str> = registry.names().collect();
@@ -162,11 +163,17 @@ fn tools_fingerprint(toolbox: &Toolbox) -> Json {
                         .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
                     json!({ "key": key, "ttl_ms": ttl })
                 });
-                json!({
+                let mut tool = json!({
                     "descriptor": spec.descriptor(),
                     "with_context": spec.with_context_enabled(),
                     "idempotency": idempotency,
-                })
+                });
+                // Only tools with an origin have the key, so a journal written before
+                // origins existed still matches its tools.
+                if let Some(origin) = spec.origin() {
+                    tool["origin"] = json!({"source": origin.source(), "server": origin.server()});
+                }
+                tool
             })
             .collect(),
     )
@@ -200,6 +207,16 @@ fn registry_from_fingerprint(fingerprint: &Json) -> Result<ToolRegistry, String>
                 .and_then(Json::as_u64)
                 .map(Duration::from_millis);
             spec = spec.idempotent(Idempotency { key, ttl });
+        }
+        if let Some(server) = tool
+            .get("origin")
+            .filter(|o| o.get("source").and_then(Json::as_str) == Some("mcp"))
+            .and_then(|o| o.get("server"))
+            .and_then(Json::as_str)
+        {
+            spec = spec.with_origin(ToolOrigin::Mcp {
+                server: server.to_owned(),
+            });
         }
         registry.register(spec).map_err(|e| e.to_string())?;
     }

@@ -17,14 +17,17 @@
 use std::time::{Duration, Instant};
 
 use aplc_vm::journal::Input;
+use aplc_vm::tools::ToolInvocation;
 use aplc_vm::{
-    Action, Completion, Event, EventKind, Machine, ProviderError, ProviderRequest, RunOutcome,
+    Action, Completion, Event, EventKind, Machine, Progress, ProviderError, ProviderRequest,
+    RunOutcome, ToolCallRef,
 };
 use serde_json::Value as Json;
 
 use crate::provider::{CallContext, DeltaSink, Provider};
 use crate::recorder::{Recorder, Window};
 use crate::store::Batch;
+use crate::tool::{ProgressSink, Toolbox};
 
 /// Receives a run's events, in order, on the driver's task (see `spec/events.md`).
 ///
@@ -41,6 +44,9 @@ pub type Observer<'a> = Box<dyn FnMut(&Event) + Send + 'a>;
 
 /// How many deltas wait between a provider and a listener before the provider waits.
 pub(crate) const DELTA_QUEUE: usize = 32;
+
+/// How many progress reports of a tool call wait for the listener; more are dropped.
+const PROGRESS_QUEUE: usize = 64;
 
 /// A run in progress: its machine, clock, observer and (durable runs) journal record.
 pub struct RunSession<'l> {
@@ -259,6 +265,43 @@ impl<'l> RunSession<'l> {
         relay_deltas(answer, receiver, emit).await
     }
 
+    /// Runs the tool `invocation` asks for with `toolbox` until the run's deadline or
+    /// cancel (then why it stopped). With an observer, the tool gets a progress sink,
+    /// and every report it makes reaches the observer as a `tool_progress` event, in
+    /// order, before the answer comes back; live only, like a provider's deltas.
+    pub async fn call_tool(
+        &mut self,
+        toolbox: &Toolbox,
+        invocation: &ToolInvocation,
+    ) -> Result<Result<Json, String>, Stopped> {
+        let RunSession {
+            clock,
+            observer,
+            stamp,
+            ..
+        } = self;
+        let Some(observer) = observer.as_mut() else {
+            return toolbox.run(invocation, clock, None).await;
+        };
+        let (sink, mut receiver) = ProgressSink::channel(PROGRESS_QUEUE);
+        let call = ToolCallRef {
+            step: &stamp.tool_step,
+            tool: &invocation.name,
+            call_id: &invocation.id,
+        };
+        let emit = |mut progress: Progress| {
+            progress.message = progress.message.map(|m| toolbox.progress_message(&m));
+            observer(&Event::tool_progress(
+                stamp.tool_seq,
+                clock.now(),
+                &call,
+                progress,
+            ));
+        };
+        let answer = toolbox.run(invocation, clock, Some(&sink));
+        relay_deltas(answer, &mut receiver, emit).await
+    }
+
     /// The inputs and events recorded since the last batch, for a durable run's commit
     /// (with the checkpoint due, if any); `None` when there is nothing to commit or the
     /// run is not durable.
@@ -298,13 +341,13 @@ impl<'l> RunSession<'l> {
     }
 }
 
-/// Awaits `answer` (a provider call whose delta sink feeds `receiver`), handing every
-/// delta to `emit` as it arrives, in order; the deltas sent before the call returned
-/// are all emitted before its answer is.
-pub async fn relay_deltas<T>(
+/// Awaits `answer` (a provider call whose delta sink feeds `receiver`, or a tool call
+/// whose progress sink does), handing every item to `emit` as it arrives, in order; the
+/// items sent before the call returned are all emitted before its answer is.
+pub async fn relay_deltas<T, D>(
     answer: impl Future<Output = T>,
-    receiver: &mut tokio::sync::mpsc::Receiver<String>,
-    mut emit: impl FnMut(String),
+    receiver: &mut tokio::sync::mpsc::Receiver<D>,
+    mut emit: impl FnMut(D),
 ) -> T {
     tokio::pin!(answer);
     loop {
@@ -323,19 +366,30 @@ pub async fn relay_deltas<T>(
 }
 
 /// Which provider call a streaming provider's deltas belong to: the `seq` and step of
-/// the last `provider_call` event (`spec/events.md`, "Streaming deltas").
+/// the last `provider_call` event (`spec/events.md`, "Streaming deltas"); and which
+/// tool call a tool's progress belongs to: those of the last `tool_call`.
 #[derive(Debug, Clone, Default)]
 pub struct DeltaStamp {
     seq: u64,
     step: String,
+    tool_seq: u64,
+    tool_step: String,
 }
 
 impl DeltaStamp {
-    /// Notes the call that the next deltas belong to, if `event` starts one.
+    /// Notes the call that the next deltas (or progress reports) belong to, if `event`
+    /// starts one.
     pub fn saw(&mut self, event: &Event) {
-        if let EventKind::ProviderCall { step, .. } = &event.kind {
-            self.seq = event.seq;
-            self.step.clone_from(step);
+        match &event.kind {
+            EventKind::ProviderCall { step, .. } => {
+                self.seq = event.seq;
+                self.step.clone_from(step);
+            }
+            EventKind::ToolCall { step, .. } => {
+                self.tool_seq = event.seq;
+                self.tool_step.clone_from(step);
+            }
+            _ => {}
         }
     }
 

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
+use aplc_vm::Progress;
 use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec, ToolSpecError};
 use serde_json::Value as Json;
 
@@ -16,7 +17,41 @@ use crate::session::{RunClock, Stopped};
 pub trait Tool: Send + Sync {
     /// Runs the tool.
     fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>>;
+
+    /// Runs the tool, reporting its progress to `progress` as it goes (when someone
+    /// observes the run). A tool that has no progress to report keeps this default.
+    fn call_with_progress<'a>(
+        &'a self,
+        invocation: &'a ToolInvocation,
+        progress: Option<&'a ProgressSink>,
+    ) -> BoxFuture<'a, Result<Json, String>> {
+        let _ = progress;
+        self.call(invocation)
+    }
 }
+
+/// Where a tool reports its progress during a call: the run's observer gets each report
+/// as a `tool_progress` event (`spec/events.md`). Bounded and lossy: a report that finds
+/// the queue full is dropped, never awaited, since progress is advisory (not an input of
+/// the run) and a tool must not wait on a slow listener.
+#[derive(Debug, Clone)]
+pub struct ProgressSink(tokio::sync::mpsc::Sender<Progress>);
+
+impl ProgressSink {
+    /// A sink and the receiving end of its queue, which holds `capacity` reports.
+    pub fn channel(capacity: usize) -> (ProgressSink, tokio::sync::mpsc::Receiver<Progress>) {
+        let (sender, receiver) = tokio::sync::mpsc::channel(capacity);
+        (ProgressSink(sender), receiver)
+    }
+
+    /// Sends `progress`, or drops it if the queue is full or nobody listens any more.
+    pub fn report(&self, progress: Progress) {
+        let _ = self.0.try_send(progress);
+    }
+}
+
+/// The longest progress message an event carries, in characters.
+pub const PROGRESS_MESSAGE_CHARS: usize = 1000;
 
 /// A tool written as an async closure: `|arguments, context| async move { … }`.
 struct FnTool<F>(F);
@@ -159,15 +194,20 @@ impl Toolbox {
         self.redactor = redactor;
     }
 
-    /// Runs the tool `invocation` asks for until the run's deadline or cancel: its
-    /// result, redacted, or why it was dropped.
+    /// Runs the tool `invocation` asks for until the run's deadline or cancel, reporting
+    /// its progress to `progress`: its result, redacted, or why it was dropped.
     pub(crate) async fn run(
         &self,
         invocation: &ToolInvocation,
         clock: &RunClock,
+        progress: Option<&ProgressSink>,
     ) -> Result<Result<Json, String>, Stopped> {
         let result = match self.tools.get(&invocation.name) {
-            Some(tool) => clock.until_stopped(tool.call(invocation)).await?,
+            Some(tool) => {
+                clock
+                    .until_stopped(tool.call_with_progress(invocation, progress))
+                    .await?
+            }
             None => Err("the tool has a descriptor but no implementation".to_string()),
         };
         Ok(self.redacted(result))
@@ -178,6 +218,12 @@ impl Toolbox {
         self.registry
             .get(name)
             .is_some_and(|spec| spec.idempotency().is_some())
+    }
+
+    /// A tool's progress `message` as an event may carry it: one line, redacted, at
+    /// most [`PROGRESS_MESSAGE_CHARS`] characters (a tool's text is outside input).
+    pub(crate) fn progress_message(&self, message: &str) -> String {
+        self.redactor.clip(message, PROGRESS_MESSAGE_CHARS)
     }
 
     /// `result` with every secret the toolbox knows replaced.

@@ -11,7 +11,7 @@ use aplc_runtime::Redactor;
 use aplc_runtime::driver::{self, BoxFuture, CallContext, Provider, Scripted, Toolbox};
 use aplc_runtime::telemetry::{Parent, RunDetails, Telemetry, TelemetryConfig, TelemetryFlags};
 use aplc_test_support::otlp::{self, Receiver, int, string};
-use aplc_vm::tools::ToolSpec;
+use aplc_vm::tools::{ToolOrigin, ToolSpec};
 use aplc_vm::{Completion, Program, ProviderError, ProviderRequest, RunOptions, ScriptedProvider};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
@@ -94,14 +94,23 @@ fn model() -> Model {
 }
 
 fn toolbox() -> Toolbox {
+    toolbox_from(None)
+}
+
+/// The `add` tool, from `origin` (an MCP server's, for the MCP attributes).
+fn toolbox_from(origin: Option<ToolOrigin>) -> Toolbox {
     let descriptor = json!({
         "name": "add",
         "description": "Adds",
         "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
     });
+    let mut spec = ToolSpec::new(descriptor).unwrap();
+    if let Some(origin) = origin {
+        spec = spec.with_origin(origin);
+    }
     let mut toolbox = Toolbox::new();
     toolbox
-        .register_fn(ToolSpec::new(descriptor).unwrap(), |args, _| {
+        .register_fn(spec, |args, _| {
             Ok(json!(
                 args["a"].as_f64().unwrap_or(0.0) + args["b"].as_f64().unwrap_or(0.0)
             ))
@@ -131,6 +140,15 @@ fn telemetry(endpoint: &str, capture_content: bool) -> Telemetry {
 
 /// Runs the agent with telemetry and flushes; returns the run's outcome.
 async fn traced_run(telemetry: &Telemetry, parent: Option<Parent>) -> aplc_vm::RunOutcome {
+    traced_run_with(telemetry, parent, &toolbox()).await
+}
+
+/// [`traced_run`] with these tools.
+async fn traced_run_with(
+    telemetry: &Telemetry,
+    parent: Option<Parent>,
+    toolbox: &Toolbox,
+) -> aplc_vm::RunOutcome {
     let joined = parent.as_ref().map(Parent::trace_id);
     let trace = telemetry.run(RunDetails {
         parent,
@@ -142,7 +160,7 @@ async fn traced_run(telemetry: &Telemetry, parent: Option<Parent>) -> aplc_vm::R
     let provider = trace.provider(&model);
     let mut listener = |event: &aplc_vm::Event| trace.on_event(event);
     let outcome =
-        driver::run_with_listener(program(), options(), &provider, &toolbox(), &mut listener).await;
+        driver::run_with_listener(program(), options(), &provider, toolbox, &mut listener).await;
     // The run's trace id outlives its span: a server hands it back to its caller.
     let trace_id = trace.trace_id().expect("the run span started");
     assert!(joined.is_none_or(|joined| joined == trace_id));
@@ -317,6 +335,43 @@ async fn a_run_becomes_a_tree_of_genai_spans() {
         metrics.contains(&("gen_ai.client.token.usage".into(), "{token}".into())),
         "{metrics:?}"
     );
+}
+
+/// An MCP server's tool (`spec/mcp.md`): its `execute_tool` span also carries the MCP
+/// conventions' `mcp.method.name` and the server's name; other tools' spans carry neither.
+#[tokio::test(flavor = "current_thread")]
+async fn an_mcp_tool_span_names_its_server() {
+    let receiver = Receiver::start(200);
+    let telemetry = telemetry(&receiver.endpoint(), false);
+    let origin = ToolOrigin::Mcp {
+        server: "counter".into(),
+    };
+    traced_run_with(&telemetry, None, &toolbox_from(Some(origin))).await;
+    telemetry.shutdown(Duration::from_secs(10)).unwrap();
+    let spans = receiver.spans();
+    let [tool] = named(&spans, "execute_tool add")[..] else {
+        panic!("one tool span");
+    };
+    assert_eq!(string(tool, "mcp.server.name").as_deref(), Some("counter"));
+    assert_eq!(
+        string(tool, "mcp.method.name").as_deref(),
+        Some("tools/call")
+    );
+    assert_eq!(
+        string(tool, "gen_ai.operation.name").as_deref(),
+        Some("execute_tool")
+    );
+
+    let receiver = Receiver::start(200);
+    let telemetry = self::telemetry(&receiver.endpoint(), false);
+    traced_run(&telemetry, None).await;
+    telemetry.shutdown(Duration::from_secs(10)).unwrap();
+    let spans = receiver.spans();
+    let [tool] = named(&spans, "execute_tool add")[..] else {
+        panic!("one tool span");
+    };
+    assert!(string(tool, "mcp.server.name").is_none());
+    assert!(string(tool, "mcp.method.name").is_none());
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -339,7 +339,7 @@ impl Relay {
         } = self;
         metrics.on_event(event);
         deltas.on_event(event, |event| {
-            let journaled = !matches!(event.kind, EventKind::ProviderDelta { .. });
+            let journaled = !event.kind.is_live_only();
             events.send(|| LiveEvent {
                 seq: journaled.then_some(event.seq),
                 json: Arc::from(redactor.redact_json(event.to_json()).to_string()),

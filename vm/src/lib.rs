@@ -50,8 +50,8 @@ pub use provider::exchange::{
 pub use provider::request::build_request;
 pub use provider::scripted::{ScriptError, ScriptedProvider};
 pub use run::events::{
-    EVENTS_VERSION, Event, EventError, EventKind, Phase, RunStatus, StartOptions, TokenUsage,
-    Totals,
+    EVENTS_VERSION, Event, EventError, EventKind, Phase, Progress, RunStatus, StartOptions,
+    TokenUsage, ToolCallRef, Totals,
 };
 pub use run::machine::{
     Action, Expecting, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,

@@ -10,19 +10,19 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec};
+use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolOrigin, ToolSpec};
+use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
-use rmcp::service::RunningService;
 use rmcp::transport::TokioChildProcess;
-use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value as Json;
 use tokio::io::AsyncReadExt;
 
+use super::progress::{self, Service};
 use super::{McpError, McpServer, McpTransport};
 use crate::future::BoxFuture;
 use crate::manifest::ProcessGroup;
 use crate::redact::Redactor;
-use crate::tool::Tool;
+use crate::tool::{ProgressSink, Tool};
 
 /// This build has an MCP client.
 pub(crate) const ENABLED: bool = true;
@@ -38,7 +38,7 @@ const STDERR_TAIL: usize = 2000;
 /// (when the last of its tools is), so no child outlives the toolbox.
 pub(crate) struct McpSessions {
     server: String,
-    service: RunningService<RoleClient, ()>,
+    service: Service,
     _group: ProcessGroup,
 }
 
@@ -109,7 +109,10 @@ async fn start_one(
         }
     };
     let startup = async {
-        let service = ().serve(transport).await.map_err(|e| format!("did not initialize: {e}"))?;
+        let service = progress::Client::default()
+            .serve(transport)
+            .await
+            .map_err(|e| format!("did not initialize: {e}"))?;
         let tools = list_tools(&service).await?;
         Ok::<_, String>((service, tools))
     };
@@ -166,12 +169,15 @@ async fn start_one(
         if let Some(schema) = tool.get("inputSchema") {
             descriptor.insert("parameters".into(), schema.clone());
         }
-        let mut spec =
-            ToolSpec::new(Json::Object(descriptor)).map_err(|error| McpError::Descriptor {
+        let mut spec = ToolSpec::new(Json::Object(descriptor))
+            .map_err(|error| McpError::Descriptor {
                 server: server.name.clone(),
                 tool: name.clone(),
                 error,
-            })?;
+            })?
+            .with_origin(ToolOrigin::Mcp {
+                server: server.name.clone(),
+            });
         if server.idempotent.includes(remote, tool.get("annotations")) {
             spec = spec.idempotent(Idempotency {
                 key: IdempotencyKey::Auto,
@@ -189,7 +195,7 @@ async fn start_one(
 }
 
 /// Every tool the server lists, following `nextCursor`, as JSON.
-async fn list_tools(service: &RunningService<RoleClient, ()>) -> Result<Vec<Json>, String> {
+async fn list_tools(service: &Service) -> Result<Vec<Json>, String> {
     let mut tools = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_LIST_PAGES {
@@ -243,14 +249,18 @@ async fn keep_tail(mut stderr: tokio::process::ChildStderr, tail: Arc<Mutex<Vec<
 }
 
 impl McpTool {
-    async fn run(&self, invocation: &ToolInvocation) -> Result<Json, String> {
+    async fn run(
+        &self,
+        invocation: &ToolInvocation,
+        progress: Option<&ProgressSink>,
+    ) -> Result<Json, String> {
         let mut params = CallToolRequestParams::new(self.remote.clone());
         params.arguments = match &invocation.arguments {
             Json::Object(map) => Some(map.clone()),
             _ => None,
         };
-        // Dropping the request on a timeout makes rmcp send `notifications/cancelled`.
-        let call = self.session.service.peer().call_tool(params);
+        // Dropping the request on a timeout sends `notifications/cancelled`.
+        let call = progress::call_tool(&self.session.service, params, progress);
         let result = match tokio::time::timeout(self.timeout, call).await {
             Err(_) => {
                 return Err(format!(
@@ -274,7 +284,15 @@ impl McpTool {
 
 impl Tool for McpTool {
     fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
-        Box::pin(self.run(invocation))
+        Box::pin(self.run(invocation, None))
+    }
+
+    fn call_with_progress<'a>(
+        &'a self,
+        invocation: &'a ToolInvocation,
+        progress: Option<&'a ProgressSink>,
+    ) -> BoxFuture<'a, Result<Json, String>> {
+        Box::pin(self.run(invocation, progress))
     }
 }
 

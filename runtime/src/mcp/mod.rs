@@ -21,6 +21,8 @@ use serde_json::Value as Json;
 #[cfg(feature = "mcp")]
 mod client;
 #[cfg(feature = "mcp")]
+mod progress;
+#[cfg(feature = "mcp")]
 pub(crate) use client::{ENABLED, start};
 #[cfg(not(feature = "mcp"))]
 mod disabled;

@@ -312,9 +312,14 @@ impl RunSpans {
                 step,
                 tool,
                 call_id,
+                source,
+                server,
             } => {
                 self.ensure_step(step, at);
-                self.open_tool(tool, call_id, at);
+                let mcp_server = server
+                    .as_deref()
+                    .filter(|_| source.as_deref() == Some("mcp"));
+                self.open_tool(tool, call_id, mcp_server, at);
             }
             EventKind::ToolResult {
                 step,
@@ -328,7 +333,7 @@ impl RunSpans {
                 if self.tool.is_none() {
                     let start = earlier(at, *duration_ms);
                     let start = self.run_start.map_or(start, |run| start.max(run));
-                    self.open_tool(tool, call_id, start);
+                    self.open_tool(tool, call_id, None, start);
                 }
                 self.tool_result(*with_error, *reused, at);
             }
@@ -524,13 +529,19 @@ impl RunSpans {
         self.chat = Some(span);
     }
 
-    fn open_tool(&mut self, tool: &str, call_id: &str, at: SystemTime) {
-        let attributes = vec![
+    /// Opens the `execute_tool` span of a call; `mcp_server` names the MCP server of an
+    /// MCP tool, whose span also gets the MCP conventions' attributes.
+    fn open_tool(&mut self, tool: &str, call_id: &str, mcp_server: Option<&str>, at: SystemTime) {
+        let mut attributes = vec![
             KeyValue::new("gen_ai.operation.name", "execute_tool"),
             KeyValue::new("gen_ai.tool.name", tool.to_owned()),
             KeyValue::new("gen_ai.tool.call.id", call_id.to_owned()),
             KeyValue::new("gen_ai.tool.type", "function"),
         ];
+        if let Some(server) = mcp_server {
+            attributes.push(KeyValue::new("mcp.method.name", "tools/call"));
+            attributes.push(KeyValue::new("mcp.server.name", server.to_owned()));
+        }
         let parent = self.step.as_ref().or(self.run.as_ref());
         let span = self.child(
             parent,

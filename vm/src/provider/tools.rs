@@ -31,6 +31,7 @@ pub struct ToolSpec {
     with_context: bool,
     idempotency: Option<Idempotency>,
     validator: Option<Arc<jsonschema::Validator>>,
+    origin: Option<ToolOrigin>,
 }
 
 impl std::fmt::Debug for ToolSpec {
@@ -39,6 +40,7 @@ impl std::fmt::Debug for ToolSpec {
             .field("name", &self.name)
             .field("with_context", &self.with_context)
             .field("idempotency", &self.idempotency)
+            .field("origin", &self.origin)
             .finish_non_exhaustive()
     }
 }
@@ -80,6 +82,35 @@ pub enum ToolSpecError {
         /// The tool.
         name: String,
     },
+}
+
+/// Where a tool comes from, when its host says: the machine copies it into the tool's
+/// `tool_call` events (`source`, `server`; `spec/events.md`). A tool without one (a
+/// manifest's command tool, a tool an embedder registers) has `null` there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ToolOrigin {
+    /// A tool of an MCP server (`spec/mcp.md`).
+    Mcp {
+        /// The server's name: its key in the manifest's `mcpServers`.
+        server: String,
+    },
+}
+
+impl ToolOrigin {
+    /// The `source` of a `tool_call` event: `mcp`.
+    pub fn source(&self) -> &'static str {
+        match self {
+            ToolOrigin::Mcp { .. } => "mcp",
+        }
+    }
+
+    /// The `server` of a `tool_call` event: the MCP server's name.
+    pub fn server(&self) -> Option<&str> {
+        match self {
+            ToolOrigin::Mcp { server } => Some(server),
+        }
+    }
 }
 
 /// When a tool's successful results may be reused within a run.
@@ -148,6 +179,7 @@ impl ToolSpec {
             with_context: false,
             idempotency: None,
             validator,
+            origin: None,
         })
     }
 
@@ -161,6 +193,17 @@ impl ToolSpec {
     pub fn idempotent(mut self, idempotency: Idempotency) -> ToolSpec {
         self.idempotency = Some(idempotency);
         self
+    }
+
+    /// Says where the tool comes from, for its events.
+    pub fn with_origin(mut self, origin: ToolOrigin) -> ToolSpec {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// Where the tool comes from, if its host said.
+    pub fn origin(&self) -> Option<&ToolOrigin> {
+        self.origin.as_ref()
     }
 
     /// Whether the tool receives the run's context.

@@ -51,12 +51,56 @@ impl Event {
         }
     }
 
+    /// A `tool_progress`: what the tool of the call `call_id` (whose `tool_call` has `seq`)
+    /// reported of its progress, arrived at `at` (machine time).
+    pub fn tool_progress(
+        seq: u64,
+        at: Duration,
+        call: &ToolCallRef<'_>,
+        progress: Progress,
+    ) -> Event {
+        Event {
+            seq,
+            t_ms: ms(at),
+            kind: EventKind::ToolProgress {
+                step: call.step.to_owned(),
+                tool: call.tool.to_owned(),
+                call_id: call.call_id.to_owned(),
+                progress: progress.progress,
+                total: progress.total,
+                message: progress.message,
+            },
+        }
+    }
+
     /// The event as one JSON object: `seq`, `t_ms`, `type` and the event's fields.
     pub fn to_json(&self) -> Json {
         // Every field is a string, number, bool, null, list or map with string keys:
         // serialization cannot fail.
         serde_json::to_value(self).unwrap_or(Json::Null)
     }
+}
+
+/// The tool call a `tool_progress` event belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCallRef<'a> {
+    /// The step.
+    pub step: &'a str,
+    /// The tool's name as the model gave it.
+    pub tool: &'a str,
+    /// The model's id for the call.
+    pub call_id: &'a str,
+}
+
+/// What a tool reported of its progress (an MCP server's `notifications/progress`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    /// How far it is; grows with each report, even when the total is unknown.
+    pub progress: f64,
+    /// Where it will end, if known.
+    pub total: Option<f64>,
+    /// What it is doing (redacted, one line, short).
+    pub message: Option<String>,
 }
 
 /// The kinds of event, with their fields. Names of steps are the `.apl` step names.
@@ -130,6 +174,31 @@ pub enum EventKind {
         tool: String,
         /// The model's id for the call.
         call_id: String,
+        /// Where the tool comes from: `mcp` for an MCP server's tool; `None` for other
+        /// tools, and for a name the run does not have (`ToolOrigin::source`).
+        #[serde(default)]
+        source: Option<String>,
+        /// The MCP server's name, for an MCP tool.
+        #[serde(default)]
+        server: Option<String>,
+    },
+    /// A tool reported its progress during a call (an MCP server's
+    /// `notifications/progress`). Live only, like [`EventKind::ProviderDelta`]: the
+    /// machine never records one, journals do not keep it, a replay has none; its `seq`
+    /// is its call's `tool_call`'s (`spec/events.md`).
+    ToolProgress {
+        /// The step.
+        step: String,
+        /// The tool.
+        tool: String,
+        /// The model's id for the call.
+        call_id: String,
+        /// How far it is.
+        progress: f64,
+        /// Where it will end, if the tool said.
+        total: Option<f64>,
+        /// What it is doing, if the tool said (redacted, one line, short).
+        message: Option<String>,
     },
     /// A tool call's `result_tool_calls` entry is known.
     ToolResult {
@@ -176,6 +245,18 @@ pub enum EventKind {
         /// What the run consumed.
         totals: Totals,
     },
+}
+
+impl EventKind {
+    /// True for the events a driver makes while a call runs (`provider_delta`,
+    /// `tool_progress`): not the machine's, never journaled, and their `seq` repeats
+    /// their call's.
+    pub fn is_live_only(&self) -> bool {
+        matches!(
+            self,
+            EventKind::ProviderDelta { .. } | EventKind::ToolProgress { .. }
+        )
+    }
 }
 
 /// A run's options as `run_started` reports them.
@@ -517,15 +598,26 @@ impl Recorder {
         }
     }
 
-    pub(crate) fn tool_call(&mut self, step: &str, tool: &str, call_id: &str) {
+    /// The model asked for `tool`; `tools` says where it comes from (its origin, if the
+    /// run has it).
+    pub(crate) fn tool_call(
+        &mut self,
+        step: &str,
+        tool: &str,
+        call_id: &str,
+        tools: &crate::tools::ToolRegistry,
+    ) {
         if !self.on {
             return;
         }
         self.tool_started = self.now;
+        let origin = tools.get(tool).and_then(|spec| spec.origin());
         self.push(EventKind::ToolCall {
             step: step.to_string(),
             tool: tool.to_string(),
             call_id: call_id.to_string(),
+            source: origin.map(|o| o.source().to_string()),
+            server: origin.and_then(|o| o.server()).map(str::to_string),
         });
     }
 

@@ -954,7 +954,8 @@ impl Machine {
             };
             round.next += 1;
             let step = step_name(&self.program, self.step);
-            self.events.tool_call(step, &call.name, &call.id);
+            self.events
+                .tool_call(step, &call.name, &call.id, &self.tools);
             // A failure here never aborts the run: the call gets a failed result, the
             // message goes to `errors`, and the next call is checked.
             let checked = if now >= self.deadline {
