@@ -11,33 +11,9 @@ use std::process::{Command, Output};
 
 use serde_json::{Value as Json, json};
 
-/// The Python interpreter that has the `mcp` package; panics (the test fails) without it.
-fn python() -> String {
-    let python = std::env::var("APLC_MCP_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "APLC_MCP_PYTHON is not set: these tests need a Python with the `mcp` package \
-             (python3 -m venv /tmp/mcpvenv && /tmp/mcpvenv/bin/pip install mcp; \
-             APLC_MCP_PYTHON=/tmp/mcpvenv/bin/python)"
-        )
-    });
-    let check = Command::new(&python)
-        .args(["-c", "import mcp"])
-        .output()
-        .unwrap_or_else(|e| panic!("APLC_MCP_PYTHON={python} does not run: {e}"));
-    assert!(
-        check.status.success(),
-        "APLC_MCP_PYTHON={python} cannot import `mcp`: {}",
-        String::from_utf8_lossy(&check.stderr)
-    );
-    python
-}
-
-fn server_script() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/mcp/counter_server.py")
-        .to_string_lossy()
-        .into_owned()
-}
+#[path = "support/mcp.rs"]
+mod support;
+use support::{calls, count, counter, python};
 
 /// A scratch directory of its own for each test.
 fn scratch(name: &str) -> PathBuf {
@@ -45,40 +21,6 @@ fn scratch(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// The counter server's manifest entry, counting its side effects in `dir/count`.
-fn counter(dir: &Path, extra: Json) -> Json {
-    let mut server = json!({
-        "command": python(),
-        "args": [server_script()],
-        "env": {"COUNTER_FILE": dir.join("count").to_string_lossy()},
-        "startup_timeout_ms": 60000,
-    });
-    if let (Some(server), Json::Object(extra)) = (server.as_object_mut(), extra) {
-        server.extend(extra);
-    }
-    server
-}
-
-/// How many side effects the server made.
-fn count(dir: &Path) -> usize {
-    std::fs::read_to_string(dir.join("count"))
-        .map(|text| text.lines().count())
-        .unwrap_or(0)
-}
-
-/// One provider answer asking for these tool calls: `(name, arguments)`.
-fn calls(calls: &[(&str, Json)]) -> Json {
-    let calls: Vec<Json> = calls
-        .iter()
-        .enumerate()
-        .map(|(i, (name, arguments))| {
-            json!({"id": format!("call_{i}"), "type": "function",
-                   "function": {"name": name, "arguments": arguments.to_string()}})
-        })
-        .collect();
-    json!([{"content": null, "tool_calls": calls}])
 }
 
 /// Runs `agent` with `--mock mock --tools manifest --json` in `dir`, with `env` set.

@@ -1,4 +1,4 @@
-//! What the MCP tests share (`tests/mcp_durable.rs`): the Python that runs the test
+//! What the MCP tests share (`tests/mcp.rs`, `tests/mcp_durable.rs`): the Python that runs the test
 //! server, the server's manifest entry, its side-effect count, and a scripted answer that
 //! asks for tool calls.
 //!
