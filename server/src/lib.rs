@@ -8,6 +8,10 @@
 //! anything itself: it reads and writes the store, and listens to the runs this process
 //! executes for live events.
 //!
+//! With the `mcp` feature (on by default), [`serve_mcp`] serves the same agents as the
+//! tools of a Model Context Protocol server (`aplc mcp`, spec/mcp.md), on the same
+//! agent loading, equipment and durable runs.
+//!
 //! Not here: provider keys and tools come from the server's own files and environment
 //! ([`equip`]), never from a request.
 
@@ -30,6 +34,8 @@ mod events;
 mod extract;
 mod live;
 mod logging;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod metrics;
 mod state;
 mod work;
@@ -37,6 +43,8 @@ mod worker;
 
 pub use auth::{TokenError, Tokens, parse_tokens};
 pub use logging::{LogFormat, init_logging};
+#[cfg(feature = "mcp")]
+pub use mcp::{McpConfig, serve_mcp};
 
 /// How a server is set up: `aplc serve`'s flags.
 #[derive(Debug, Clone)]
