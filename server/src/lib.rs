@@ -157,11 +157,11 @@ pub enum ServeError {
 
 /// Every secret the server knows before it reads its providers file: the environment's
 /// (`APLC_SERVE_TOKENS`, provider keys, OTLP headers, ...), each accepted token (from a
-/// tokens file too) and the store's password.
-fn secrets(config: &ServeConfig) -> aplc_runtime::Secrets {
+/// tokens file too) and the store's password. (`aplc mcp`'s too.)
+fn secrets(tokens: &Tokens, store: Option<&StoreUrl>) -> aplc_runtime::Secrets {
     let mut secrets = aplc_runtime::Secrets::from_env();
-    secrets.values(config.tokens.values());
-    if let StoreUrl::Postgres(url) = &config.store {
+    secrets.values(tokens.values());
+    if let Some(StoreUrl::Postgres(url)) = store {
         secrets.store_url(url);
     }
     secrets
@@ -192,7 +192,7 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
     let equipment = equip::Equipment::load(
         config.providers.as_deref(),
         config.tools.as_deref(),
-        secrets(&config),
+        secrets(&config.tokens, Some(&config.store)),
     )?;
     let agents = agents::Agents::load(config.agents.clone())?;
     let store: Arc<dyn RunStore> = store::open(&config.store).await?;

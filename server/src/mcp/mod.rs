@@ -84,15 +84,10 @@ pub async fn serve_mcp(
     }
     // First: a signal while the agents load stops the server once it is up.
     let signals = stop_signals()?;
-    let mut secrets = aplc_runtime::Secrets::from_env();
-    secrets.values(config.tokens.values());
-    if let Some(StoreUrl::Postgres(url)) = &config.store {
-        secrets.store_url(url);
-    }
     let equipment = Equipment::load(
         config.providers.as_deref(),
         config.tools.as_deref(),
-        secrets,
+        crate::secrets(&config.tokens, config.store.as_ref()),
     )?;
     let agents = Agents::load(config.agents.clone())?;
     let store: Option<Arc<dyn RunStore>> = match &config.store {
