@@ -5,6 +5,10 @@ With `--no-default-features` the runtime builds, and its normal dependency tree 
 bundled SQLite, no tokio-postgres and no OpenTelemetry SDK; each feature alone brings in
 its own crate and none of the others (`mcp`: rmcp, the MCP client). Fails loudly,
 naming the crate and the build.
+
+Also the `mcp` feature of aplc-server and of the aplc CLI (`aplc mcp`, spec/mcp.md §3):
+without it each builds and has none of rmcp's server half in its tree; with it (the
+default), the server half is there.
 """
 import subprocess
 import sys
@@ -34,8 +38,33 @@ def tree(features):
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
+# rmcp's features that only `aplc mcp` needs: the MCP server half.
+RMCP_SERVER = 'rmcp feature "server"'
+
+
+def server_half(package, default):
+    """Whether `package` (with or without its default features) has rmcp's server half."""
+    chosen = [] if default else ["--no-default-features"]
+    run("cargo", "check", "-p", package, "--locked", *chosen)
+    out = run(
+        "cargo", "tree", "-p", package, "--locked", *chosen,
+        "-e", "normal,features", "--prefix", "none",
+    )
+    return any(line.startswith(RMCP_SERVER) for line in out.splitlines())
+
+
+def check_mcp_server(failures):
+    """`aplc mcp`'s feature: off, no rmcp server half; on by default, there."""
+    for package in ["aplc-server", "aplc"]:
+        if server_half(package, default=False):
+            failures.append(f"{package} --no-default-features: rmcp's `server` must not be in the tree")
+        if not server_half(package, default=True):
+            failures.append(f"{package}: rmcp's `server` must be in the default tree (`mcp`)")
+
+
 def main():
     failures = []
+    check_mcp_server(failures)
     for enabled in [[], *([feature] for feature in HEAVY)]:
         run("cargo", "check", *selection(enabled))
         crates = tree(enabled)
@@ -50,6 +79,7 @@ def main():
     if failures:
         sys.exit(1)
     print("aplc-runtime's features: each backend and the OpenTelemetry SDK only when asked for")
+    print("aplc-server's and aplc's `mcp`: rmcp's server half only with it")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 //! One module per command: `compile.rs` (check, build), `run.rs` (with `record.rs` for
 //! `--record`), `agent_test/` (test), `init.rs`, `graph.rs`, `inspect.rs`, `bench.rs`,
 //! `trace.rs` (with `timeline.rs`, shared with `run --verbose`), `telemetry.rs` (`--otel`),
-//! `serve.rs` (over `aplc-server`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
+//! `serve.rs` and `mcp.rs` (over `aplc-server`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
 //! when every case passed, 1 when one failed, 2 for an invalid test file.
 
 mod agent_test;
@@ -19,6 +19,8 @@ mod graph;
 mod init;
 mod input;
 mod inspect;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod progress;
 mod record;
 mod run;
@@ -92,6 +94,11 @@ enum Command {
     /// Serve the agents of a directory over HTTP: queued durable runs in a store, live
     /// events, cancel, metrics (spec/serve.md). Stops on SIGTERM or Ctrl-C.
     Serve(serve::ServeArgs),
+    /// Serve every agent of a directory as a tool of an MCP server (Model Context
+    /// Protocol): over stdio, or streamable HTTP at `/mcp` with `--listen` (spec/mcp.md).
+    /// Stops at the end of input (stdio), on SIGTERM or Ctrl-C.
+    #[cfg(feature = "mcp")]
+    Mcp(mcp::McpArgs),
     /// Run agent tests: every `*.test.toml` below the current directory, or the given files
     /// and directories (see spec/testing.md).
     Test(agent_test::TestArgs),
@@ -150,6 +157,8 @@ fn main() -> ExitCode {
         Command::Trace(args) => trace::trace(&args),
         Command::Bench(args) => bench::bench(args),
         Command::Serve(args) => serve::serve(args),
+        #[cfg(feature = "mcp")]
+        Command::Mcp(args) => mcp::mcp(args),
         Command::Test(args) => agent_test::test(&args),
         Command::Init(args) => init::init(&args),
         Command::Completions { shell } => {

@@ -136,10 +136,11 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
 
 /// How long the exit waits for blocking tasks (file reads, a compile) after the server
 /// stopped.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
-/// The tokens of `--tokens FILE` and `APLC_SERVE_TOKENS`.
-fn tokens(file: Option<&std::path::Path>) -> Result<Tokens, Failure> {
+/// The tokens of `--tokens FILE` and `APLC_SERVE_TOKENS` (`aplc mcp --listen` reads
+/// them here too).
+pub(crate) fn tokens(file: Option<&std::path::Path>) -> Result<Tokens, Failure> {
     let mut tokens = Tokens::default();
     if let Some(path) = file {
         let text = crate::input::read_text(path)?;

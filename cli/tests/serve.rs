@@ -490,6 +490,11 @@ async fn agents_openapi_and_a_broken_agent() {
     assert_eq!(agents[0]["name"], "turns");
     assert_eq!(agents[0]["inputs"], json!(["turns", "tag"]));
     assert_eq!(agents[0]["steps"], json!(["work"]));
+    let description = agents[0]["description"].as_str().unwrap_or_default();
+    assert!(
+        description.starts_with("An agent for `aplc serve`'s tests"),
+        "{description:?}"
+    );
     assert_eq!(agents[0]["bundle_hash"].as_str().map(str::len), Some(32));
     let log = server.log();
     assert!(

@@ -116,6 +116,7 @@ pub(crate) fn encode(ir: &Ir, source: &str, file_name: &str) -> Bundle {
         edges,
         // `compile` sets the dialect it compiled in.
         dialect: aplc_vm::Dialect::Spec,
+        description: ir.description.clone(),
     }
 }
 

@@ -13,6 +13,8 @@ use crate::relaxed::TemplateMap;
 pub(crate) struct Ir {
     /// The inputs declared with `{# inputs: … #}`, each once, in declaration order.
     pub inputs: Vec<String>,
+    /// The agent's description: the first preamble comment that declares no inputs.
+    pub description: Option<String>,
     /// Steps in source order; index 0 is the entry step.
     pub steps: Vec<Step>,
     /// Every template; steps refer to them by index.

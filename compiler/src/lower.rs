@@ -39,6 +39,7 @@ pub(crate) fn lower(
     let globals: Vec<String> = env.globals().map(|(n, _)| n.to_string()).collect();
     let comments = check_preamble(source, file.preamble, diags);
     let mut declared = declared_inputs(source, &comments, &globals, diags);
+    let description = description(&comments);
     // A name declared twice is one input; the bundle lists each once.
     let mut seen = std::collections::HashSet::new();
     declared.retain(|name| seen.insert(name.clone()));
@@ -117,6 +118,7 @@ pub(crate) fn lower(
     let edges = edges(&flows);
     Ir {
         inputs: declared,
+        description,
         steps: lowerer.steps,
         templates: lowerer.templates,
         edges,
@@ -220,6 +222,27 @@ fn check_preamble(source: &str, preamble: Span, diags: &mut Vec<Diagnostic>) -> 
     comments
 }
 
+/// The agent's description: the first `{# … #}` comment before the first heading that is
+/// not an `{# inputs: … #}` declaration, its lines trimmed at the end and the whole
+/// trimmed; `None` when there is none or it is blank.
+fn description(comments: &[Comment]) -> Option<String> {
+    let comment = comments.iter().find(|c| !is_inputs_declaration(&c.text))?;
+    let lines: Vec<&str> = comment.text.lines().map(str::trim_end).collect();
+    let text = lines.join("\n");
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
+/// True when a comment's text starts with `inputs:` (any case, after blanks).
+fn is_inputs_declaration(text: &str) -> bool {
+    text.trim_start()
+        .get(..INPUTS_KEYWORD.len())
+        .is_some_and(|k| k.eq_ignore_ascii_case(INPUTS_KEYWORD))
+}
+
+/// The word that starts an inputs declaration.
+const INPUTS_KEYWORD: &str = "inputs:";
+
 /// The `with_context` variables declared in `{# inputs: a, b #}` comments before the
 /// first heading. Names are separated by commas or whitespace.
 fn declared_inputs(
@@ -228,15 +251,12 @@ fn declared_inputs(
     globals: &[String],
     diags: &mut Vec<Diagnostic>,
 ) -> Vec<String> {
-    const KEYWORD: &str = "inputs:";
+    const KEYWORD: &str = INPUTS_KEYWORD;
     let mut inputs = Vec::new();
     for comment in comments {
         let lead = comment.text.len() - comment.text.trim_start().len();
         let body = &comment.text[lead..];
-        if !body
-            .get(..KEYWORD.len())
-            .is_some_and(|k| k.eq_ignore_ascii_case(KEYWORD))
-        {
+        if !is_inputs_declaration(body) {
             continue;
         }
         let list_start = comment.start + lead + KEYWORD.len();
@@ -848,5 +868,28 @@ impl Lowerer<'_, '_> {
             };
             self.diags.push(diag);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Options, compile};
+
+    fn description(source: &str) -> Option<String> {
+        let compilation = compile(source, "a.apl", &Options::default());
+        let diagnostics = format!("{:?}", compilation.diagnostics);
+        compilation.bundle.expect(&diagnostics).description
+    }
+
+    #[test]
+    fn the_description_is_the_first_comment_that_declares_no_inputs() {
+        let source = "{# inputs: topic #}\n{#\n  Writes a haiku   \n  about a topic. #}\n{# later #}\n# prompt: a\nhi {{ topic }}\n";
+        assert_eq!(
+            description(source).as_deref(),
+            Some("Writes a haiku\n  about a topic.")
+        );
+        assert_eq!(description("{# inputs: a #}\n# prompt: a\n{{ a }}\n"), None);
+        assert_eq!(description("{#   #}\n# prompt: a\nhi\n"), None);
+        assert_eq!(description("# prompt: a\nhi\n"), None);
     }
 }

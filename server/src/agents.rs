@@ -32,6 +32,33 @@ pub(crate) struct Agent {
     pub(crate) hash: String,
     pub(crate) inputs: Vec<String>,
     pub(crate) steps: Vec<String>,
+    /// The agent's description, from its first preamble comment (the bundle's).
+    pub(crate) description: Option<String>,
+}
+
+impl Agent {
+    /// The declared inputs `context` lacks, in declaration order.
+    pub(crate) fn missing_inputs<'a>(
+        &'a self,
+        context: &serde_json::Map<String, serde_json::Value>,
+    ) -> Vec<&'a str> {
+        self.inputs
+            .iter()
+            .filter(|input| !context.contains_key(*input))
+            .map(String::as_str)
+            .collect()
+    }
+}
+
+/// Why `context` cannot be a run's initial context: the first entry a run cannot set
+/// (`context_history`, a reserved variable, a helper's name), by the VM's own rule
+/// ([`aplc_vm::names::check_settable`]), as `` `context` cannot set `x`: … ``.
+pub(crate) fn unsettable(context: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    context.keys().find_map(|name| {
+        aplc_vm::names::check_settable(name)
+            .err()
+            .map(|problem| format!("`context` cannot set `{name}`: {}", problem.reason()))
+    })
 }
 
 /// What a file looked like when it was last loaded. Symlinks are followed: the stamp is
@@ -261,6 +288,7 @@ fn load_agent(name: &str, path: &Path) -> Result<Agent, String> {
         hash: bundle_hash(&encoded),
         inputs: bundle.inputs.clone(),
         steps: bundle.steps.iter().map(|s| s.name.clone()).collect(),
+        description: bundle.description.clone(),
         program: Arc::new(program),
     })
 }

@@ -96,6 +96,10 @@ struct AgentView {
     inputs: Vec<String>,
     /// The steps, in source order.
     steps: Vec<String>,
+    /// What the agent does: its first `{# … #}` comment before the first heading that
+    /// declares no inputs. Absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
 }
 
 /// The hosted agents.
@@ -117,6 +121,7 @@ async fn list_agents(State(state): State<AppState>) -> Json<AgentList> {
             bundle_hash: agent.hash.clone(),
             inputs: agent.inputs.clone(),
             steps: agent.steps.clone(),
+            description: agent.description.clone(),
         })
         .collect();
     Json(AgentList { agents })
@@ -209,12 +214,7 @@ fn check_inputs(
     agent: &Agent,
     context: &Map<String, JsonValue>,
 ) -> Result<(), ApiError> {
-    let missing: Vec<&str> = agent
-        .inputs
-        .iter()
-        .filter(|input| !context.contains_key(*input))
-        .map(String::as_str)
-        .collect();
+    let missing = agent.missing_inputs(context);
     if missing.is_empty() {
         return Ok(());
     }
@@ -300,16 +300,14 @@ async fn enqueue(state: &AppState, queued: QueuedRun) -> Result<String, ApiError
 /// helper's name): the run would end failed before its first step, so it is not queued.
 /// The rule is the VM's own ([`aplc_vm::names::check_settable`]).
 fn check_context_names(context: &Map<String, JsonValue>) -> Result<(), ApiError> {
-    for name in context.keys() {
-        if let Err(problem) = aplc_vm::names::check_settable(name) {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_context",
-                format!("`context` cannot set `{name}`: {}", problem.reason()),
-            ));
-        }
+    match crate::agents::unsettable(context) {
+        Some(problem) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_context",
+            problem,
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// `202 {"run_id", "status"}`: the run's status as the store has it now.
@@ -327,7 +325,7 @@ async fn accepted(state: &AppState, id: String) -> Result<Response, ApiError> {
 }
 
 /// The default run timeout: `aplc run`'s.
-const DEFAULT_TIMEOUT_MS: u64 = 120_000;
+pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 
 /// The run once it has ended, or `None` at the wait limit (or shutdown).
 async fn wait_for_end(state: &AppState, id: &str) -> Result<Option<QueueEntry>, ApiError> {

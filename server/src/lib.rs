@@ -8,6 +8,10 @@
 //! anything itself: it reads and writes the store, and listens to the runs this process
 //! executes for live events.
 //!
+//! With the `mcp` feature (on by default), [`serve_mcp`] serves the same agents as the
+//! tools of a Model Context Protocol server (`aplc mcp`, spec/mcp.md), on the same
+//! agent loading, equipment and durable runs.
+//!
 //! Not here: provider keys and tools come from the server's own files and environment
 //! ([`equip`]), never from a request.
 
@@ -30,6 +34,8 @@ mod events;
 mod extract;
 mod live;
 mod logging;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod metrics;
 mod state;
 mod work;
@@ -37,6 +43,8 @@ mod worker;
 
 pub use auth::{TokenError, Tokens, parse_tokens};
 pub use logging::{LogFormat, init_logging};
+#[cfg(feature = "mcp")]
+pub use mcp::{McpConfig, serve_mcp};
 
 /// How a server is set up: `aplc serve`'s flags.
 #[derive(Debug, Clone)]
@@ -149,11 +157,11 @@ pub enum ServeError {
 
 /// Every secret the server knows before it reads its providers file: the environment's
 /// (`APLC_SERVE_TOKENS`, provider keys, OTLP headers, ...), each accepted token (from a
-/// tokens file too) and the store's password.
-fn secrets(config: &ServeConfig) -> aplc_runtime::Secrets {
+/// tokens file too) and the store's password. (`aplc mcp`'s too.)
+fn secrets(tokens: &Tokens, store: Option<&StoreUrl>) -> aplc_runtime::Secrets {
     let mut secrets = aplc_runtime::Secrets::from_env();
-    secrets.values(config.tokens.values());
-    if let StoreUrl::Postgres(url) = &config.store {
+    secrets.values(tokens.values());
+    if let Some(StoreUrl::Postgres(url)) = store {
         secrets.store_url(url);
     }
     secrets
@@ -184,7 +192,7 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
     let equipment = equip::Equipment::load(
         config.providers.as_deref(),
         config.tools.as_deref(),
-        secrets(&config),
+        secrets(&config.tokens, Some(&config.store)),
     )?;
     let agents = agents::Agents::load(config.agents.clone())?;
     let store: Arc<dyn RunStore> = store::open(&config.store).await?;

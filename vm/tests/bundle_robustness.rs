@@ -273,5 +273,6 @@ fn build_bundle(
             })
             .collect(),
         dialect: Default::default(),
+        description: None,
     }
 }

@@ -21,6 +21,10 @@ pub const MAGIC: [u8; 8] = *b"\x89APLB\r\n\x1a";
 ///
 /// History: 1, the first format; 2 added [`Bundle::inputs`], the declared inputs.
 pub const FORMAT_VERSION: u16 = 2;
+/// The header flag (high byte) of a bundle whose payload carries a
+/// [`Bundle::description`] after the bundle value. Earlier readers refuse every flag in
+/// the high byte, so none of them misreads such a bundle.
+pub const DESCRIBED: u16 = 0x0100;
 /// The largest payload, in bytes, that [`encode`] writes and [`decode`] accepts.
 pub const MAX_PAYLOAD_LEN: u64 = 64 * 1024 * 1024;
 
@@ -52,8 +56,9 @@ pub enum BundleError {
     },
     /// The header sets flags this version does not define.
     #[error(
-        "unknown bundle flags {found:#06x} (format version {} defines only the dialect, in \
-         the low byte: 0x0000 spec, 0x0001 defuss-1.1)",
+        "unknown bundle flags {found:#06x} (format version {} defines the dialect, in the \
+         low byte: 0x0000 spec, 0x0001 defuss-1.1, and 0x0100, a description follows the \
+         bundle value)",
         FORMAT_VERSION
     )]
     UnknownFlags {
@@ -148,6 +153,11 @@ pub fn encode(bundle: &Bundle) -> Result<Vec<u8>, BundleError> {
         "postcard serializes every Bundle: it holds only integers, strings, enums, \
          fixed arrays and sequences of known length",
     );
+    let mut flags = bundle.dialect.bundle_flags();
+    if let Some(description) = &bundle.description {
+        flags |= DESCRIBED;
+        bytes = postcard::to_extend(description, bytes).expect("postcard serializes every string");
+    }
     let (header, payload) = bytes.split_at_mut(HEADER_LEN);
     let declared = payload.len() as u64;
     let Some(payload_len) = u32::try_from(payload.len())
@@ -158,7 +168,7 @@ pub fn encode(bundle: &Bundle) -> Result<Vec<u8>, BundleError> {
     };
     let header_fields = Header {
         version: FORMAT_VERSION,
-        flags: bundle.dialect.bundle_flags(),
+        flags,
         payload_len,
         checksum: xxh3_64(payload),
     };
@@ -194,8 +204,14 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
             found: hash,
         });
     }
-    let (mut bundle, rest) = postcard::take_from_bytes::<Bundle>(payload)
+    let (mut bundle, mut rest) = postcard::take_from_bytes::<Bundle>(payload)
         .map_err(|err| BundleError::Malformed(err.to_string()))?;
+    if header.flags & DESCRIBED != 0 {
+        let (description, after) = postcard::take_from_bytes::<String>(rest)
+            .map_err(|err| BundleError::Malformed(format!("the description: {err}")))?;
+        bundle.description = Some(description);
+        rest = after;
+    }
     if !rest.is_empty() {
         return Err(BundleError::Malformed(format!(
             "{} unused bytes after the bundle value",
@@ -204,7 +220,7 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
     }
     bundle.validate()?;
     // `split_header` checked the flags name a dialect.
-    bundle.dialect = Dialect::from_bundle_flags(header.flags).unwrap_or_default();
+    bundle.dialect = Dialect::from_bundle_flags(header.flags & !DESCRIBED).unwrap_or_default();
     Ok(bundle)
 }
 
@@ -213,8 +229,8 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
 pub struct HeaderFields {
     /// The bundle format version.
     pub version: u16,
-    /// Format flags: the low byte is the program's dialect (0 spec, 1 defuss-1.1), the
-    /// high byte is 0.
+    /// Format flags: the low byte is the program's dialect (0 spec, 1 defuss-1.1); the
+    /// high byte is 0, or [`DESCRIBED`] when a description follows the bundle value.
     pub flags: u16,
     /// The length of the postcard payload that follows the header, in bytes.
     pub payload_len: u32,
@@ -259,7 +275,7 @@ fn split_header(bytes: &[u8]) -> Result<(Header, &[u8]), BundleError> {
         .split_first_chunk::<HEADER_LEN>()
         .ok_or_else(truncated)?;
     let header = Header::from_bytes(header);
-    if Dialect::from_bundle_flags(header.flags).is_none() {
+    if Dialect::from_bundle_flags(header.flags & !DESCRIBED).is_none() {
         return Err(BundleError::UnknownFlags {
             found: header.flags,
         });
@@ -426,6 +442,7 @@ mod tests {
                 },
             ],
             dialect: Dialect::Spec,
+            description: None,
         }
     }
 
@@ -479,6 +496,31 @@ mod tests {
         let checksum = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
         assert_eq!(checksum, xxh3_64(&bytes[HEADER_LEN..]));
         assert_eq!(decode(&bytes), Ok(bundle));
+    }
+
+    #[test]
+    fn a_description_follows_the_bundle_value_under_its_flag() {
+        let mut bundle = sample();
+        let plain = encode(&bundle).expect("encodes");
+        bundle.description = Some("Says hi, then bye.".to_owned());
+        bundle.dialect = Dialect::Defuss11;
+        let bytes = encode(&bundle).expect("encodes");
+        assert_eq!(bytes[10..12], (DESCRIBED | 1).to_le_bytes());
+        assert_eq!(decode(&bytes), Ok(bundle.clone()));
+        // The bundle value itself is unchanged: the description only follows it.
+        assert!(bytes.len() > plain.len());
+        // A described bundle whose string is cut off is malformed, not a panic.
+        let payload = &bytes[HEADER_LEN..bytes.len() - 3];
+        let mut cut = with_header(payload);
+        cut[10..12].copy_from_slice(&DESCRIBED.to_le_bytes());
+        assert!(matches!(decode(&cut), Err(BundleError::Malformed(_))));
+        // Any other high-byte flag is still unknown.
+        let mut other = plain.clone();
+        other[10..12].copy_from_slice(&0x0200u16.to_le_bytes());
+        assert_eq!(
+            decode(&other),
+            Err(BundleError::UnknownFlags { found: 0x0200 })
+        );
     }
 
     #[test]
@@ -585,14 +627,15 @@ mod tests {
         assert_eq!(err, BundleError::UnknownFlags { found: 4 });
         assert_eq!(
             err.to_string(),
-            "unknown bundle flags 0x0004 (format version 2 defines only the dialect, in the \
-             low byte: 0x0000 spec, 0x0001 defuss-1.1)"
+            "unknown bundle flags 0x0004 (format version 2 defines the dialect, in the low \
+             byte: 0x0000 spec, 0x0001 defuss-1.1, and 0x0100, a description follows the \
+             bundle value)"
         );
         bytes[10] = 0;
-        bytes[11] = 0x01;
+        bytes[11] = 0x02;
         assert_eq!(
             decode(&bytes).unwrap_err(),
-            BundleError::UnknownFlags { found: 0x0100 }
+            BundleError::UnknownFlags { found: 0x0200 }
         );
     }
 

@@ -15,7 +15,8 @@ mod validate;
 use serde::{Deserialize, Serialize};
 
 pub use codec::{
-    BundleError, FORMAT_VERSION, HeaderFields, MAGIC, MAX_PAYLOAD_LEN, decode, encode, is_bundle,
+    BundleError, DESCRIBED, FORMAT_VERSION, HeaderFields, MAGIC, MAX_PAYLOAD_LEN, decode, encode,
+    is_bundle,
 };
 pub use instr::{Instr, StepId, TemplateId};
 pub use listing::listing;
@@ -55,6 +56,15 @@ pub struct Bundle {
     /// another dialect is refused by them (`spec/bundle-format.md`).
     #[serde(skip)]
     pub dialect: crate::Dialect,
+    /// What the agent does, for the people and programs that list agents (`aplc mcp`
+    /// offers it as an MCP tool's description): the first `{# … #}` comment before the
+    /// first heading that is not an `{# inputs: … #}` declaration, trimmed. Not in the
+    /// bundle value: when present, it follows that value in the payload as one postcard
+    /// string and the header's [`DESCRIBED`](crate::bundle::DESCRIBED) flag says so, so a
+    /// bundle without one is byte for byte what earlier builds wrote
+    /// (`spec/bundle-format.md`).
+    #[serde(skip)]
+    pub description: Option<String>,
 }
 
 /// One step in the step table.
