@@ -27,7 +27,6 @@ use serde_json::Value as Json;
 use crate::provider::{CallContext, DeltaSink, Provider};
 use crate::recorder::{Recorder, Window};
 use crate::store::Batch;
-use crate::tool::{ProgressSink, Toolbox};
 
 /// Receives a run's events, in order, on the driver's task (see `spec/events.md`).
 ///
@@ -269,9 +268,9 @@ impl<'l> RunSession<'l> {
     /// cancel (then why it stopped). With an observer, the tool gets a progress sink,
     /// and every report it makes reaches the observer as a `tool_progress` event, in
     /// order, before the answer comes back; live only, like a provider's deltas.
-    pub async fn call_tool(
+    pub(crate) async fn call_tool(
         &mut self,
-        toolbox: &Toolbox,
+        toolbox: &impl ToolRunner,
         invocation: &ToolInvocation,
     ) -> Result<Result<Json, String>, Stopped> {
         let RunSession {
@@ -363,6 +362,43 @@ pub async fn relay_deltas<T, D>(
             Some(text) = receiver.recv() => emit(text),
         }
     }
+}
+
+/// Where a tool reports its progress during a call: the run's observer gets each report
+/// as a `tool_progress` event (`spec/events.md`). Bounded and lossy: a report that finds
+/// the queue full is dropped, never awaited, since progress is advisory (not an input of
+/// the run) and a tool must not wait on a slow listener.
+#[derive(Debug, Clone)]
+pub struct ProgressSink(tokio::sync::mpsc::Sender<Progress>);
+
+impl ProgressSink {
+    /// A sink and the receiving end of its queue, which holds `capacity` reports.
+    pub fn channel(capacity: usize) -> (ProgressSink, tokio::sync::mpsc::Receiver<Progress>) {
+        let (sender, receiver) = tokio::sync::mpsc::channel(capacity);
+        (ProgressSink(sender), receiver)
+    }
+
+    /// Sends `progress`, or drops it if the queue is full or nobody listens any more.
+    pub fn report(&self, progress: Progress) {
+        let _ = self.0.try_send(progress);
+    }
+}
+
+/// What runs a run's tool calls for [`RunSession::call_tool`]: the
+/// [`Toolbox`](crate::tool::Toolbox). A trait, so that the session, which the toolbox
+/// uses (its clock), does not use the toolbox in turn.
+pub(crate) trait ToolRunner {
+    /// Runs the call until the run's deadline or cancel, reporting its progress to
+    /// `progress`: its result, redacted, or why it was dropped.
+    async fn run(
+        &self,
+        invocation: &ToolInvocation,
+        clock: &RunClock,
+        progress: Option<&ProgressSink>,
+    ) -> Result<Result<Json, String>, Stopped>;
+
+    /// A tool's progress `message` as an event may carry it.
+    fn progress_message(&self, message: &str) -> String;
 }
 
 /// Which provider call a streaming provider's deltas belong to: the `seq` and step of

@@ -4,13 +4,13 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use aplc_vm::Progress;
 use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec, ToolSpecError};
 use serde_json::Value as Json;
 
 use crate::future::BoxFuture;
 use crate::redact::Redactor;
-use crate::session::{RunClock, Stopped};
+pub use crate::session::ProgressSink;
+use crate::session::{RunClock, Stopped, ToolRunner};
 
 /// A native tool (§5): takes checked arguments (and the context, for `with_context`
 /// tools), returns a JSON result or an error message. A failure never aborts the run.
@@ -27,26 +27,6 @@ pub trait Tool: Send + Sync {
     ) -> BoxFuture<'a, Result<Json, String>> {
         let _ = progress;
         self.call(invocation)
-    }
-}
-
-/// Where a tool reports its progress during a call: the run's observer gets each report
-/// as a `tool_progress` event (`spec/events.md`). Bounded and lossy: a report that finds
-/// the queue full is dropped, never awaited, since progress is advisory (not an input of
-/// the run) and a tool must not wait on a slow listener.
-#[derive(Debug, Clone)]
-pub struct ProgressSink(tokio::sync::mpsc::Sender<Progress>);
-
-impl ProgressSink {
-    /// A sink and the receiving end of its queue, which holds `capacity` reports.
-    pub fn channel(capacity: usize) -> (ProgressSink, tokio::sync::mpsc::Receiver<Progress>) {
-        let (sender, receiver) = tokio::sync::mpsc::channel(capacity);
-        (ProgressSink(sender), receiver)
-    }
-
-    /// Sends `progress`, or drops it if the queue is full or nobody listens any more.
-    pub fn report(&self, progress: Progress) {
-        let _ = self.0.try_send(progress);
     }
 }
 
@@ -194,36 +174,11 @@ impl Toolbox {
         self.redactor = redactor;
     }
 
-    /// Runs the tool `invocation` asks for until the run's deadline or cancel, reporting
-    /// its progress to `progress`: its result, redacted, or why it was dropped.
-    pub(crate) async fn run(
-        &self,
-        invocation: &ToolInvocation,
-        clock: &RunClock,
-        progress: Option<&ProgressSink>,
-    ) -> Result<Result<Json, String>, Stopped> {
-        let result = match self.tools.get(&invocation.name) {
-            Some(tool) => {
-                clock
-                    .until_stopped(tool.call_with_progress(invocation, progress))
-                    .await?
-            }
-            None => Err("the tool has a descriptor but no implementation".to_string()),
-        };
-        Ok(self.redacted(result))
-    }
-
     /// True if the tool `name` is declared idempotent: running it twice does no harm.
     pub(crate) fn is_idempotent(&self, name: &str) -> bool {
         self.registry
             .get(name)
             .is_some_and(|spec| spec.idempotency().is_some())
-    }
-
-    /// A tool's progress `message` as an event may carry it: one line, redacted, at
-    /// most [`PROGRESS_MESSAGE_CHARS`] characters (a tool's text is outside input).
-    pub(crate) fn progress_message(&self, message: &str) -> String {
-        self.redactor.clip(message, PROGRESS_MESSAGE_CHARS)
     }
 
     /// `result` with every secret the toolbox knows replaced.
@@ -242,5 +197,33 @@ impl Toolbox {
     /// True without tools.
     pub fn is_empty(&self) -> bool {
         self.registry.is_empty()
+    }
+}
+
+/// The session runs a run's tool calls through this (it relays their progress).
+impl ToolRunner for Toolbox {
+    /// Runs the tool `invocation` asks for until the run's deadline or cancel, reporting
+    /// its progress to `progress`: its result, redacted, or why it was dropped.
+    async fn run(
+        &self,
+        invocation: &ToolInvocation,
+        clock: &RunClock,
+        progress: Option<&ProgressSink>,
+    ) -> Result<Result<Json, String>, Stopped> {
+        let result = match self.tools.get(&invocation.name) {
+            Some(tool) => {
+                clock
+                    .until_stopped(tool.call_with_progress(invocation, progress))
+                    .await?
+            }
+            None => Err("the tool has a descriptor but no implementation".to_string()),
+        };
+        Ok(self.redacted(result))
+    }
+
+    /// A tool's progress `message` as an event may carry it: one line, redacted, at
+    /// most [`PROGRESS_MESSAGE_CHARS`] characters (a tool's text is outside input).
+    fn progress_message(&self, message: &str) -> String {
+        self.redactor.clip(message, PROGRESS_MESSAGE_CHARS)
     }
 }
