@@ -119,6 +119,34 @@ impl Toolbox {
         }
         let (servers, hidden) = (*self.pending_mcp).clone();
         let started = crate::mcp::start(&servers, &hidden, &self.redactor).await?;
+        self.register_mcp(started)
+    }
+
+    /// [`Toolbox::start_mcp`] for a host that outlives its runs (`aplc serve`): the
+    /// servers are started once and supervised (spec/mcp.md, "Hosts that live long"),
+    /// so a server whose child dies is restarted with backoff while this toolbox's
+    /// clones keep offering the tools of the first start. `listener` hears each
+    /// restart. The servers stop when the returned host is stopped or dropped.
+    pub async fn start_mcp_supervised(
+        &mut self,
+        listener: crate::mcp::McpListener,
+    ) -> Result<crate::mcp::McpHost, crate::mcp::McpError> {
+        if self.pending_mcp.0.is_empty() {
+            return Ok(crate::mcp::McpHost::default());
+        }
+        let (servers, hidden) = (*self.pending_mcp).clone();
+        let (host, started) =
+            crate::mcp::supervisor_start(&servers, &hidden, &self.redactor, listener).await?;
+        self.register_mcp(started)?;
+        Ok(host)
+    }
+
+    /// Registers the tools of started MCP servers after the manifest's own, refusing two
+    /// with one name; the servers are no longer pending.
+    fn register_mcp(
+        &mut self,
+        started: Vec<(String, ToolSpec, Arc<dyn Tool>)>,
+    ) -> Result<(), crate::mcp::McpError> {
         let mut origin: HashMap<String, String> = self
             .tools
             .keys()
