@@ -201,6 +201,16 @@ impl Toolbox {
         Ok(self.redacted(result))
     }
 
+    /// Calls the tool `invocation` names, with no deadline of its own (a host that drives
+    /// a run itself keeps the run's deadline: Python): its result, redacted.
+    pub async fn call(&self, invocation: &ToolInvocation) -> Result<Json, String> {
+        let result = match self.tools.get(&invocation.name) {
+            Some(tool) => tool.call(invocation).await,
+            None => Err("the tool has a descriptor but no implementation".to_string()),
+        };
+        self.redacted(result)
+    }
+
     /// True if the tool `name` is declared idempotent: running it twice does no harm.
     pub(crate) fn is_idempotent(&self, name: &str) -> bool {
         self.registry

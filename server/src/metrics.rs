@@ -324,13 +324,19 @@ mod tests {
             health.restarts = restarts;
             health
         };
-        render_mcp(&mut text, &[health("a", true, 0), health("q\"b\\", false, 3)]);
+        render_mcp(
+            &mut text,
+            &[health("a", true, 0), health("q\"b\\", false, 3)],
+        );
         for line in [
             "aplc_mcp_server_up{server=\"a\"} 1",
             "aplc_mcp_server_up{server=\"q\\\"b\\\\\"} 0",
             "aplc_mcp_server_restarts_total{server=\"q\\\"b\\\\\"} 3",
         ] {
-            assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from:\n{text}"
+            );
         }
     }
 }
