@@ -46,9 +46,9 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A fake OpenAI-compatible model: asks for `c_bump` until the request carries the
-/// tool's result, then answers "done".
-fn model() -> String {
+/// A fake OpenAI-compatible model: asks for `tool` until the request carries the tool's
+/// result, then answers "done".
+fn model(tool: &'static str) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
     let url = format!("http://{}", listener.local_addr().expect("address"));
     std::thread::spawn(move || {
@@ -61,7 +61,7 @@ fn model() -> String {
                         json!({"role": "assistant", "content": "done"})
                     } else {
                         let call = json!({"id": "c1", "type": "function",
-                                          "function": {"name": "c_bump", "arguments": "{}"}});
+                                          "function": {"name": tool, "arguments": "{}"}});
                         json!({"role": "assistant", "content": null, "tool_calls": [call]})
                     };
                     let answer = json!({
@@ -84,8 +84,8 @@ fn model() -> String {
     url
 }
 
-/// A scratch directory with the agent, the providers file and the tool manifest.
-fn scratch(name: &str, model: &str) -> PathBuf {
+/// A scratch directory with the agent and the providers file.
+fn scratch_dir(name: &str, model: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("serve-mcp")
         .join(name);
@@ -98,6 +98,12 @@ fn scratch(name: &str, model: &str) -> PathBuf {
     .unwrap();
     let providers = json!({"routes": [{"model": "*", "kind": "openai", "base_url": model}]});
     std::fs::write(dir.join("providers.json"), providers.to_string()).unwrap();
+    dir
+}
+
+/// [`scratch_dir`] with the counter server in the tool manifest.
+fn scratch(name: &str, model: &str) -> PathBuf {
+    let dir = scratch_dir(name, model);
     let path = |file: &str| dir.join(file).to_string_lossy().into_owned();
     // `sh` counts the starts, refuses to start while `block` exists, then becomes the
     // server (`exec`: the pid it writes is the process aplc started).
@@ -281,7 +287,7 @@ fn gone(pid: i32) -> bool {
 
 #[tokio::test]
 async fn runs_share_one_server_that_is_restarted_when_it_dies() {
-    let model = model();
+    let model = model("c_bump");
     let dir = scratch("share-restart", &model);
     let server = Server::start(&dir);
     until_metrics(
@@ -347,7 +353,7 @@ async fn runs_share_one_server_that_is_restarted_when_it_dies() {
 
 #[test]
 fn a_server_that_does_not_start_stops_aplc_serve_before_it_listens() {
-    let model = model();
+    let model = model("c_bump");
     let dir = scratch("no-start", &model);
     std::fs::write(dir.join("block"), "").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_aplc"))
@@ -367,4 +373,62 @@ fn a_server_that_does_not_start_stops_aplc_serve_before_it_listens() {
         stderr.contains("MCP server `counter`: did not initialize"),
         "{stderr}"
     );
+}
+
+/// A server that lists `a`, or `b` once the file `SHIFT` names exists.
+const SHIFTY: &str = r#"
+import os
+try:
+    from mcp.server.mcpserver import MCPServer as Server
+except ImportError:
+    from mcp.server.fastmcp import FastMCP as Server
+server = Server("shifty")
+if os.path.exists(os.environ["SHIFT"]):
+    @server.tool(structured_output=False)
+    def b() -> str:
+        return "b"
+else:
+    @server.tool(structured_output=False)
+    def a() -> str:
+        return "a"
+with open(os.environ["PID_FILE"], "w") as f:
+    f.write(str(os.getpid()))
+server.run()
+"#;
+
+#[tokio::test]
+async fn a_server_that_lists_other_tools_after_a_restart_keeps_the_first_offer() {
+    let model = model("a");
+    let dir = scratch_dir("tools-changed", &model);
+    let path = |file: &str| dir.join(file).to_string_lossy().into_owned();
+    let server = json!({"command": python(), "args": ["-c", SHIFTY],
+                        "env": {"SHIFT": path("shift"), "PID_FILE": path("pid")},
+                        "startup_timeout_ms": 60000});
+    let manifest = json!({"mcpServers": {"shifty": server}});
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).unwrap();
+    let server = Server::start(&dir);
+    assert_eq!(tool_result(&run(&server).await), ("a".into(), false));
+
+    std::fs::write(dir.join("shift"), "").unwrap();
+    // SAFETY: `kill` with a pid and a signal number has no memory effects.
+    unsafe { libc::kill(pid(&dir), libc::SIGKILL) };
+    until_metrics(
+        &server,
+        &[
+            "aplc_mcp_server_up{server=\"shifty\"} 1",
+            "aplc_mcp_server_restarts_total{server=\"shifty\"} 1",
+        ],
+    )
+    .await;
+    until_logged(&server, "lists other tools since it restarted").await;
+    // The runs are still offered `a` (not `b`); a call to it says why it fails.
+    let (message, failed) = tool_result(&run(&server).await);
+    assert!(failed, "{message}");
+    assert!(
+        message.ends_with("MCP server `shifty` no longer lists `a` since it restarted"),
+        "{message}"
+    );
+    let second = pid(&dir);
+    assert_eq!(server.terminate(), Some(0));
+    assert!(gone(second), "the MCP server {second} outlived aplc serve");
 }
