@@ -71,7 +71,7 @@ pub(crate) async fn start_one(
     server: &McpServer,
     hidden_env: &[String],
     redactor: &Redactor,
-) -> Result<super::Started<McpSessions>, McpError> {
+) -> Result<Started, McpError> {
     let fail = |message: String| McpError::Start {
         server: server.name.clone(),
         message: redactor.redact(&message),
@@ -339,3 +339,7 @@ fn descriptor(item: &Json) -> Json {
     }
     Json::Object(small)
 }
+
+/// One started server: its session, and its tools as `(server, descriptor,
+/// implementation)`.
+pub(crate) type Started = (Arc<McpSessions>, Vec<(String, ToolSpec, Arc<dyn Tool>)>);

@@ -42,10 +42,14 @@ pub(crate) async fn start_one(
     server: &McpServer,
     hidden_env: &[String],
     redactor: &Redactor,
-) -> Result<super::Started<McpSessions>, McpError> {
+) -> Result<Started, McpError> {
     start(std::slice::from_ref(server), hidden_env, redactor).await?;
     Err(McpError::Unsupported {
         server: server.name.clone(),
         what: "MCP (this aplc was built without the `mcp` feature)",
     })
 }
+
+/// One started server: its session, and its tools as `(server, descriptor,
+/// implementation)`.
+pub(crate) type Started = (Arc<McpSessions>, Vec<(String, ToolSpec, Arc<dyn Tool>)>);

@@ -21,25 +21,14 @@ use serde_json::Value as Json;
 #[cfg(feature = "mcp")]
 mod client;
 #[cfg(feature = "mcp")]
-pub(crate) use client::{ENABLED, McpSessions, start, start_one};
+pub(crate) use client::{ENABLED, McpSessions, Started, start, start_one};
 #[cfg(not(feature = "mcp"))]
 mod disabled;
 #[cfg(not(feature = "mcp"))]
-pub(crate) use disabled::{ENABLED, McpSessions, start, start_one};
+pub(crate) use disabled::{ENABLED, McpSessions, Started, start, start_one};
 mod supervisor;
 pub(crate) use supervisor::start as supervisor_start;
 pub use supervisor::{McpEvent, McpHost, McpListener, ServerHealth};
-
-/// One started server: its session, and its tools as `(server, descriptor,
-/// implementation)`.
-pub(crate) type Started<S> = (
-    std::sync::Arc<S>,
-    Vec<(
-        String,
-        aplc_vm::tools::ToolSpec,
-        std::sync::Arc<dyn crate::tool::Tool>,
-    )>,
-);
 
 /// Default time one `tools/call` may take.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(30_000);

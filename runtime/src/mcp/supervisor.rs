@@ -183,7 +183,7 @@ pub(crate) async fn start(
 }
 
 /// The descriptors a start offers, in its order.
-fn offer(started: &Started<McpSessions>) -> Vec<ToolSpec> {
+fn offer(started: &Started) -> Vec<ToolSpec> {
     started.1.iter().map(|(_, spec, _)| spec.clone()).collect()
 }
 
@@ -218,7 +218,7 @@ struct Running {
 }
 
 impl Running {
-    fn new((session, tools): Started<McpSessions>) -> Running {
+    fn new((session, tools): Started) -> Running {
         Running {
             session,
             since: Instant::now(),
