@@ -432,3 +432,40 @@ async fn a_server_that_lists_other_tools_after_a_restart_keeps_the_first_offer()
     assert_eq!(server.terminate(), Some(0));
     assert!(gone(second), "the MCP server {second} outlived aplc serve");
 }
+
+/// SIGINT while a server starts ends `aplc serve` at once, and the server with it.
+#[test]
+fn sigint_while_a_server_starts_stops_it_and_the_server() {
+    let model = model("c_bump");
+    let dir = scratch_dir("sigint-start", &model);
+    let pid_file = dir.join("pid").to_string_lossy().into_owned();
+    // Never initializes: it only sleeps, as the process `sh` becomes.
+    let server = json!({"command": "sh", "args": ["-c", "echo $$ > \"$PID_FILE\"; exec sleep 120"],
+                        "env": {"PID_FILE": pid_file}, "startup_timeout_ms": 120000});
+    let manifest = json!({"mcpServers": {"sleepy": server}});
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        .current_dir(&dir)
+        .args(["serve", "--agents", "agents", "--store", "sqlite:runs.db"])
+        .args(["--listen", "127.0.0.1:0", "--providers", "providers.json"])
+        .args(["--tools", "tools.json"])
+        .env("APLC_SERVE_TOKENS", TOKEN)
+        .env_remove("OPENAI_API_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn aplc serve");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(dir.join("pid")).map_or(true, |p| p.trim().is_empty()) {
+        assert!(Instant::now() < deadline, "the MCP server never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sleepy = pid(&dir);
+    let aplc = i32::try_from(child.id()).expect("pid");
+    // SAFETY: `kill` with a child's pid and a signal number has no memory effects.
+    unsafe { libc::kill(aplc, libc::SIGINT) };
+    let output = child.wait_with_output().expect("wait");
+    assert_eq!(output.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("listening on"));
+    assert!(gone(sleepy), "the MCP server {sleepy} outlived aplc serve");
+}
