@@ -130,6 +130,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     match served {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(ServeError::Config(message)) => Err(Failure::usage(message)),
+        // As `aplc run`: a manifest's mistake is exit 2, a server that failed exit 1.
+        Err(ServeError::Mcp(e)) if e.is_manifest_error() => Err(Failure::usage(e.to_string())),
         Err(e) => Err(Failure::run(e.to_string())),
     }
 }

@@ -1,5 +1,6 @@
 """Type stubs for aplc: APL agents on aplc's compiler and VM."""
 
+import os
 from typing import Any, Awaitable, Callable, Dict, List, Literal, Mapping, Optional, TypedDict, Union
 
 __version__: str
@@ -21,7 +22,8 @@ class ToolConfig(TypedDict, total=False):
 
 class Options(TypedDict, total=False):
     with_providers: Mapping[str, ProviderFn]
-    with_tools: Mapping[str, ToolConfig]
+    # Python tools, or a tool manifest: its path, or the parsed object with `mcpServers`.
+    with_tools: Union[Mapping[str, Any], str, "os.PathLike[str]"]
     with_context: Mapping[str, Any]
     timeout: int
     max_runs: Optional[int]

@@ -10,7 +10,7 @@ import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _aplc
-from ._tools import ToolEntry, ToolTable, tool_entries
+from ._tools import ToolEntry, ToolTable, split_manifest, tool_entries
 
 #: The options ``start`` accepts (§6.1, plus aplc's own).
 OPTIONS = frozenset(
@@ -185,7 +185,8 @@ class _Options:
         self.providers: Dict[str, Callable[..., Any]] = {str(k): v for k, v in providers.items()}
         #: The providers awaited on the loop; the others run in a thread.
         self.async_providers = frozenset(k for k, v in self.providers.items() if inspect.iscoroutinefunction(v))
-        self.raw_tools = options.get("with_tools") or {}
+        #: The Python tools, and the tool manifest Rust runs (its MCP servers too).
+        self.raw_tools, self.manifest = split_manifest(options.get("with_tools") or {})
         self.tools: Dict[str, ToolEntry] = tool_entries(self.raw_tools)
         context = options.get("with_context") or {}
         if not isinstance(context, Mapping):
@@ -249,8 +250,11 @@ class _Run:
             "base_url": o.base_url,
             "api_key": o.api_key,
             "providers_json": o.providers_json,
+            "manifest": o.manifest,
         }
         run = native.begin(config)
+        if inspect.isawaitable(run):  # the manifest's MCP servers start first
+            run = await run
         try:
             action = await self._drive(run)
         finally:

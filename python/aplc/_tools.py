@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import sys
 import typing
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -148,6 +149,26 @@ class ToolEntry:
             if inspect.isawaitable(result):
                 result = await result
         return result
+
+
+def split_manifest(with_tools: Any) -> "typing.Tuple[Any, Optional[typing.Tuple[str, str]]]":
+    """``with_tools`` as its Python tools and the tool manifest Rust runs (spec/tools.md,
+    spec/mcp.md): a path (``str`` or ``os.PathLike``) is a manifest file; a dict with an
+    ``mcpServers`` key is a parsed manifest, whose entries with ``fn`` stay Python tools.
+    The manifest is ``("file", path)`` or ``("json", text)``, else ``None``."""
+    if isinstance(with_tools, (str, os.PathLike)):
+        return {}, ("file", os.fsdecode(with_tools))
+    if isinstance(with_tools, Mapping) and "mcpServers" in with_tools:
+        python = {
+            k: v for k, v in with_tools.items() if k != "mcpServers" and isinstance(v, Mapping) and "fn" in v
+        }
+        manifest = {str(k): v for k, v in with_tools.items() if k not in python}
+        try:
+            text = json.dumps(manifest)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"with_tools: the manifest must be JSON values: {e}") from None
+        return python, ("json", text)
+    return with_tools, None
 
 
 def tool_entries(with_tools: Any) -> Dict[str, ToolEntry]:

@@ -22,6 +22,7 @@ fn _aplc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::NativeProgram>()?;
     m.add_class::<run::NativeRun>()?;
     m.add_class::<run::RustAnswer>()?;
+    m.add_class::<run::RustToolAnswer>()?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_STEPS", aplc_vm::DEFAULT_MAX_STEPS)?;
     m.add(

@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aplc_runtime::driver::{BoxFuture, CallContext, DeltaSink, Provider};
+use aplc_runtime::driver::{BoxFuture, CallContext, DeltaSink, Provider, Toolbox};
 use aplc_runtime::equip::{Builder, ProcessEnvironment, Source};
 use aplc_runtime::session::{DeltaStamp, Next, RunSession, Timebase, relay_deltas};
 use aplc_runtime::{DeltaRedactor, Redactor, Secrets};
@@ -63,6 +63,9 @@ struct RunConfig {
     api_key: Option<String>,
     /// A providers config (spec/providers.md), as JSON.
     providers_json: Option<String>,
+    /// A tool manifest (spec/tools.md, spec/mcp.md) run by Rust: `("file", path)` or
+    /// `("json", text)` (`with_tools` as a path, or the manifest's parsed object).
+    manifest: Option<(String, String)>,
 }
 
 #[pymethods]
@@ -122,9 +125,23 @@ impl NativeProgram {
     }
 
     /// Starts a run: the machine, its clock and watchdog; the facade drives it with
-    /// [`NativeRun::advance`] and [`NativeRun::answer`].
-    fn begin(&self, py: Python<'_>, config: RunConfig) -> PyResult<NativeRun> {
-        NativeRun::new(py, self.program.clone(), config)
+    /// [`NativeRun::advance`] and [`NativeRun::answer`]. With a manifest that declares
+    /// MCP servers, an awaitable instead: the servers start (on the module's tokio
+    /// runtime, which runs their calls), then it gives the run. They stop when the run
+    /// ends (spec/python.md, "Tool manifests").
+    fn begin<'py>(&self, py: Python<'py>, config: RunConfig) -> PyResult<Bound<'py, PyAny>> {
+        let mut prepared = Prepared::new(py, self.program.clone(), config)?;
+        if prepared.toolbox.pending_mcp_servers().is_empty() {
+            return Ok(Bound::new(py, prepared.finish()?)?.into_any());
+        }
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            prepared
+                .toolbox
+                .start_mcp()
+                .await
+                .map_err(|e| PyValueError::new_err(prepared.redactor.redact(&e.to_string())))?;
+            prepared.finish()
+        })
     }
 }
 
@@ -153,6 +170,9 @@ struct State {
     /// are redacted with it.
     redactor: Redactor,
     on_delta: Option<Py<PyAny>>,
+    /// The manifest's tools (command, HTTP, MCP), run in Rust; `None` without a manifest
+    /// and once the run has ended (its MCP servers stop then).
+    toolbox: Option<Arc<Toolbox>>,
 }
 
 /// The action the facade is performing.
@@ -164,13 +184,28 @@ enum Waiting {
     Tool,
     /// A Rust provider: the answer is `("rust", RustAnswer)`.
     Rust,
+    /// A tool of the manifest: the answer is `("rust", RustToolAnswer)`.
+    RustTool,
 }
 
 /// How many deltas of a Rust provider wait for the loop before the provider waits.
 const DELTA_QUEUE: usize = 32;
 
-impl NativeRun {
-    fn new(py: Python<'_>, program: Arc<Program>, config: RunConfig) -> PyResult<NativeRun> {
+/// A run built but not started: what [`NativeRun`] needs, once the manifest's MCP
+/// servers (if any) have started.
+struct Prepared {
+    program: Arc<Program>,
+    options: RunOptions,
+    toolbox: Toolbox,
+    events: bool,
+    models: Vec<String>,
+    fallback: Fallback,
+    redactor: Redactor,
+    on_delta: Option<Py<PyAny>>,
+}
+
+impl Prepared {
+    fn new(py: Python<'_>, program: Arc<Program>, config: RunConfig) -> PyResult<Prepared> {
         let context = py_to_json(config.context.bind(py)).map_err(|e| {
             PyTypeError::new_err(format!("with_context must hold JSON values only: {e}"))
         })?;
@@ -202,9 +237,10 @@ impl NativeRun {
         .with_context_json(&context);
 
         // The one list of secrets (spec/limits.md, "Secrets and redaction"), plus the
-        // `api_key` argument and the variables a providers file reads. Lazy: most runs
-        // with Python providers never need the HTTP provider or its client.
-        let equipment = Builder::new(Secrets::from_env())
+        // `api_key` argument, the variables a providers file reads and the manifest's
+        // MCP secrets. Lazy: most runs with Python providers never need the HTTP
+        // provider or its client.
+        let mut builder = Builder::new(Secrets::from_env())
             .providers(config.providers_json.map(|text| Source::Text {
                 name: "providers".into(),
                 text,
@@ -212,16 +248,53 @@ impl NativeRun {
             .base_url(config.base_url)
             .api_key(config.api_key)
             .lazy(true)
+            // `begin` starts them, for this run.
+            .mcp(true);
+        builder = match config.manifest {
+            Some((kind, path)) if kind == "file" => builder.tools(Some(path.into())),
+            // The parsed manifest: a relative `cwd` is relative to the working directory.
+            Some((_, text)) => builder.tools_text("with_tools".into(), text, ".".into()),
+            None => builder,
+        };
+        let equipment = builder
             .build(&ProcessEnvironment)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let fallback = Fallback(equipment.provider);
-        let redactor = equipment.redactor;
+        Ok(Prepared {
+            program,
+            options,
+            toolbox: equipment.toolbox,
+            events: config.events,
+            models: config.models,
+            fallback: Fallback(equipment.provider),
+            redactor: equipment.redactor,
+            on_delta: config.on_delta,
+        })
+    }
 
-        let interrupt = options.interrupt.clone();
-        let machine = Machine::new(program, options);
+    /// The run, with the manifest's tools offered after `with_tools`' own.
+    fn finish(mut self) -> PyResult<NativeRun> {
+        let registry = self.toolbox.registry();
+        let tools = Arc::make_mut(&mut self.options.tools);
+        for name in registry.names() {
+            let Some(spec) = registry.get(name) else {
+                continue;
+            };
+            if tools.get(name).is_some() {
+                return Err(PyValueError::new_err(format!(
+                    "two tools are named `{name}`: one in with_tools, one in the manifest"
+                )));
+            }
+            tools
+                .register(spec.clone())
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }
+        let toolbox = (!self.toolbox.is_empty()).then(|| Arc::new(self.toolbox));
+        let redactor = self.redactor;
+        let interrupt = self.options.interrupt.clone();
+        let machine = Machine::new(self.program, self.options);
         // The session hands its events to the buffer, redacted; `next` turns them into
         // Python objects with each action.
-        let events = config.events.then(|| Arc::new(Mutex::new(Vec::new())));
+        let events = self.events.then(|| Arc::new(Mutex::new(Vec::new())));
         let observer = events.clone().map(|buffer| {
             let redactor = redactor.clone();
             Box::new(move |event: &Event| {
@@ -234,15 +307,18 @@ impl NativeRun {
                 session: Some(RunSession::new(machine, observer)),
                 events,
                 waiting: Waiting::Nothing,
-                models: config.models.into_iter().collect(),
-                fallback,
+                models: self.models.into_iter().collect(),
+                fallback: self.fallback,
                 redactor,
-                on_delta: config.on_delta,
+                on_delta: self.on_delta,
+                toolbox,
             }),
             interrupt,
         })
     }
+}
 
+impl NativeRun {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -296,6 +372,17 @@ impl NativeRun {
                     Some(result) => session.answer_provider(result),
                     None => session.time_out(),
                 }
+            }
+            Waiting::RustTool => {
+                let answer = payload.cast::<RustToolAnswer>()?;
+                let result = answer
+                    .get()
+                    .0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                session
+                    .answer_tool(result.unwrap_or_else(|| Err("the tool gave no answer".into())));
             }
             Waiting::Nothing => {
                 return Err(PyRuntimeError::new_err(
@@ -369,6 +456,8 @@ impl State {
                         return Err(finished());
                     };
                     let (outcome, _) = session.finish();
+                    // The run is over: its MCP servers stop (their process groups killed).
+                    self.toolbox = None;
                     let context = outcome_to_py(py, &outcome, &self.redactor)?;
                     let error = match &outcome.error {
                         Some(error) => (
@@ -431,6 +520,19 @@ impl State {
                         Err(error) => self.handle_rust(Some(Err(error))),
                     }
                 }
+                Action::CallTool(invocation)
+                    if self
+                        .toolbox
+                        .as_ref()
+                        .is_some_and(|t| t.registry().get(&invocation.name).is_some()) =>
+                {
+                    let awaitable = self.manifest_tool(py, invocation)?;
+                    self.waiting = Waiting::RustTool;
+                    return PyTuple::new(
+                        py,
+                        [PyString::new(py, "rust").into_any(), events(), awaitable],
+                    );
+                }
                 Action::CallTool(invocation) => {
                     let arguments = json_to_py(py, &invocation.arguments)?;
                     let context = match &invocation.context {
@@ -451,6 +553,21 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Calls a tool of the manifest on the module's tokio runtime: an awaitable whose
+    /// result is a [`RustToolAnswer`] (the result, redacted by the toolbox).
+    fn manifest_tool<'py>(
+        &self,
+        py: Python<'py>,
+        invocation: aplc_vm::tools::ToolInvocation,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let toolbox = self.toolbox.clone().ok_or_else(finished)?;
+        let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+        pyo3_async_runtimes::tokio::future_into_py_with_locals(py, locals, async move {
+            let result = toolbox.call(&invocation).await;
+            Ok(RustToolAnswer(Mutex::new(Some(result))))
+        })
     }
 
     /// Hands the machine a Rust provider's result (`None`: the deadline came first).
@@ -532,6 +649,10 @@ enum RustCall<'py> {
 /// deadline came first.
 #[pyclass(frozen, name = "RustAnswer", module = "aplc._aplc")]
 pub(crate) struct RustAnswer(Mutex<Option<Option<Result<Completion, ProviderError>>>>);
+
+/// The result of a manifest tool's call, for [`NativeRun::answer`].
+#[pyclass(frozen, name = "RustToolAnswer", module = "aplc._aplc")]
+pub(crate) struct RustToolAnswer(Mutex<Option<Result<Json, String>>>);
 
 /// Where a Rust provider's deltas go: `provider_delta` events, redacted across deltas,
 /// to the facade.

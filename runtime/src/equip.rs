@@ -177,6 +177,8 @@ pub struct Builder {
     base_url: Option<String>,
     api_key: Option<String>,
     tools: Option<PathBuf>,
+    /// A manifest the host already has: `(name, text, base folder)`.
+    tools_text: Option<(String, String, PathBuf)>,
     stream: bool,
     lazy: bool,
     /// The host starts MCP servers (`Toolbox::start_mcp`); otherwise a manifest that
@@ -200,6 +202,10 @@ impl std::fmt::Debug for Builder {
             )
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("tools", &self.tools)
+            .field(
+                "tools_text",
+                &self.tools_text.as_ref().map(|(name, ..)| name),
+            )
             .field("stream", &self.stream)
             .field("lazy", &self.lazy)
             .field("mcp", &self.mcp)
@@ -245,6 +251,14 @@ impl Builder {
     /// The tools of this manifest; a relative `cwd` in it is relative to its folder.
     pub fn tools(mut self, manifest: Option<PathBuf>) -> Builder {
         self.tools = manifest;
+        self
+    }
+
+    /// The tools of this manifest text (the host read or built it: Python's parsed
+    /// manifest); errors start with `name`, a relative `cwd` is relative to `base`.
+    /// [`Builder::tools`] wins over it.
+    pub fn tools_text(mut self, name: String, text: String, base: PathBuf) -> Builder {
+        self.tools_text = Some((name, text, base));
         self
     }
 
@@ -394,21 +408,26 @@ impl Builder {
         http: Option<&HttpClient>,
         secrets: &mut Secrets,
     ) -> Result<Toolbox, EquipError> {
-        let mut toolbox = match &self.tools {
-            Some(path) => {
-                let text = env.read(path).map_err(EquipError::Read)?;
-                let base = path.parent().unwrap_or(Path::new("."));
+        let manifest = match (&self.tools, &self.tools_text) {
+            (Some(path), _) => Some((
+                path.display().to_string(),
+                env.read(path).map_err(EquipError::Read)?,
+                path.parent().unwrap_or(Path::new(".")).to_owned(),
+            )),
+            (None, Some(given)) => Some(given.clone()),
+            (None, None) => None,
+        };
+        let mut toolbox = match manifest {
+            Some((name, text, base)) => {
                 // MCP servers' `env` values and `headers_env` variables are secrets
                 // (spec/mcp.md): recorded before any child's environment is decided.
                 let servers =
                     crate::manifest::mcp_servers(&text).map_err(|error| EquipError::Tools {
-                        name: path.display().to_string(),
+                        name: name.clone(),
                         error: Box::new(error),
                     })?;
                 if !servers.is_empty() && !self.mcp {
-                    return Err(EquipError::McpNotStarted {
-                        name: path.display().to_string(),
-                    });
+                    return Err(EquipError::McpNotStarted { name });
                 }
                 for server in &servers {
                     record_mcp_secrets(server, env, secrets);
@@ -416,12 +435,12 @@ impl Builder {
                 let hidden = secrets.variables();
                 match http {
                     Some(http) => crate::manifest::toolbox_from_manifest_with_client(
-                        &text, base, http, hidden,
+                        &text, &base, http, hidden,
                     ),
-                    None => crate::manifest::toolbox_from_manifest(&text, base, hidden),
+                    None => crate::manifest::toolbox_from_manifest(&text, &base, hidden),
                 }
                 .map_err(|error| EquipError::Tools {
-                    name: path.display().to_string(),
+                    name,
                     error: Box::new(error),
                 })?
             }

@@ -134,6 +134,34 @@ impl Toolbox {
         }
         let (servers, hidden) = (*self.pending_mcp).clone();
         let started = crate::mcp::start(&servers, &hidden, &self.redactor).await?;
+        self.register_mcp(started)
+    }
+
+    /// [`Toolbox::start_mcp`] for a host that outlives its runs (`aplc serve`): the
+    /// servers are started once and supervised (spec/mcp.md, "Hosts that live long"),
+    /// so a server whose child dies is restarted with backoff while this toolbox's
+    /// clones keep offering the tools of the first start. `listener` hears each
+    /// restart. The servers stop when the returned host is stopped or dropped.
+    pub async fn start_mcp_supervised(
+        &mut self,
+        listener: crate::mcp::McpListener,
+    ) -> Result<crate::mcp::McpHost, crate::mcp::McpError> {
+        if self.pending_mcp.0.is_empty() {
+            return Ok(crate::mcp::McpHost::default());
+        }
+        let (servers, hidden) = (*self.pending_mcp).clone();
+        let (host, started) =
+            crate::mcp::supervisor_start(&servers, &hidden, &self.redactor, listener).await?;
+        self.register_mcp(started)?;
+        Ok(host)
+    }
+
+    /// Registers the tools of started MCP servers after the manifest's own, refusing two
+    /// with one name; the servers are no longer pending.
+    fn register_mcp(
+        &mut self,
+        started: Vec<(String, ToolSpec, Arc<dyn Tool>)>,
+    ) -> Result<(), crate::mcp::McpError> {
         let mut origin: HashMap<String, String> = self
             .tools
             .keys()
@@ -172,6 +200,16 @@ impl Toolbox {
     /// secrets.
     pub fn redact_with(&mut self, redactor: Redactor) {
         self.redactor = redactor;
+    }
+
+    /// Calls the tool `invocation` names, with no deadline of its own (a host that drives
+    /// a run itself keeps the run's deadline: Python): its result, redacted.
+    pub async fn call(&self, invocation: &ToolInvocation) -> Result<Json, String> {
+        let result = match self.tools.get(&invocation.name) {
+            Some(tool) => tool.call(invocation).await,
+            None => Err("the tool has a descriptor but no implementation".to_string()),
+        };
+        self.redacted(result)
     }
 
     /// True if the tool `name` is declared idempotent: running it twice does no harm.

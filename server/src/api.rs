@@ -490,7 +490,8 @@ async fn metrics(State(state): State<AppState>) -> Response {
             None
         }
     };
-    let text = state.metrics.render(counts.as_ref());
+    let mut text = state.metrics.render(counts.as_ref());
+    crate::metrics::render_mcp(&mut text, &state.mcp.health());
     (
         [(
             header::CONTENT_TYPE,

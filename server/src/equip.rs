@@ -14,6 +14,7 @@ use aplc_runtime::Secrets;
 use aplc_runtime::driver::{Provider, Toolbox};
 use aplc_runtime::durable::DurableOptions;
 use aplc_runtime::equip::{Builder, ProcessEnvironment, Source};
+use aplc_runtime::mcp::{McpEvent, McpHost};
 
 use crate::ServeError;
 
@@ -37,6 +38,8 @@ impl Equipment {
         let equipment = Builder::new(secrets)
             .providers(providers.map(|path| Source::File(path.to_owned())))
             .tools(tools.map(Path::to_owned))
+            // `start_mcp` starts them, once, before the server listens.
+            .mcp(true)
             .build(&ProcessEnvironment)
             .map_err(|e| ServeError::Config(e.to_string()))?;
         if equipment.no_key {
@@ -49,5 +52,62 @@ impl Equipment {
             toolbox: Arc::new(equipment.toolbox),
             durable,
         })
+    }
+
+    /// Starts the MCP servers of the tool manifest (spec/mcp.md), once for every run of
+    /// the server, and supervises them: a server whose child dies is restarted with
+    /// backoff, each change logged. Before the toolbox is shared.
+    pub(crate) async fn start_mcp(&mut self) -> Result<McpHost, ServeError> {
+        let Some(toolbox) = Arc::get_mut(&mut self.toolbox) else {
+            return Err(ServeError::Io(
+                "the tools are shared before their MCP servers started".into(),
+            ));
+        };
+        let servers = toolbox.pending_mcp_servers().len();
+        if servers == 0 {
+            return Ok(McpHost::default());
+        }
+        let host = toolbox
+            .start_mcp_supervised(Arc::new(log_mcp_event))
+            .await
+            .map_err(ServeError::Mcp)?;
+        tracing::info!(servers, tools = toolbox.len(), "MCP servers started");
+        Ok(host)
+    }
+}
+
+/// Logs a supervised MCP server's change.
+fn log_mcp_event(event: &McpEvent<'_>) {
+    match event {
+        McpEvent::Exited { server } => {
+            tracing::warn!(server, "MCP server exited: restarting it");
+        }
+        McpEvent::Restarted {
+            server,
+            restarts,
+            tools_changed,
+        } => {
+            tracing::info!(server, restarts, "MCP server restarted");
+            if *tools_changed {
+                tracing::warn!(
+                    server,
+                    "MCP server lists other tools since it restarted: runs keep the tools \
+                     of its first start, and calls to a tool it no longer lists fail"
+                );
+            }
+        }
+        McpEvent::RestartFailed {
+            server,
+            error,
+            retry_in,
+        } => {
+            tracing::warn!(
+                server,
+                error = %error,
+                retry_in_ms = retry_in.as_millis() as u64,
+                "MCP server did not restart"
+            );
+        }
+        _ => {}
     }
 }

@@ -153,6 +153,10 @@ pub enum ServeError {
     /// The listening socket or the runtime failed.
     #[error("{0}")]
     Io(String),
+    /// An MCP server of the tool manifest did not start, or its tools are refused
+    /// (names the server).
+    #[error(transparent)]
+    Mcp(aplc_runtime::mcp::McpError),
 }
 
 /// Every secret the server knows before it reads its providers file: the environment's
@@ -189,11 +193,20 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
         idle_timeout: config.idle_timeout,
         drain_timeout: config.drain_timeout,
     };
-    let equipment = equip::Equipment::load(
+    let mut equipment = equip::Equipment::load(
         config.providers.as_deref(),
         config.tools.as_deref(),
         secrets(&config.tokens, Some(&config.store)),
     )?;
+    // Before anything listens: a server that does not start is a startup error. A signal
+    // meanwhile drops the start (the servers started so far are killed) and ends here.
+    let mcp = tokio::select! {
+        started = equipment.start_mcp() => started?,
+        () = shutdown_signal() => {
+            tracing::info!("stopped while the MCP servers started");
+            return Ok(());
+        }
+    };
     let agents = agents::Agents::load(config.agents.clone())?;
     let store: Arc<dyn RunStore> = store::open(&config.store).await?;
     tracing::info!(store = %config.store, "store open");
@@ -205,7 +218,7 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
         .map_err(|e| ServeError::Io(format!("cannot read the bound address: {e}")))?;
 
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    let state = state::AppState::new(store, agents, equipment, &config, stop.clone());
+    let state = state::AppState::new(store, agents, equipment, mcp, &config, stop.clone());
     let reload = tokio::spawn(agents::watch(
         state.agents.clone(),
         config.reload_interval,
@@ -231,6 +244,8 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
     // The workers end after the drain; the watcher at its next tick.
     let _ = workers.await;
     reload.abort();
+    // No MCP server outlives the server: their process groups are killed.
+    state.mcp.stop().await;
     tracing::info!("stopped");
     Ok(())
 }

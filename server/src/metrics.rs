@@ -9,6 +9,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use aplc_runtime::mcp::ServerHealth;
 use aplc_runtime::store::{JournalTimings, QueueCounts, QueueStatus};
 use aplc_vm::{Event, EventKind};
 
@@ -214,6 +215,50 @@ impl JournalTimings for Metrics {
     }
 }
 
+/// The MCP servers' series (none without servers): whether each is up, and its
+/// restarts (spec/serve.md, spec/mcp.md).
+pub(crate) fn render_mcp(out: &mut String, servers: &[ServerHealth]) {
+    if servers.is_empty() {
+        return;
+    }
+    header(
+        out,
+        "aplc_mcp_server_up",
+        "gauge",
+        "Whether the MCP server's session is up (0 while it restarts).",
+    );
+    for server in servers {
+        let name = label(&server.server);
+        let _ = writeln!(
+            out,
+            "aplc_mcp_server_up{{server=\"{name}\"}} {}",
+            u8::from(server.up)
+        );
+    }
+    header(
+        out,
+        "aplc_mcp_server_restarts_total",
+        "counter",
+        "Times the MCP server was restarted after its session ended.",
+    );
+    for server in servers {
+        let name = label(&server.server);
+        let _ = writeln!(
+            out,
+            "aplc_mcp_server_restarts_total{{server=\"{name}\"}} {}",
+            server.restarts
+        );
+    }
+}
+
+/// A label value as the text format writes it: backslash, quote and newline escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -259,6 +304,34 @@ mod tests {
             "aplc_provider_latency_seconds_bucket{le=\"+Inf\"} 2",
             "aplc_provider_latency_seconds_count 2",
             "aplc_journal_commits_total 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn mcp_servers_show_up_and_restarts_with_escaped_names() {
+        let mut text = String::new();
+        render_mcp(&mut text, &[]);
+        assert_eq!(text, "", "no series without servers");
+        let health = |server: &str, up, restarts| {
+            let mut health = ServerHealth::default();
+            health.server = server.into();
+            health.up = up;
+            health.restarts = restarts;
+            health
+        };
+        render_mcp(
+            &mut text,
+            &[health("a", true, 0), health("q\"b\\", false, 3)],
+        );
+        for line in [
+            "aplc_mcp_server_up{server=\"a\"} 1",
+            "aplc_mcp_server_up{server=\"q\\\"b\\\\\"} 0",
+            "aplc_mcp_server_restarts_total{server=\"q\\\"b\\\\\"} 3",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

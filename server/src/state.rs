@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aplc_runtime::mcp::McpHost;
 use aplc_runtime::store::RunStore;
 use tokio::sync::watch;
 
@@ -20,6 +21,8 @@ pub(crate) struct AppState {
     pub(crate) store: Arc<dyn RunStore>,
     pub(crate) agents: Arc<Agents>,
     pub(crate) equipment: Arc<Equipment>,
+    /// The tool manifest's MCP servers, supervised (their health for `/metrics`).
+    pub(crate) mcp: Arc<McpHost>,
     pub(crate) live: Arc<LiveRuns>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) tokens: Arc<Tokens>,
@@ -43,6 +46,7 @@ impl AppState {
         store: Arc<dyn RunStore>,
         agents: Arc<Agents>,
         equipment: Equipment,
+        mcp: McpHost,
         config: &ServeConfig,
         stop: watch::Receiver<bool>,
     ) -> AppState {
@@ -50,6 +54,7 @@ impl AppState {
             store,
             agents,
             equipment: Arc::new(equipment),
+            mcp: Arc::new(mcp),
             live: Arc::new(LiveRuns::default()),
             metrics: Arc::new(Metrics::default()),
             tokens: Arc::new(config.tokens.clone()),

@@ -60,16 +60,18 @@ pub(crate) async fn start(
 ) -> Result<Vec<(String, ToolSpec, Arc<dyn Tool>)>, McpError> {
     let mut all = Vec::new();
     for server in servers {
-        all.extend(start_one(server, hidden_env, redactor).await?);
+        all.extend(start_one(server, hidden_env, redactor).await?.1);
     }
     Ok(all)
 }
 
-async fn start_one(
+/// Starts one server: its session (which the supervisor of `aplc serve` watches) and
+/// its tools, as [`start`] gives them.
+pub(crate) async fn start_one(
     server: &McpServer,
     hidden_env: &[String],
     redactor: &Redactor,
-) -> Result<Vec<(String, ToolSpec, Arc<dyn Tool>)>, McpError> {
+) -> Result<Started, McpError> {
     let fail = |message: String| McpError::Start {
         server: server.name.clone(),
         message: redactor.redact(&message),
@@ -191,7 +193,15 @@ async fn start_one(
         };
         tools.push((server.name.clone(), spec, Arc::new(implementation)));
     }
-    Ok(tools)
+    Ok((session, tools))
+}
+
+impl McpSessions {
+    /// True once the session has ended: the server exited or closed its stdout (the
+    /// SDK's loop stopped reading). The supervisor of `aplc serve` restarts it then.
+    pub(crate) fn closed(&self) -> bool {
+        self.service.peer().is_transport_closed()
+    }
 }
 
 /// Every tool the server lists, following `nextCursor`, as JSON.
@@ -347,3 +357,7 @@ fn descriptor(item: &Json) -> Json {
     }
     Json::Object(small)
 }
+
+/// One started server: its session, and its tools as `(server, descriptor,
+/// implementation)`.
+pub(crate) type Started = (Arc<McpSessions>, Vec<(String, ToolSpec, Arc<dyn Tool>)>);

@@ -27,3 +27,29 @@ pub(crate) async fn start(
         None => Ok(Vec::new()),
     }
 }
+
+/// No session can exist in this build.
+pub(crate) enum McpSessions {}
+
+impl McpSessions {
+    pub(crate) fn closed(&self) -> bool {
+        match *self {}
+    }
+}
+
+/// Refuses the server: this build cannot start it.
+pub(crate) async fn start_one(
+    server: &McpServer,
+    hidden_env: &[String],
+    redactor: &Redactor,
+) -> Result<Started, McpError> {
+    start(std::slice::from_ref(server), hidden_env, redactor).await?;
+    Err(McpError::Unsupported {
+        server: server.name.clone(),
+        what: "MCP (this aplc was built without the `mcp` feature)",
+    })
+}
+
+/// One started server: its session, and its tools as `(server, descriptor,
+/// implementation)`.
+pub(crate) type Started = (Arc<McpSessions>, Vec<(String, ToolSpec, Arc<dyn Tool>)>);

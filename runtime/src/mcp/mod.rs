@@ -23,11 +23,14 @@ mod client;
 #[cfg(feature = "mcp")]
 mod progress;
 #[cfg(feature = "mcp")]
-pub(crate) use client::{ENABLED, start};
+pub(crate) use client::{ENABLED, McpSessions, Started, start, start_one};
 #[cfg(not(feature = "mcp"))]
 mod disabled;
 #[cfg(not(feature = "mcp"))]
-pub(crate) use disabled::{ENABLED, start};
+pub(crate) use disabled::{ENABLED, McpSessions, Started, start, start_one};
+mod supervisor;
+pub(crate) use supervisor::start as supervisor_start;
+pub use supervisor::{McpEvent, McpHost, McpListener, ServerHealth};
 
 /// Default time one `tools/call` may take.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(30_000);
