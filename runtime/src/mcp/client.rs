@@ -1,5 +1,6 @@
 //! The MCP client (feature `mcp`): stdio servers started as child processes on rmcp,
-//! the official Rust SDK, and their tools as [`Tool`]s.
+//! the official Rust SDK, streamable-HTTP servers connected to (`http.rs`), and their
+//! tools as [`Tool`]s.
 //!
 //! Everything a server sends is outside input: results are mapped through their JSON
 //! form (never unwrapped), listing is bounded in pages and tools, and the SDK's line
@@ -34,8 +35,8 @@ const MAX_TOOLS: usize = 1000;
 /// How much of a server's stderr is kept (its end), for error messages.
 const STDERR_TAIL: usize = 2000;
 
-/// One running server: its session and its process group, killed when this is dropped
-/// (when the last of its tools is), so no child outlives the toolbox.
+/// One running server: its session and its process group (none over HTTP), killed when
+/// this is dropped (when the last of its tools is), so no child outlives the toolbox.
 pub(crate) struct McpSessions {
     server: String,
     service: RunningService<RoleClient, ()>,
@@ -74,11 +75,29 @@ async fn start_one(
         server: server.name.clone(),
         message: redactor.redact(&message),
     };
-    let McpTransport::Stdio { command, args, env } = &server.transport else {
-        return Err(McpError::Unsupported {
-            server: server.name.clone(),
-            what: "streamable HTTP",
-        });
+    let (url, headers_env) = match &server.transport {
+        McpTransport::Http { url, headers_env } => (url, headers_env),
+        McpTransport::Stdio { command, args, env } => {
+            return start_stdio(server, command, args, env, hidden_env, redactor).await;
+        }
+    };
+    let (service, listed) = super::http::connect(server, url, headers_env, redactor).await?;
+    offer(server, service, listed, ProcessGroup(None), &fail)
+}
+
+/// Spawns a stdio server in its own process group, initializes it and lists its tools
+/// within its `startup_timeout` (a failure carries the end of its stderr); its tools.
+async fn start_stdio(
+    server: &McpServer,
+    command: &str,
+    args: &[String],
+    env: &[(String, String)],
+    hidden_env: &[String],
+    redactor: &Redactor,
+) -> Result<Vec<(String, ToolSpec, Arc<dyn Tool>)>, McpError> {
+    let fail = |message: String| McpError::Start {
+        server: server.name.clone(),
+        message: redactor.redact(&message),
     };
     let mut cmd = tokio::process::Command::new(command);
     cmd.args(args);
@@ -128,6 +147,20 @@ async fn start_one(
             )));
         }
     };
+    offer(server, service, listed, group, &fail)
+}
+
+/// A server's tools as the toolbox registers them: `(server, descriptor, implementation)`.
+type ServerTools = Vec<(String, ToolSpec, Arc<dyn Tool>)>;
+
+/// A started server's tools, filtered by its `tools`.
+fn offer(
+    server: &McpServer,
+    service: RunningService<RoleClient, ()>,
+    listed: Vec<Json>,
+    group: ProcessGroup,
+    fail: &dyn Fn(String) -> McpError,
+) -> Result<ServerTools, McpError> {
     let session = Arc::new(McpSessions {
         server: server.name.clone(),
         service,
@@ -189,7 +222,9 @@ async fn start_one(
 }
 
 /// Every tool the server lists, following `nextCursor`, as JSON.
-async fn list_tools(service: &RunningService<RoleClient, ()>) -> Result<Vec<Json>, String> {
+pub(super) async fn list_tools(
+    service: &RunningService<RoleClient, ()>,
+) -> Result<Vec<Json>, String> {
     let mut tools = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..MAX_LIST_PAGES {
@@ -259,7 +294,10 @@ impl McpTool {
                     self.session.server
                 ));
             }
-            Ok(Err(e)) => return Err(format!("MCP server `{}`: {e}", self.session.server)),
+            Ok(Err(e)) => {
+                let e = super::http::call_error(&e);
+                return Err(format!("MCP server `{}`: {e}", self.session.server));
+            }
             Ok(Ok(result)) => result,
         };
         let result = serde_json::to_value(&result).map_err(|e| {
