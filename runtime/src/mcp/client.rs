@@ -28,10 +28,6 @@ use crate::tool::Tool;
 /// This build has an MCP client.
 pub(crate) const ENABLED: bool = true;
 
-/// The most `tools/list` pages read from one server.
-const MAX_LIST_PAGES: usize = 100;
-/// The most tools one server may list.
-const MAX_TOOLS: usize = 1000;
 /// How much of a server's stderr is kept (its end), for error messages.
 const STDERR_TAIL: usize = 2000;
 
@@ -129,7 +125,7 @@ async fn start_stdio(
     };
     let startup = async {
         let service = ().serve(transport).await.map_err(|e| format!("did not initialize: {e}"))?;
-        let tools = list_tools(&service).await?;
+        let tools = super::listing::list_tools(&service).await?;
         Ok::<_, String>((service, tools))
     };
     let (service, listed) = match tokio::time::timeout(server.startup_timeout, startup).await {
@@ -219,39 +215,6 @@ fn offer(
         tools.push((server.name.clone(), spec, Arc::new(implementation)));
     }
     Ok(tools)
-}
-
-/// Every tool the server lists, following `nextCursor`, as JSON.
-pub(super) async fn list_tools(
-    service: &RunningService<RoleClient, ()>,
-) -> Result<Vec<Json>, String> {
-    let mut tools = Vec::new();
-    let mut cursor: Option<String> = None;
-    for _ in 0..MAX_LIST_PAGES {
-        let params = cursor
-            .take()
-            .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
-        let page = service
-            .peer()
-            .list_tools(params)
-            .await
-            .map_err(|e| format!("`tools/list` failed: {e}"))?;
-        let page = serde_json::to_value(&page)
-            .map_err(|e| format!("`tools/list` gave an unreadable page: {e}"))?;
-        if let Some(Json::Array(listed)) = page.get("tools") {
-            if tools.len() + listed.len() > MAX_TOOLS {
-                return Err(format!("lists more than {MAX_TOOLS} tools"));
-            }
-            tools.extend(listed.iter().cloned());
-        }
-        match page.get("nextCursor").and_then(Json::as_str) {
-            Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
-            _ => return Ok(tools),
-        }
-    }
-    Err(format!(
-        "`tools/list` gave more than {MAX_LIST_PAGES} pages"
-    ))
 }
 
 /// Kills a server that failed to start and gives the reader of its stderr a moment to

@@ -47,7 +47,7 @@ pub(super) async fn connect(
             .serve(transport)
             .await
             .map_err(|e| format!("did not initialize: {}", initialize_error(&e)))?;
-        let tools = super::client::list_tools(&service).await?;
+        let tools = super::listing::list_tools(&service).await?;
         Ok::<_, String>((service, tools))
     };
     // Dropping the unfinished handshake drops the transport: its worker ends, and with it

@@ -24,6 +24,8 @@ mod client;
 #[cfg(feature = "mcp")]
 mod http;
 #[cfg(feature = "mcp")]
+mod listing;
+#[cfg(feature = "mcp")]
 pub(crate) use client::{ENABLED, start};
 #[cfg(not(feature = "mcp"))]
 mod disabled;
