@@ -268,3 +268,30 @@ fn a_header_secret_never_appears_in_output_events_store_or_traces() {
         );
     }
 }
+
+#[test]
+fn a_server_that_never_answers_is_a_start_error_at_its_startup_timeout() {
+    let dir = scratch_in!("mcp_http", "mute");
+    // Accepts connections and reads, never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/mcp", listener.local_addr().expect("address"));
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let manifest = remote("mute", &url, json!({"startup_timeout_ms": 500}));
+    let started = std::time::Instant::now();
+    let out = run(&dir, calls(&[]), manifest, Some(&bearer()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "MCP server `mute`: did not initialize and list its tools within 500 ms \
+             (`startup_timeout_ms`)"
+        ),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+}

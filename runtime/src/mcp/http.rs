@@ -1,7 +1,7 @@
 //! The streamable-HTTP transport (feature `mcp`): connecting to a server declared with
 //! `url`, sending the headers `headers_env` names, and initializing the session. The rest
-//! (listing, offering, calling, mapping results, stopping) is the stdio servers' own, in
-//! `client.rs`.
+//! is the stdio servers' own: listing in `listing.rs`; offering, calling, mapping results
+//! and stopping in `client.rs`.
 //!
 //! Header values are secrets (`spec/mcp.md`): they are read from their variables here,
 //! when the server starts, marked sensitive for the HTTP stack, and never formatted into a
