@@ -10,8 +10,9 @@
 # connecting (HTTP), initialize and tools/list. Per call: N sequential calls of a trivial
 # tool in one run (distinct arguments, so an idempotent tool's result is never reused),
 # timed by the run's own events (first `tool_call` to last `tool_result`, over N; the
-# median of the runs); next to it the official Python client's own time per call against
-# the same server (benches/mcp_client.py), and the difference.
+# median of the runs); next to it the official Python client's time per call against the
+# same server, and for stdio the floor: a client with no SDK writing one JSON line and
+# reading its answer per call (both benches/mcp_client.py), and aplc's time over it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 aplc="${MCP_BENCH_APLC:-$PWD/target/release/aplc}"
@@ -85,12 +86,17 @@ def per_call_us(manifest, tool):
 
 bare = start_ms(None)
 print(f"\naplc run without servers: {bare:.1f} ms (median of {runs})\n")
-print("| server | start (ms) | aplc per call (µs) | Python client per call (µs) | aplc's overhead per call (µs) |")
-print("|---|---:|---:|---:|---:|")
+print("| server | start (ms) | aplc per call (µs) | Python SDK client per call (µs) | raw JSON lines per call (µs) | aplc over raw (µs) |")
+print("|---|---:|---:|---:|---:|---:|")
 for name, (manifest, tool, client) in servers.items():
     start = start_ms(manifest)
     per_call = per_call_us(manifest, tool)
-    direct = int(subprocess.run([py, "benches/mcp_client.py", str(calls), tool, json.dumps(arguments), *client],
-                                capture_output=True, text=True, check=True).stdout.strip())
-    print(f"| {name} | {start - bare:.0f} | {per_call:.0f} | {direct} | {per_call - direct:+.0f} |")
+    def client_us(kind, *target):
+        out = subprocess.run([py, "benches/mcp_client.py", str(calls), tool, json.dumps(arguments), kind, *target],
+                             capture_output=True, text=True, check=True)
+        return int(out.stdout.strip())
+    sdk = client_us(*client)
+    floor = client_us("raw", *client[1:]) if client[0] == "stdio" else None
+    over = f"{per_call - floor:+.0f}" if floor is not None else "–"
+    print(f"| {name} | {start - bare:.0f} | {per_call:.0f} | {sdk} | {floor if floor is not None else '–'} | {over} |")
 PY
