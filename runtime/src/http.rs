@@ -127,26 +127,45 @@ impl HttpClient {
 
     /// A client whose proxies come from `env` (a lookup of environment variables).
     pub fn with_env(env: &dyn Fn(&str) -> Option<String>) -> Result<HttpClient, HttpClientError> {
-        ensure_crypto_provider();
-        // `no_proxy` first: it drops reqwest's own reading of the environment, so only the
-        // proxies below (which never cover loopback) are used.
-        let mut builder = reqwest::Client::builder()
-            .user_agent(concat!("aplc/", env!("CARGO_PKG_VERSION")))
-            .redirect(redirect_policy())
-            .no_proxy();
-        for proxy in proxies(env)? {
-            builder = builder.proxy(proxy);
-        }
-        let client = builder
+        let client = builder(env)?
             .build()
             .map_err(|e| HttpClientError::Build(causes(&e)))?;
         Ok(HttpClient { client })
+    }
+
+    /// The reqwest client of one MCP server's streamable-HTTP session: the same rules
+    /// (proxies from the process environment), but no idle connection kept for reuse, as
+    /// rmcp's own default client: reusing one whose last response (an event stream) was
+    /// not read to its end stalls on TCP's delayed acknowledgements.
+    #[cfg(feature = "mcp")]
+    pub(crate) fn for_mcp() -> Result<reqwest::Client, HttpClientError> {
+        builder(&|name| std::env::var(name).ok())?
+            .pool_max_idle_per_host(0)
+            .build()
+            .map_err(|e| HttpClientError::Build(causes(&e)))
     }
 
     /// The reqwest client.
     pub(crate) fn inner(&self) -> &reqwest::Client {
         &self.client
     }
+}
+
+/// A client builder with every rule of this module, proxies from `env`.
+fn builder(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<reqwest::ClientBuilder, HttpClientError> {
+    ensure_crypto_provider();
+    // `no_proxy` first: it drops reqwest's own reading of the environment, so only the
+    // proxies below (which never cover loopback) are used.
+    let mut builder = reqwest::Client::builder()
+        .user_agent(concat!("aplc/", env!("CARGO_PKG_VERSION")))
+        .redirect(redirect_policy())
+        .no_proxy();
+    for proxy in proxies(env)? {
+        builder = builder.proxy(proxy);
+    }
+    Ok(builder)
 }
 
 /// Follows a same-origin `307`/`308` only; stops (returning the 3xx response) otherwise.

@@ -1,5 +1,6 @@
 //! The MCP client (feature `mcp`): stdio servers started as child processes on rmcp,
-//! the official Rust SDK, and their tools as [`Tool`]s.
+//! the official Rust SDK, streamable-HTTP servers connected to (`http.rs`), and their
+//! tools as [`Tool`]s.
 //!
 //! Everything a server sends is outside input: results are mapped through their JSON
 //! form (never unwrapped), listing is bounded in pages and tools, and the SDK's line
@@ -27,15 +28,11 @@ use crate::tool::{ProgressSink, Tool};
 /// This build has an MCP client.
 pub(crate) const ENABLED: bool = true;
 
-/// The most `tools/list` pages read from one server.
-const MAX_LIST_PAGES: usize = 100;
-/// The most tools one server may list.
-const MAX_TOOLS: usize = 1000;
 /// How much of a server's stderr is kept (its end), for error messages.
 const STDERR_TAIL: usize = 2000;
 
-/// One running server: its session and its process group, killed when this is dropped
-/// (when the last of its tools is), so no child outlives the toolbox.
+/// One running server: its session and its process group (none over HTTP), killed when
+/// this is dropped (when the last of its tools is), so no child outlives the toolbox.
 pub(crate) struct McpSessions {
     server: String,
     service: Service,
@@ -76,11 +73,29 @@ pub(crate) async fn start_one(
         server: server.name.clone(),
         message: redactor.redact(&message),
     };
-    let McpTransport::Stdio { command, args, env } = &server.transport else {
-        return Err(McpError::Unsupported {
-            server: server.name.clone(),
-            what: "streamable HTTP",
-        });
+    let (url, headers_env) = match &server.transport {
+        McpTransport::Http { url, headers_env } => (url, headers_env),
+        McpTransport::Stdio { command, args, env } => {
+            return start_stdio(server, command, args, env, hidden_env, redactor).await;
+        }
+    };
+    let (service, listed) = super::http::connect(server, url, headers_env, redactor).await?;
+    offer(server, service, listed, ProcessGroup(None), &fail)
+}
+
+/// Spawns a stdio server in its own process group, initializes it and lists its tools
+/// within its `startup_timeout` (a failure carries the end of its stderr); its tools.
+async fn start_stdio(
+    server: &McpServer,
+    command: &str,
+    args: &[String],
+    env: &[(String, String)],
+    hidden_env: &[String],
+    redactor: &Redactor,
+) -> Result<Started, McpError> {
+    let fail = |message: String| McpError::Start {
+        server: server.name.clone(),
+        message: redactor.redact(&message),
     };
     let mut cmd = tokio::process::Command::new(command);
     cmd.args(args);
@@ -115,7 +130,7 @@ pub(crate) async fn start_one(
             .serve(transport)
             .await
             .map_err(|e| format!("did not initialize: {e}"))?;
-        let tools = list_tools(&service).await?;
+        let tools = super::listing::list_tools(&service).await?;
         Ok::<_, String>((service, tools))
     };
     let (service, listed) = match tokio::time::timeout(server.startup_timeout, startup).await {
@@ -133,6 +148,17 @@ pub(crate) async fn start_one(
             )));
         }
     };
+    offer(server, service, listed, group, &fail)
+}
+
+/// A started server's tools, filtered by its `tools`.
+fn offer(
+    server: &McpServer,
+    service: Service,
+    listed: Vec<Json>,
+    group: ProcessGroup,
+    fail: &dyn Fn(String) -> McpError,
+) -> Result<Started, McpError> {
     let session = Arc::new(McpSessions {
         server: server.name.clone(),
         service,
@@ -204,37 +230,6 @@ impl McpSessions {
     }
 }
 
-/// Every tool the server lists, following `nextCursor`, as JSON.
-async fn list_tools(service: &Service) -> Result<Vec<Json>, String> {
-    let mut tools = Vec::new();
-    let mut cursor: Option<String> = None;
-    for _ in 0..MAX_LIST_PAGES {
-        let params = cursor
-            .take()
-            .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
-        let page = service
-            .peer()
-            .list_tools(params)
-            .await
-            .map_err(|e| format!("`tools/list` failed: {e}"))?;
-        let page = serde_json::to_value(&page)
-            .map_err(|e| format!("`tools/list` gave an unreadable page: {e}"))?;
-        if let Some(Json::Array(listed)) = page.get("tools") {
-            if tools.len() + listed.len() > MAX_TOOLS {
-                return Err(format!("lists more than {MAX_TOOLS} tools"));
-            }
-            tools.extend(listed.iter().cloned());
-        }
-        match page.get("nextCursor").and_then(Json::as_str) {
-            Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
-            _ => return Ok(tools),
-        }
-    }
-    Err(format!(
-        "`tools/list` gave more than {MAX_LIST_PAGES} pages"
-    ))
-}
-
 /// Kills a server that failed to start and gives the reader of its stderr a moment to
 /// take what the server wrote last (its stderr closes with the group).
 async fn stopped(group: &ProcessGroup, reading: Option<tokio::task::JoinHandle<()>>) {
@@ -279,7 +274,10 @@ impl McpTool {
                     self.session.server
                 ));
             }
-            Ok(Err(e)) => return Err(format!("MCP server `{}`: {e}", self.session.server)),
+            Ok(Err(e)) => {
+                let e = super::http::call_error(&e);
+                return Err(format!("MCP server `{}`: {e}", self.session.server));
+            }
             Ok(Ok(result)) => result,
         };
         let result = serde_json::to_value(&result).map_err(|e| {

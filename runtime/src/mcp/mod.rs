@@ -1,7 +1,8 @@
 //! MCP servers declared in a tool manifest (`mcpServers`, `spec/mcp.md`): their
 //! configuration as written, checked here (always compiled, so a manifest is judged the
-//! same in every build), and, with the `mcp` feature, the stdio client that starts them
-//! and offers their tools through the [`crate::tool::Toolbox`].
+//! same in every build), and, with the `mcp` feature, the client that starts them (stdio
+//! children and streamable-HTTP sessions) and offers their tools through the
+//! [`crate::tool::Toolbox`].
 //!
 //! ```json
 //! {"mcpServers": {
@@ -20,6 +21,10 @@ use serde_json::Value as Json;
 
 #[cfg(feature = "mcp")]
 mod client;
+#[cfg(feature = "mcp")]
+mod http;
+#[cfg(feature = "mcp")]
+mod listing;
 #[cfg(feature = "mcp")]
 mod progress;
 #[cfg(feature = "mcp")]
@@ -92,7 +97,7 @@ pub enum McpTransport {
         /// Literal variables set for it, on top of aplc's environment minus the secrets.
         env: Vec<(String, String)>,
     },
-    /// Streamable HTTP (parsed and checked; not connected to yet).
+    /// Streamable HTTP: requests to one endpoint, with the headers `headers_env` names.
     Http {
         /// The endpoint.
         url: String,
@@ -321,7 +326,7 @@ pub enum McpError {
         /// The name, as written in `tools`.
         tool: String,
     },
-    /// The transport is not implemented yet (HTTP, in this slice).
+    /// The server cannot be started by this build (without the `mcp` feature).
     #[error("MCP server `{server}`: {what} servers are not supported yet")]
     Unsupported {
         /// The server's name.
@@ -329,11 +334,26 @@ pub enum McpError {
         /// The transport.
         what: &'static str,
     },
+    /// A variable of `headers_env` is not set, or its value cannot be sent. Names the
+    /// variable, never its value.
+    #[error(
+        "MCP server `{server}`: `headers_env`: the variable `{variable}` (header `{header}`) {problem}"
+    )]
+    Header {
+        /// The server's name.
+        server: String,
+        /// The header's name.
+        header: String,
+        /// The variable's name.
+        variable: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
 }
 
 impl McpError {
-    /// True for the errors of the manifest itself (exit 2 on the command line), false
-    /// for a server that failed.
+    /// True for the errors of the manifest itself, or of the variables it names (exit 2
+    /// on the command line, as a provider's missing key), false for a server that failed.
     pub fn is_manifest_error(&self) -> bool {
         matches!(
             self,
@@ -341,6 +361,7 @@ impl McpError {
                 | McpError::Descriptor { .. }
                 | McpError::UnknownTool { .. }
                 | McpError::Unsupported { .. }
+                | McpError::Header { .. }
         )
     }
 }
