@@ -24,6 +24,7 @@ use aplc_vm::{
 };
 use serde_json::Value as Json;
 
+use crate::native::ProgressSink;
 use crate::provider::{CallContext, DeltaSink, Provider};
 use crate::recorder::{Recorder, Window};
 use crate::store::Batch;
@@ -361,26 +362,6 @@ pub async fn relay_deltas<T, D>(
             }
             Some(text) = receiver.recv() => emit(text),
         }
-    }
-}
-
-/// Where a tool reports its progress during a call: the run's observer gets each report
-/// as a `tool_progress` event (`spec/events.md`). Bounded and lossy: a report that finds
-/// the queue full is dropped, never awaited, since progress is advisory (not an input of
-/// the run) and a tool must not wait on a slow listener.
-#[derive(Debug, Clone)]
-pub struct ProgressSink(tokio::sync::mpsc::Sender<Progress>);
-
-impl ProgressSink {
-    /// A sink and the receiving end of its queue, which holds `capacity` reports.
-    pub fn channel(capacity: usize) -> (ProgressSink, tokio::sync::mpsc::Receiver<Progress>) {
-        let (sender, receiver) = tokio::sync::mpsc::channel(capacity);
-        (ProgressSink(sender), receiver)
-    }
-
-    /// Sends `progress`, or drops it if the queue is full or nobody listens any more.
-    pub fn report(&self, progress: Progress) {
-        let _ = self.0.try_send(progress);
     }
 }
 

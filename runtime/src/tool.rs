@@ -1,4 +1,5 @@
-//! The tool side of a run: the [`Tool`] trait and the [`Toolbox`] of a run's tools.
+//! The tool side of a run: the [`Toolbox`] of a run's tools (the [`Tool`] trait is in
+//! `native.rs`, a leaf that MCP's and the manifest's tools share).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -8,27 +9,9 @@ use aplc_vm::tools::{ToolInvocation, ToolRegistry, ToolSpec, ToolSpecError};
 use serde_json::Value as Json;
 
 use crate::future::BoxFuture;
+pub use crate::native::{ProgressSink, Tool};
 use crate::redact::Redactor;
-pub use crate::session::ProgressSink;
 use crate::session::{RunClock, Stopped, ToolRunner};
-
-/// A native tool (§5): takes checked arguments (and the context, for `with_context`
-/// tools), returns a JSON result or an error message. A failure never aborts the run.
-pub trait Tool: Send + Sync {
-    /// Runs the tool.
-    fn call<'a>(&'a self, invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>>;
-
-    /// Runs the tool, reporting its progress to `progress` as it goes (when someone
-    /// observes the run). A tool that has no progress to report keeps this default.
-    fn call_with_progress<'a>(
-        &'a self,
-        invocation: &'a ToolInvocation,
-        progress: Option<&'a ProgressSink>,
-    ) -> BoxFuture<'a, Result<Json, String>> {
-        let _ = progress;
-        self.call(invocation)
-    }
-}
 
 /// The longest progress message an event carries, in characters.
 pub const PROGRESS_MESSAGE_CHARS: usize = 1000;

@@ -21,9 +21,9 @@ use tokio::io::AsyncReadExt;
 use super::progress::{self, Service};
 use super::{McpError, McpServer, McpTransport};
 use crate::future::BoxFuture;
-use crate::manifest::ProcessGroup;
+use crate::native::{ProgressSink, Tool};
+use crate::process::ProcessGroup;
 use crate::redact::Redactor;
-use crate::tool::{ProgressSink, Tool};
 
 /// This build has an MCP client.
 pub(crate) const ENABLED: bool = true;

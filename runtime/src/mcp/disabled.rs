@@ -7,8 +7,8 @@ use std::sync::Arc;
 use aplc_vm::tools::ToolSpec;
 
 use super::{McpError, McpServer};
+use crate::native::Tool;
 use crate::redact::Redactor;
-use crate::tool::Tool;
 
 /// This build has no MCP client.
 pub(crate) const ENABLED: bool = false;

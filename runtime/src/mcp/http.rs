@@ -11,13 +11,13 @@
 use std::collections::HashMap;
 
 use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::ServiceExt;
 use rmcp::service::{ClientInitializeError, ServiceError};
 use rmcp::transport::DynamicTransportError;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
-use rmcp::ServiceExt;
 use serde_json::Value as Json;
 
 use super::progress::Service;

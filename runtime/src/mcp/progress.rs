@@ -18,7 +18,7 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, Peer, RoleClient, ServiceError};
 
-use crate::tool::ProgressSink;
+use crate::native::ProgressSink;
 
 /// The session of a running server, with this client's handler.
 pub(crate) type Service = RunningService<RoleClient, Client>;

@@ -21,8 +21,8 @@ use tokio::time::Instant;
 
 use super::{McpError, McpServer, McpSessions, Started};
 use crate::future::BoxFuture;
+use crate::native::Tool;
 use crate::redact::Redactor;
-use crate::tool::Tool;
 
 /// The wait before the first restart after a server was up for [`HEALTHY`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
