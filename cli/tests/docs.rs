@@ -32,6 +32,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "cargo test --workspace",
         "the test suite this test is part of; .ci/run runs it",
     ),
+    (
+        "cargo run -p aplc -- run fixtures/mcp/everything/agent.apl --mock fixtures/mcp/everything/mock.json --tools fixtures/mcp/everything/tools.json",
+        "starts the MCP server with `npx -y`, which downloads it; cli/tests/mcp_everything.rs runs this example with the server .ci/run installed",
+    ),
     // spec/cli.md: these need an API key or a model server.
     (
         "export OPENAI_API_KEY=sk-...",

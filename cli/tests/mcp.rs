@@ -11,9 +11,7 @@ use std::process::{Command, Output};
 
 use serde_json::{Value as Json, json};
 
-#[path = "support/mcp.rs"]
-mod support;
-use support::{calls, count, counter, python};
+use aplc_test_support::mcp::{calls, count, counter, python};
 
 /// A scratch directory of its own for each test.
 fn scratch(name: &str) -> PathBuf {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use aplc_test_support::mcp::python;
 use aplc_test_support::process::root;
 use serde_json::{Value as Json, json};
 
@@ -20,27 +21,6 @@ use serde_json::{Value as Json, json};
 const TOKEN: &str = "mcp-test-token-5e2a9c41d7";
 /// A provider key in the environment: a secret the answers quote, never shown.
 const KEY: &str = "sk-mcp-agents-test-0123456789abcdef";
-
-/// The Python interpreter that has the `mcp` package; panics (the test fails) without it.
-fn python() -> String {
-    let python = std::env::var("APLC_MCP_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "APLC_MCP_PYTHON is not set: these tests need a Python with the `mcp` package \
-             (python3 -m venv /tmp/mcpvenv && /tmp/mcpvenv/bin/pip install mcp; \
-             APLC_MCP_PYTHON=/tmp/mcpvenv/bin/python)"
-        )
-    });
-    let check = Command::new(&python)
-        .args(["-c", "import mcp"])
-        .output()
-        .unwrap_or_else(|e| panic!("APLC_MCP_PYTHON={python} does not run: {e}"));
-    assert!(
-        check.status.success(),
-        "APLC_MCP_PYTHON={python} cannot import `mcp`: {}",
-        String::from_utf8_lossy(&check.stderr)
-    );
-    python
-}
 
 /// A scratch directory with `agents/` (the fixture agents, `greet` as a bundle built by
 /// `aplc build`), `providers.json` (a mock route per model: the JSON agent's answers,

@@ -1,14 +1,11 @@
 //! MCP tools in durable runs and in events (spec/mcp.md, spec/durability.md,
 //! spec/events.md), through the `aplc` binary against a real MCP server over stdio
 //! (`fixtures/mcp/counter_server.py`, PyPI `mcp`; `APLC_MCP_PYTHON`, see
-//! `support/mcp.rs`): `aplc run --store` SIGKILLed during an MCP call, then `aplc resume`d
+//! `aplc_test_support::mcp`): `aplc run --store` SIGKILLed during an MCP call, then `aplc resume`d
 //! (a non-idempotent call is not sent again, an idempotent one is); a resume whose MCP
 //! tools differ is refused; a durable run's journal shows its MCP calls; `tool_call`
 //! events name the server, and a server's progress notifications become `tool_progress`
 //! events.
-
-#[path = "support/mcp.rs"]
-mod mcp;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -18,7 +15,7 @@ use aplc_test_support::process::succeed;
 use aplc_test_support::{aplc, scratch_in};
 use serde_json::{Value as Json, json};
 
-use mcp::{calls, count, counter};
+use aplc_test_support::mcp::{calls, count, counter};
 
 const AGENT: &str = "# prompt: go\nUse the tools.\n";
 const INTERRUPTED: &str = "interrupted; not retried because the tool is not idempotent";

@@ -17,30 +17,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use aplc_test_support::mcp::python;
 use serde_json::{Value as Json, json};
 
 const TOKEN: &str = "test-token-mcp-7c2e";
-
-/// The Python interpreter that has the `mcp` package; panics (the test fails) without it.
-fn python() -> String {
-    let python = std::env::var("APLC_MCP_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "APLC_MCP_PYTHON is not set: these tests need a Python with the `mcp` package \
-             (python3 -m venv /tmp/mcpvenv && /tmp/mcpvenv/bin/pip install mcp; \
-             APLC_MCP_PYTHON=/tmp/mcpvenv/bin/python)"
-        )
-    });
-    let check = Command::new(&python)
-        .args(["-c", "import mcp"])
-        .output()
-        .unwrap_or_else(|e| panic!("APLC_MCP_PYTHON={python} does not run: {e}"));
-    assert!(
-        check.status.success(),
-        "APLC_MCP_PYTHON={python} cannot import `mcp`: {}",
-        String::from_utf8_lossy(&check.stderr)
-    );
-    python
-}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -187,3 +187,33 @@ pub fn run_args(dir: &Path, agent: &str, mock: &Json, manifest: &Json) -> Vec<St
         "--json".into(),
     ]
 }
+
+/// `fixtures/mcp/counter_server.py`.
+pub fn server_script() -> String {
+    fixture("counter_server.py")
+}
+
+/// The counter server's manifest entry, counting its side effects in `dir/count` and
+/// writing its pid to `dir/server.pid`, with the keys of `extra` on top.
+pub fn counter(dir: &Path, extra: Json) -> Json {
+    let mut server = json!({
+        "command": python(),
+        "args": [server_script()],
+        "env": {
+            "COUNTER_FILE": dir.join("count").to_string_lossy(),
+            "PID_FILE": dir.join("server.pid").to_string_lossy(),
+        },
+        "startup_timeout_ms": 60000,
+    });
+    if let (Some(server), Json::Object(extra)) = (server.as_object_mut(), extra) {
+        server.extend(extra);
+    }
+    server
+}
+
+/// How many side effects the server made.
+pub fn count(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("count"))
+        .map(|text| text.lines().count())
+        .unwrap_or(0)
+}
