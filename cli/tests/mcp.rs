@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 
 use serde_json::{Value as Json, json};
 
-use aplc_test_support::mcp::{calls, count, counter, python};
+use aplc_test_support::mcp::{calls, context, count, counter, python, results};
 
 /// A scratch directory of its own for each test.
 fn scratch(name: &str) -> PathBuf {
@@ -37,29 +37,6 @@ fn run(dir: &Path, agent: &str, mock: Json, manifest: Json, env: &[(&str, &str)]
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     out
-}
-
-/// The final context of a run that went to its end: exit 0, or 3 when its last step
-/// ended with errors (a failed tool call is one).
-fn context(out: &Output) -> Json {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        matches!(out.status.code(), Some(0 | 3)),
-        "{:?}; stderr:\n{stderr}",
-        out.status
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no JSON context ({e}); stderr:\n{stderr}"))
-}
-
-/// `(content, with_error)` of each `result_tool_calls` entry.
-fn results(context: &Json) -> Vec<(Json, bool)> {
-    context["result_tool_calls"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no result_tool_calls in {context}"))
-        .iter()
-        .map(|r| (r["content"].clone(), r["with_error"] == json!(true)))
-        .collect()
 }
 
 const AGENT: &str = "# prompt: go\nUse the tools.\n";
