@@ -187,6 +187,16 @@ variables! {
     };
 }
 
+/// `await_input`: a post phase sets it to ask a person for input; the run pauses after
+/// the phase and resets it to none (`spec/human.md`). Not a store slot: a run that never
+/// asks has no such variable, so contexts and histories stay as they were.
+pub const AWAIT_INPUT: &str = "await_input";
+/// `human_input`: the answer to the last `await_input` (`spec/human.md`).
+pub const HUMAN_INPUT: &str = "human_input";
+/// The variables of people in the loop: known to the compiler (no unknown-variable
+/// warning) and read by the machine by name, but absent from a run until it uses them.
+pub const PAUSE_VARIABLES: [&str; 2] = [AWAIT_INPUT, HUMAN_INPUT];
+
 /// The number of variables kept in store slots.
 pub(crate) const SLOTS: usize = VARIABLES.len();
 
