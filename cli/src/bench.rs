@@ -455,6 +455,8 @@ fn durability(
                             )
                             .await
                             .map_err(|e| e.to_string())?
+                            .finished()
+                            .ok_or("a benchmarked run paused for input")?
                             .outcome
                         } else {
                             driver::run(program.clone(), options.clone(), &provider).await

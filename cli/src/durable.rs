@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use aplc_runtime::Redactor;
-use aplc_runtime::durable::{self, DurableError, DurableOptions, Finished};
+use aplc_runtime::durable::{self, DurableError, DurableOptions, Ended};
 use aplc_runtime::store::{self, QueueStatus, RunStore, RunSummary, StoreError, StoreUrl};
 use aplc_runtime::telemetry::RunTrace;
 use aplc_vm::text::escape_control;
@@ -313,7 +313,7 @@ fn sinks(output: &OutputArgs, equipment: &Equipment) -> Result<Sinks, Failure> {
 /// failure says how to continue it (`hint`), if it was stored.
 fn finish(
     sinks: Sinks,
-    finished: std::io::Result<Result<Result<Finished, DurableError>, crate::signals::Interrupted>>,
+    finished: std::io::Result<Result<Result<Ended, DurableError>, crate::signals::Interrupted>>,
     output: &OutputArgs,
     equipment: &Equipment,
     hint: Option<&str>,
@@ -332,6 +332,10 @@ fn finish(
         .map_err(|signal| with_hint(signal.failure(), ""))?
         .map_err(|e| with_hint(durable_failure(e), " up to its last commit"))?;
     written?;
+    let finished = match finished {
+        Ended::Finished(finished) => finished,
+        Ended::Waiting(waiting) => return Ok(waiting_exit(&waiting)),
+    };
     let result = report(
         &finished.program,
         &finished.outcome,
@@ -342,6 +346,15 @@ fn finish(
         Some(path) => equipment.provider.write_after(path, result),
         None => result,
     }
+}
+
+/// Says which requests a paused run waits on (`spec/human.md` §4.1): exit code 4.
+fn waiting_exit(waiting: &durable::Waiting) -> ExitCode {
+    let mut err = std::io::stderr().lock();
+    for pending in &waiting.pending {
+        let _ = writeln!(err, "{}", pending.waiting_line());
+    }
+    ExitCode::from(4)
 }
 
 /// `aplc runs …`.

@@ -167,7 +167,7 @@ fn drive(options: RunOptions) -> Vec<Event> {
             }
             Action::CallTool(_) => panic!("no tools here"),
             Action::Continue => {}
-            Action::Done => break,
+            Action::Done | Action::AwaitInput => break,
         }
     }
     events

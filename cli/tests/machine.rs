@@ -37,7 +37,7 @@ fn poll_returns_at_every_step_end_so_a_providerless_loop_times_out() {
         let now = start + Duration::from_millis(polls);
         match m.poll(now) {
             Action::Continue => {}
-            Action::Done => break,
+            Action::Done | Action::AwaitInput => break,
             Action::CallProvider(_) | Action::CallTool(_) => {
                 panic!("the prompt failed; no provider or tool call expected")
             }
@@ -133,7 +133,7 @@ fn the_budget_is_checked_before_each_call() {
             }
             Action::CallTool(_) => panic!("no tools in this program"),
             Action::Continue => {}
-            Action::Done => break,
+            Action::Done | Action::AwaitInput => break,
         }
     }
     assert_eq!(calls, 2);
@@ -325,7 +325,7 @@ fn a_retry_loop_against_a_failing_provider_ends_at_the_step_budget() {
             }
             Action::CallTool(_) => panic!("no tools in this program"),
             Action::Continue => {}
-            Action::Done => break,
+            Action::Done | Action::AwaitInput => break,
         }
         assert!(
             calls <= aplc_vm::DEFAULT_MAX_STEPS,
@@ -367,7 +367,7 @@ fn the_step_budget_is_an_option_and_counts_steps_entered() {
             Action::CallProvider(_) => m.handle_provider_response(start, reply("ok")),
             Action::CallTool(_) => panic!("no tools in this program"),
             Action::Continue => {}
-            Action::Done => break,
+            Action::Done | Action::AwaitInput => break,
         }
     }
     let outcome = m.into_outcome();
@@ -389,7 +389,7 @@ fn the_step_budget_is_an_option_and_counts_steps_entered() {
             Action::CallProvider(_) => m.handle_provider_response(start, reply("ok")),
             Action::CallTool(_) => panic!("no tools in this program"),
             Action::Continue => {}
-            Action::Done => break,
+            Action::Done | Action::AwaitInput => break,
         }
     }
     let outcome = m.into_outcome();

@@ -451,6 +451,21 @@ impl State {
             };
             match action {
                 Action::Continue => continue,
+                Action::AwaitInput => {
+                    // Nobody to ask in this process yet: the run ends with the error a
+                    // run without a store gets (spec/human.md §4.1).
+                    let pending: Vec<aplc_runtime::human::Pending> = session
+                        .machine()
+                        .pending_requests()
+                        .into_iter()
+                        .map(|request| aplc_runtime::human::Pending {
+                            request: request.clone(),
+                            requested_at_ms: aplc_runtime::human::now_ms(),
+                        })
+                        .collect();
+                    session.abandon_input(aplc_runtime::human::nobody_message(&pending));
+                    continue;
+                }
                 Action::Done => {
                     let Some(session) = self.session.take() else {
                         return Err(finished());

@@ -115,6 +115,7 @@ fn step(i: u64) -> Batch {
         checkpoint: None,
         steps: i,
         outcome: None,
+        pending: None,
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 pub use crate::future::BoxFuture;
+pub use crate::human::{Answerer, Nobody, Pending};
 pub use crate::provider::{CallContext, DeltaSink, Provider, Scripted};
 use crate::recorder::{INTERRUPTED_TOOL, Window};
 pub use crate::session::Listener;
@@ -44,7 +45,7 @@ pub async fn run_with_tools(
     toolbox: &Toolbox,
 ) -> RunOutcome {
     options.events = false;
-    drive_in_memory(program, options, provider, toolbox, None).await
+    drive_in_memory(program, options, provider, toolbox, None, &Nobody).await
 }
 
 /// [`run_with_tools`], handing every event of the run to `listener` as it happens
@@ -59,7 +60,23 @@ pub async fn run_with_listener(
     listener: Listener<'_>,
 ) -> RunOutcome {
     options.events = true;
-    drive_in_memory(program, options, provider, toolbox, Some(listener)).await
+    drive_in_memory(program, options, provider, toolbox, Some(listener), &Nobody).await
+}
+
+/// [`run_with_tools`] (or [`run_with_listener`], with a listener) whose requests for a
+/// person (`spec/human.md`) `answerer` answers, in this process. A request it leaves
+/// unanswered ends the run with [`RunErrorKind::InputUnavailable`](aplc_vm::RunErrorKind):
+/// an in-memory run has nowhere to wait.
+pub async fn run_with_answerer(
+    program: Arc<Program>,
+    mut options: RunOptions,
+    provider: &dyn Provider,
+    toolbox: &Toolbox,
+    listener: Option<Listener<'_>>,
+    answerer: &dyn Answerer,
+) -> RunOutcome {
+    options.events = listener.is_some();
+    drive_in_memory(program, options, provider, toolbox, listener, answerer).await
 }
 
 async fn drive_in_memory(
@@ -68,18 +85,27 @@ async fn drive_in_memory(
     provider: &dyn Provider,
     toolbox: &Toolbox,
     listener: Option<Listener<'_>>,
+    answerer: &dyn Answerer,
 ) -> RunOutcome {
     options.tools = toolbox.registry();
     let machine = Machine::new(program, options);
     let observer = listener.map(|listener| Box::new(listener) as Observer<'_>);
-    let Ok(outcome) = drive(
-        RunSession::new(machine, observer),
-        provider,
-        toolbox,
-        &InMemory,
-    )
-    .await;
-    outcome
+    let session = RunSession::new(machine, observer);
+    match drive(session, provider, toolbox, &InMemory, answerer).await {
+        Ok(Ended::Finished(outcome)) => outcome,
+        // An in-memory journal is not durable, so a run without answers ends instead.
+        Ok(Ended::Waiting(_)) => RunOutcome::unfinished("the run paused without a store"),
+        Err(never) => match never {},
+    }
+}
+
+/// How a driven run stopped: over, or waiting for a person (durable runs only).
+#[derive(Debug)]
+pub(crate) enum Ended {
+    /// The run is over.
+    Finished(RunOutcome),
+    /// The run waits on these requests; its journal is committed with them.
+    Waiting(Vec<Pending>),
 }
 
 /// Where a run's journal goes: nowhere for an in-memory run, the run's store for a
@@ -94,6 +120,35 @@ pub(crate) trait Journal {
     /// How far the run may go on ahead of its commits.
     fn window(&self) -> Window {
         Window::UNBOUNDED
+    }
+
+    /// True if the run can wait for a person in its store: then a request nobody
+    /// answers pauses it, and answers go through the store, which takes one per request.
+    fn durable(&self) -> bool {
+        false
+    }
+
+    /// When the run first paused on request `id`, if it did before (kept across
+    /// restarts).
+    fn requested_at(&self, id: &str) -> Option<i64> {
+        let _ = id;
+        None
+    }
+
+    /// Offers `answer` to the store, which keeps the first answer per request.
+    fn offer(
+        &self,
+        answer: &aplc_vm::human::HumanAnswer,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = answer;
+        async { Ok(()) }
+    }
+
+    /// The answers the store holds for the run's pending requests, in order.
+    fn stored_answers(
+        &self,
+    ) -> impl Future<Output = Result<Vec<aplc_vm::human::HumanAnswer>, Self::Error>> + Send {
+        async { Ok(Vec::new()) }
     }
 }
 
@@ -130,11 +185,39 @@ pub(crate) async fn drive<J: Journal + Sync>(
     provider: &dyn Provider,
     toolbox: &Toolbox,
     journal: &J,
-) -> Result<RunOutcome, J::Error> {
+    answerer: &dyn Answerer,
+) -> Result<Ended, J::Error> {
     let mut commits = Commits::new(journal);
     loop {
         let Next { action, in_flight } = session.next_action();
         match action {
+            Action::AwaitInput => {
+                let pending = pending_requests(&session, journal);
+                if journal.durable() {
+                    // The requests are committed before anyone is asked: a crash while
+                    // a person thinks loses nothing, and the store can take answers.
+                    session.set_pending(pending.iter().map(Pending::to_json).collect());
+                    commits.flush(&mut session).await?;
+                }
+                let answers = gather_answers(journal, answerer, &pending).await?;
+                if answers.is_empty() {
+                    if journal.durable() {
+                        return Ok(Ended::Waiting(pending));
+                    }
+                    session.abandon_input(crate::human::nobody_message(&pending));
+                    continue;
+                }
+                for answer in answers {
+                    // Answers that do not fit their request never reach the journal.
+                    if session.machine().check_answer(&answer).is_ok() {
+                        session.answer_person(answer);
+                    }
+                }
+                if session.machine().expecting() != aplc_vm::Expecting::Answer && journal.durable()
+                {
+                    session.set_pending(Vec::new());
+                }
+            }
             Action::CallProvider(request) => {
                 commits.begin(&mut session).await?;
                 let answer = commits
@@ -170,10 +253,71 @@ pub(crate) async fn drive<J: Journal + Sync>(
                 commits.wait().await?;
                 let (outcome, batch) = session.finish();
                 journal.commit(batch).await?;
-                return Ok(outcome);
+                return Ok(Ended::Finished(outcome));
             }
         }
     }
+}
+
+/// The requests the run waits on, with the time each was first asked.
+fn pending_requests(session: &RunSession<'_>, journal: &impl Journal) -> Vec<Pending> {
+    let now = crate::human::now_ms();
+    session
+        .machine()
+        .pending_requests()
+        .into_iter()
+        .map(|request| Pending {
+            requested_at_ms: journal.requested_at(&request.id).unwrap_or(now),
+            request: request.clone(),
+        })
+        .collect()
+}
+
+/// The answers to `pending` the run takes now: in a durable run, those its store holds,
+/// the timeouts that passed, and the answerer's, each offered to the store first, which
+/// keeps one per request (an answer given through the service meanwhile wins over the
+/// terminal's); in memory, the answerer's.
+async fn gather_answers<J: Journal>(
+    journal: &J,
+    answerer: &dyn Answerer,
+    pending: &[Pending],
+) -> Result<Vec<aplc_vm::human::HumanAnswer>, J::Error> {
+    if !journal.durable() {
+        return Ok(answerer.answer(pending).await);
+    }
+    let now = crate::human::now_ms();
+    let mut stored = journal.stored_answers().await?;
+    let unanswered = |stored: &[aplc_vm::human::HumanAnswer]| -> Vec<Pending> {
+        pending
+            .iter()
+            .filter(|p| !stored.iter().any(|a| a.id == p.request.id))
+            .cloned()
+            .collect()
+    };
+    let mut offered = false;
+    for expired in unanswered(&stored)
+        .iter()
+        .filter(|p| p.expires_at_ms().is_some_and(|at| at <= now))
+    {
+        journal
+            .offer(&crate::human::timed_out(&expired.request.id, now))
+            .await?;
+        offered = true;
+    }
+    if offered {
+        stored = journal.stored_answers().await?;
+    }
+    let left = unanswered(&stored);
+    if !left.is_empty() {
+        let given = answerer.answer(&left).await;
+        for answer in &given {
+            journal.offer(answer).await?;
+        }
+        if !given.is_empty() {
+            stored = journal.stored_answers().await?;
+        }
+    }
+    Ok(stored)
 }
 
 /// A commit in flight.

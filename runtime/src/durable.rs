@@ -22,13 +22,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value as Json, json};
 
 use crate::driver::{self, Journal, Provider, Toolbox};
+use crate::human::{Answerer, Nobody, Pending};
 use crate::recorder::{DurableState, Recorder, Window};
 pub use crate::recorder::{INTERRUPTED_TOOL, outcome_json};
 use crate::redact::Redactor;
 use crate::session::{Listener, Observer, RunSession};
 use crate::store::{Batch, Lease, LoadedRun, NewRun, RunJournal, StoreError, StoredCheckpoint};
 use aplc_vm::journal::Input;
-use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolOrigin, ToolRegistry, ToolSpec};
+use aplc_vm::tools::{
+    Approval, HumanTool, Idempotency, IdempotencyKey, ToolOrigin, ToolRegistry, ToolSpec,
+};
 use aplc_vm::{Action, Event, Interrupt, Machine, Program, RunOptions, RunOutcome};
 
 /// How a durable run journals.
@@ -46,6 +49,10 @@ pub struct DurableOptions {
     pub max_uncommitted_inputs: usize,
     /// The same bound in bytes: the encoded inputs and redacted events held.
     pub max_uncommitted_bytes: usize,
+    /// Who answers the run's requests for a person in this process (`spec/human.md`):
+    /// [`Nobody`] by default, and then the run pauses until answers come through the
+    /// store.
+    pub answerer: Arc<dyn Answerer>,
 }
 
 impl Default for DurableOptions {
@@ -55,6 +62,7 @@ impl Default for DurableOptions {
             redactor: Redactor::default(),
             max_uncommitted_inputs: DEFAULT_MAX_UNCOMMITTED_INPUTS,
             max_uncommitted_bytes: DEFAULT_MAX_UNCOMMITTED_BYTES,
+            answerer: Arc::new(Nobody),
         }
     }
 }
@@ -100,6 +108,38 @@ pub enum DurableError {
         /// What differs.
         message: String,
     },
+}
+
+/// How a durable run stopped: over, or waiting for a person.
+#[derive(Debug)]
+#[must_use]
+pub enum Ended {
+    /// The run is over; its outcome is stored.
+    Finished(Finished),
+    /// The run waits for answers (`spec/human.md`): its journal is committed with the
+    /// requests, and it goes on with `resume` once they are answered.
+    Waiting(Waiting),
+}
+
+impl Ended {
+    /// The finished run, if it finished.
+    pub fn finished(self) -> Option<Finished> {
+        match self {
+            Ended::Finished(finished) => Some(finished),
+            Ended::Waiting(_) => None,
+        }
+    }
+}
+
+/// A durable run that waits for a person.
+#[derive(Debug)]
+pub struct Waiting {
+    /// The run's program.
+    pub program: Arc<Program>,
+    /// The requests it waits on.
+    pub pending: Vec<Pending>,
+    /// As [`Finished::replayed_provider_calls`].
+    pub replayed_provider_calls: u64,
 }
 
 /// A finished durable run.
@@ -173,10 +213,26 @@ fn tools_fingerprint(toolbox: &Toolbox) -> Json {
                 if let Some(origin) = spec.origin() {
                     tool["origin"] = json!({"source": origin.source(), "server": origin.server()});
                 }
+                // The same for people in the loop: a resume must ask the same questions.
+                if let Some(approval) = spec.approval() {
+                    tool["approval"] = json!({"timeout_ms": approval.timeout.map(ms)});
+                }
+                if let Some(human) = spec.human_tool() {
+                    tool["human"] = json!({
+                        "prompt": human.prompt,
+                        "result_schema": human.result_schema,
+                        "timeout_ms": human.timeout.map(ms),
+                    });
+                }
                 tool
             })
             .collect(),
     )
+}
+
+/// A duration in whole milliseconds, saturating.
+fn ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The tool descriptors of [`tools_fingerprint`], as a registry: enough to replay a run
@@ -217,6 +273,29 @@ fn registry_from_fingerprint(fingerprint: &Json) -> Result<ToolRegistry, String>
             spec = spec.with_origin(ToolOrigin::Mcp {
                 server: server.to_owned(),
             });
+        }
+        let timeout = |json: &Json| {
+            json.get("timeout_ms")
+                .and_then(Json::as_u64)
+                .map(Duration::from_millis)
+        };
+        if let Some(approval) = tool.get("approval") {
+            spec = spec.requires_approval(Approval {
+                timeout: timeout(approval),
+            });
+        }
+        if let Some(human) = tool.get("human") {
+            spec = spec
+                .human(HumanTool {
+                    prompt: human
+                        .get("prompt")
+                        .and_then(Json::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                    result_schema: human.get("result_schema").filter(|s| !s.is_null()).cloned(),
+                    timeout: timeout(human),
+                })
+                .map_err(|e| e.to_string())?;
         }
         registry.register(spec).map_err(|e| e.to_string())?;
     }
@@ -299,7 +378,7 @@ pub async fn start(
     toolbox: &Toolbox,
     listener: Option<Listener<'_>>,
     config: &DurableOptions,
-) -> Result<Finished, DurableError> {
+) -> Result<Ended, DurableError> {
     let record = new_run_record(&run, toolbox, config)?;
     let NewDurableRun {
         program,
@@ -313,7 +392,7 @@ pub async fn start(
         program,
         machine,
         recorder: Recorder::new(config.checkpoint_every, config.redactor.clone(), 0, 0),
-        committer: Committer::creating(store, record, config.window()),
+        committer: Committer::creating(store, record, config),
         at: Duration::ZERO,
         pending: None,
         last_event: None,
@@ -360,7 +439,7 @@ pub async fn resume(
     toolbox: &Toolbox,
     listener: Option<Listener<'_>>,
     config: &DurableOptions,
-) -> Result<Finished, DurableError> {
+) -> Result<Ended, DurableError> {
     reopen(store, id, expected, toolbox, config)
         .await?
         .run(provider, toolbox, listener)
@@ -410,7 +489,7 @@ impl Reopened<'_> {
         provider: &dyn Provider,
         toolbox: &Toolbox,
         listener: Option<Listener<'_>>,
-    ) -> Result<Finished, DurableError> {
+    ) -> Result<Ended, DurableError> {
         let observer = listener.map(|listener| Box::new(listener) as Observer<'_>);
         let session = RunSession::resumed(
             self.machine,
@@ -420,11 +499,26 @@ impl Reopened<'_> {
             self.pending,
             self.last_event.as_ref(),
         );
-        let outcome = driver::drive(session, provider, toolbox, &self.committer).await?;
-        Ok(Finished {
-            program: self.program,
-            outcome,
-            replayed_provider_calls: self.replayed_provider_calls,
+        let answerer = self.committer.answerer.clone();
+        let ended = driver::drive(
+            session,
+            provider,
+            toolbox,
+            &self.committer,
+            answerer.as_ref(),
+        )
+        .await?;
+        Ok(match ended {
+            driver::Ended::Finished(outcome) => Ended::Finished(Finished {
+                program: self.program,
+                outcome,
+                replayed_provider_calls: self.replayed_provider_calls,
+            }),
+            driver::Ended::Waiting(pending) => Ended::Waiting(Waiting {
+                program: self.program,
+                pending,
+                replayed_provider_calls: self.replayed_provider_calls,
+            }),
         })
     }
 }
@@ -532,7 +626,7 @@ async fn reopen_leased<'s>(
         program,
         machine: replayed.machine,
         recorder,
-        committer: Committer::leased(store, lease, config.window()),
+        committer: Committer::leased(store, lease, config, &loaded.summary.pending),
         at: replayed.at,
         pending: replayed.pending,
         last_event: replayed.last_event,
@@ -732,30 +826,50 @@ fn replay(
 /// checks one given with `--run-id` before it starts.
 struct Committer<'s> {
     store: &'s dyn RunJournal,
+    id: String,
     lease: tokio::sync::OnceCell<Box<dyn Lease>>,
     /// The new run's row, until its first commit creates it.
     create: std::sync::Mutex<Option<NewRun>>,
     window: Window,
+    answerer: Arc<dyn Answerer>,
+    /// When the run first paused on each request it waited on when it was reopened.
+    requested_at: std::collections::HashMap<String, i64>,
 }
 
 impl<'s> Committer<'s> {
-    /// A committer for a run whose lease is held.
-    fn leased(store: &'s dyn RunJournal, lease: Box<dyn Lease>, window: Window) -> Self {
+    /// A committer for a run whose lease is held, which waited on `pending` (as stored).
+    fn leased(
+        store: &'s dyn RunJournal,
+        lease: Box<dyn Lease>,
+        config: &DurableOptions,
+        pending: &[Json],
+    ) -> Self {
+        let requested_at = pending
+            .iter()
+            .filter_map(Pending::from_json)
+            .map(|p| (p.request.id, p.requested_at_ms))
+            .collect();
         Committer {
             store,
+            id: lease.run_id().to_owned(),
             lease: tokio::sync::OnceCell::new_with(Some(lease)),
             create: std::sync::Mutex::new(None),
-            window,
+            window: config.window(),
+            answerer: config.answerer.clone(),
+            requested_at,
         }
     }
 
     /// A committer whose first commit creates the run `record`.
-    fn creating(store: &'s dyn RunJournal, record: NewRun, window: Window) -> Self {
+    fn creating(store: &'s dyn RunJournal, record: NewRun, config: &DurableOptions) -> Self {
         Committer {
             store,
+            id: record.id.clone(),
             lease: tokio::sync::OnceCell::new(),
             create: std::sync::Mutex::new(Some(record)),
-            window,
+            window: config.window(),
+            answerer: config.answerer.clone(),
+            requested_at: Default::default(),
         }
     }
 
@@ -788,5 +902,32 @@ impl Journal for Committer<'_> {
 
     fn window(&self) -> Window {
         self.window
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+
+    fn requested_at(&self, id: &str) -> Option<i64> {
+        self.requested_at.get(id).copied()
+    }
+
+    async fn offer(&self, answer: &aplc_vm::human::HumanAnswer) -> Result<(), StoreError> {
+        // Another answer stored first wins: the run takes whatever the store holds.
+        let json = crate::human::answer_json(answer);
+        self.store
+            .answer(&self.id, &answer.id, json)
+            .await
+            .map(drop)
+    }
+
+    async fn stored_answers(&self) -> Result<Vec<aplc_vm::human::HumanAnswer>, StoreError> {
+        let stored = self.store.answers(&self.id).await?;
+        // The service checked each answer before storing it; one that does not read is
+        // left out (and the run waits on its request).
+        Ok(stored
+            .iter()
+            .filter_map(|(id, json)| crate::human::answer_from_json(id, json).ok())
+            .collect())
     }
 }

@@ -47,6 +47,7 @@ pub mod equip;
 pub mod files;
 mod future;
 pub mod http;
+pub mod human;
 pub mod manifest;
 pub mod mcp;
 mod native;

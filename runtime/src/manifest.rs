@@ -31,7 +31,9 @@ use crate::future::BoxFuture;
 use crate::http::HttpClient;
 use crate::process::ProcessGroup;
 use crate::tool::{Tool, Toolbox};
-use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolInvocation, ToolSpec, ToolSpecError};
+use aplc_vm::tools::{
+    Approval, HumanTool, Idempotency, IdempotencyKey, ToolInvocation, ToolSpec, ToolSpecError,
+};
 
 /// Default time a tool may take.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_millis(30_000);
@@ -50,6 +52,19 @@ struct Entry {
     with_context: bool,
     timeout_ms: Option<u64>,
     idempotent: Option<IdempotentEntry>,
+    /// `"required"`: a person approves each call (`spec/human.md` §1.1).
+    approval: Option<String>,
+    approval_timeout_ms: Option<u64>,
+    /// A tool whose result a person gives (`spec/human.md` §1.2).
+    human: Option<HumanEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HumanEntry {
+    prompt: String,
+    result_schema: Option<Json>,
+    timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -158,6 +173,18 @@ pub enum EntryError {
     /// The HTTP client for `url` tools could not be built.
     #[error(transparent)]
     Http(crate::http::HttpClientError),
+    /// `approval` is a word other than `required`.
+    #[error("`approval` must be \"required\", found \"{0}\"")]
+    ApprovalWord(String),
+    /// `approval_timeout_ms` without `approval`.
+    #[error("`approval_timeout_ms` needs `\"approval\": \"required\"`")]
+    ApprovalTimeoutAlone,
+    /// A `human` tool with a `command`, a `url` or other keys that run a program.
+    #[error("a `human` tool is answered by a person: it takes no `{0}`")]
+    HumanWith(&'static str),
+    /// A timeout of 0 ms.
+    #[error("`{0}` must be a positive number of milliseconds")]
+    ZeroTimeout(&'static str),
 }
 
 /// Builds a toolbox from a JSON manifest: an object from tool name to entry. `base` is the
@@ -246,6 +273,7 @@ fn entry_tool(
     let mut spec = ToolSpec::new(descriptor)
         .map_err(EntryError::Descriptor)?
         .with_context(entry.with_context);
+    let idempotent_given = entry.idempotent.is_some();
     if let Some(idem) = entry.idempotent {
         let key = match idem.key {
             KeyEntry::Word(w) if w == "auto" => IdempotencyKey::Auto,
@@ -258,6 +286,22 @@ fn entry_tool(
             ttl: idem.ttl_ms.map(Duration::from_millis),
         });
     }
+    if let Some(human) = entry.human {
+        let given = [
+            ("command", entry.command.is_some()),
+            ("url", entry.url.is_some()),
+            ("cwd", entry.cwd.is_some()),
+            ("timeout_ms", entry.timeout_ms.is_some()),
+            ("idempotent", idempotent_given),
+            ("approval", entry.approval.is_some()),
+            ("approval_timeout_ms", entry.approval_timeout_ms.is_some()),
+        ];
+        if let Some((key, _)) = given.iter().find(|(_, given)| *given) {
+            return Err(EntryError::HumanWith(key));
+        }
+        return human_tool(name, spec, human);
+    }
+    spec = approval(spec, entry.approval, entry.approval_timeout_ms)?;
     let timeout = entry
         .timeout_ms
         .map(Duration::from_millis)
@@ -275,6 +319,58 @@ fn entry_tool(
         _ => return Err(EntryError::CommandOrUrl),
     };
     Ok((spec, tool))
+}
+
+/// Makes `spec` wait for a person's approval if `approval` says so.
+fn approval(
+    spec: ToolSpec,
+    approval: Option<String>,
+    timeout_ms: Option<u64>,
+) -> Result<ToolSpec, EntryError> {
+    match approval {
+        None if timeout_ms.is_some() => Err(EntryError::ApprovalTimeoutAlone),
+        None => Ok(spec),
+        Some(word) if word == "required" => Ok(spec.requires_approval(Approval {
+            timeout: positive_ms(timeout_ms, "approval_timeout_ms")?,
+        })),
+        Some(word) => Err(EntryError::ApprovalWord(word)),
+    }
+}
+
+/// `ms` as a duration, refusing 0.
+fn positive_ms(ms: Option<u64>, key: &'static str) -> Result<Option<Duration>, EntryError> {
+    match ms {
+        Some(0) => Err(EntryError::ZeroTimeout(key)),
+        ms => Ok(ms.map(Duration::from_millis)),
+    }
+}
+
+/// A human tool: its spec says a person answers, and its implementation is never
+/// called (the machine asks the person instead of calling it).
+fn human_tool(
+    name: &str,
+    spec: ToolSpec,
+    human: HumanEntry,
+) -> Result<(ToolSpec, Arc<dyn Tool>), EntryError> {
+    let spec = spec
+        .human(HumanTool {
+            prompt: human.prompt,
+            result_schema: human.result_schema,
+            timeout: positive_ms(human.timeout_ms, "human.timeout_ms")?,
+        })
+        .map_err(EntryError::Descriptor)?;
+    let tool: Arc<dyn Tool> = Arc::new(PersonTool(name.to_owned()));
+    Ok((spec, tool))
+}
+
+/// The implementation a human tool registers: a person gives its results, so the run
+/// never calls it; a driver that did would get this error rather than a made-up result.
+struct PersonTool(String);
+
+impl Tool for PersonTool {
+    fn call<'a>(&'a self, _invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
+        Box::pin(async move { Err(format!("`{}` is answered by a person, not run", self.0)) })
+    }
 }
 
 /// The JSON a tool receives.

@@ -84,6 +84,8 @@ pub(crate) struct Recorder {
     pub(crate) history_start: u64,
     /// A checkpoint for the next batch.
     checkpoint: Option<StoredCheckpoint>,
+    /// The requests the run waits on, for the next batch to store (`Batch::pending`).
+    pending: Option<Vec<Json>>,
     redactor: Redactor,
 }
 
@@ -106,8 +108,14 @@ impl Recorder {
             steps_at_checkpoint: 0,
             history_start: 0,
             checkpoint: None,
+            pending: None,
             redactor,
         }
+    }
+
+    /// Stores `pending` (the requests the run waits on; empty: none) with the next batch.
+    pub(crate) fn set_pending(&mut self, pending: Vec<Json>) {
+        self.pending = Some(pending);
     }
 
     /// What scrubs the journal of secrets.
@@ -192,6 +200,7 @@ impl Recorder {
             && self.events.is_empty()
             && checkpoint.is_none()
             && outcome.is_none()
+            && self.pending.is_none()
         {
             return None;
         }
@@ -206,6 +215,7 @@ impl Recorder {
             checkpoint,
             steps,
             outcome,
+            pending: self.pending.take(),
         })
     }
 

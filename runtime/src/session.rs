@@ -16,11 +16,12 @@
 
 use std::time::{Duration, Instant};
 
+use aplc_vm::human::HumanAnswer;
 use aplc_vm::journal::Input;
 use aplc_vm::tools::ToolInvocation;
 use aplc_vm::{
-    Action, Completion, Event, EventKind, Machine, Progress, ProviderError, ProviderRequest,
-    RunOutcome, ToolCallRef,
+    Action, Completion, Event, EventKind, Expecting, Machine, Progress, ProviderError,
+    ProviderRequest, RunOutcome, ToolCallRef,
 };
 use serde_json::Value as Json;
 
@@ -62,6 +63,10 @@ pub struct RunSession<'l> {
     recorder: Option<Recorder>,
     /// The action a replayed journal ends with: asked for before a crash, in flight.
     pending: Option<Action>,
+    /// The machine's time when the run began to wait for a person: the clock stands
+    /// still while it waits (`spec/human.md` §3), so answers are taken at this time and
+    /// the clock restarts from it.
+    paused_at: Option<Duration>,
 }
 
 impl std::fmt::Debug for RunSession<'_> {
@@ -113,6 +118,7 @@ impl<'l> RunSession<'l> {
             stamp: DeltaStamp::default(),
             recorder,
             pending,
+            paused_at: None,
         };
         if let Some(event) = last_event {
             session.stamp.saw(event);
@@ -142,15 +148,31 @@ impl<'l> RunSession<'l> {
     /// done. A resumed run first gets the action it was performing at the crash.
     pub fn next_action(&mut self) -> Next {
         if let Some(action) = self.pending.take() {
+            if matches!(action, Action::AwaitInput) {
+                self.paused_at = Some(self.clock.now());
+            }
             return Next {
                 action,
                 in_flight: true,
             };
         }
+        if self.machine.expecting() == Expecting::Answer {
+            // Some requests are answered, others not yet: the run waits on.
+            self.paused_at.get_or_insert_with(|| self.clock.now());
+            return Next {
+                action: Action::AwaitInput,
+                in_flight: false,
+            };
+        }
+        if let Some(at) = self.paused_at.take() {
+            self.restart_clock(at);
+        }
         loop {
-            let action = self.apply(Input::Poll {
-                at: self.clock.now(),
-            });
+            let at = self.clock.now();
+            let action = self.apply(Input::Poll { at });
+            if matches!(action, Action::AwaitInput) {
+                self.paused_at = Some(at);
+            }
             if !matches!(action, Action::Continue) {
                 return Next {
                     action,
@@ -190,6 +212,41 @@ impl<'l> RunSession<'l> {
         if let Some(recorder) = self.recorder.as_mut() {
             recorder.maybe_checkpoint(&self.machine, at);
         }
+    }
+
+    /// Hands the machine a person's answer to one of the requests it waits on, taken at
+    /// the time the run began to wait. Check it first ([`Machine::check_answer`]): one
+    /// that does not fit ends the run with a protocol error.
+    pub fn answer_person(&mut self, answer: HumanAnswer) {
+        let at = *self.paused_at.get_or_insert_with(|| self.clock.now());
+        self.answer(Input::Answer { at, answer });
+    }
+
+    /// The machine's time when the run began to wait, if it waits.
+    pub fn paused_at(&self) -> Option<Duration> {
+        self.paused_at
+    }
+
+    /// Restarts the clock at `at`: the time a run spent waiting for a person does not
+    /// count. The deadline and its watchdog move with it, and a delta relay, which holds
+    /// the old deadline, is made anew at the next call.
+    fn restart_clock(&mut self, at: Duration) {
+        self.clock = RunClock::start(&self.machine, at);
+        self.relay = None;
+    }
+
+    /// Stores `pending` (the requests the run waits on, as hosts show them; empty: none)
+    /// with the next batch of a durable run.
+    pub(crate) fn set_pending(&mut self, pending: Vec<Json>) {
+        if let Some(recorder) = self.recorder.as_mut() {
+            recorder.set_pending(pending);
+        }
+    }
+
+    /// Ends a run that waits for answers nobody can give ([`Machine::abandon_input`]).
+    pub fn abandon_input(&mut self, message: String) {
+        self.machine.abandon_input(message);
+        self.deliver();
     }
 
     /// Hands the machine a tool's result (or failure message), taken now.

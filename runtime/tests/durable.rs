@@ -226,7 +226,9 @@ async fn a_crash_at_any_provider_call_resumes_to_the_same_end() {
                 &config(every),
             )
             .await
-            .expect("resume");
+            .expect("resume")
+            .finished()
+            .expect("finished");
             let context = without_times(finished.outcome.context_json());
             assert_eq!(
                 context, expected_context,
@@ -291,7 +293,9 @@ async fn a_crash_during_a_tool_call_reruns_it_only_if_idempotent() {
             let finished =
                 durable::resume(store.as_ref(), &id, None, &model, &tools, None, &config(2))
                     .await
-                    .expect("resume");
+                    .expect("resume")
+                    .finished()
+                    .expect("finished");
             assert!(finished.outcome.error.is_none());
             let context = finished.outcome.context_json();
             let history = context["context_history"].as_array().unwrap();
@@ -379,7 +383,9 @@ async fn one_writer_finished_runs_and_mismatches() {
         &cfg,
     )
     .await
-    .expect("resume with the same bundle");
+    .expect("resume with the same bundle")
+    .finished()
+    .expect("finished");
     let again = durable::reopen(store.as_ref(), "held", None, &tools, &cfg).await;
     assert!(
         matches!(
@@ -461,7 +467,9 @@ async fn deltas_reach_the_listener_and_are_never_journaled() {
         &cfg,
     )
     .await
-    .expect("resume");
+    .expect("resume")
+    .finished()
+    .expect("finished");
     assert!(finished.outcome.error.is_none());
     // The call in flight is asked again; its delta carries its `provider_call`'s seq,
     // which this listener never saw (it was journaled before the crash).
@@ -637,7 +645,9 @@ async fn a_new_run_is_stored_while_its_first_call_is_out_and_a_taken_id_fails() 
         calls: AtomicU64::new(0),
         hang_at: None,
     };
-    let done = start("done", &model).await.expect("a new id runs");
+    let done = (start("done", &model).await.expect("a new id runs"))
+        .finished()
+        .expect("finished");
     let calls = model.calls.load(Ordering::SeqCst);
     let again = start("done", &model).await;
     assert!(

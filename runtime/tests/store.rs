@@ -116,6 +116,7 @@ fn batch(first_input: u64, inputs: Vec<Vec<u8>>, events: &[&str], steps: u64) ->
         checkpoint: None,
         steps,
         outcome: None,
+        pending: None,
     }
 }
 

@@ -551,7 +551,7 @@ async fn a_resumed_durable_run_has_a_run_span_of_its_own() {
     });
     let provider = trace.provider(&model);
     let mut listener = |event: &aplc_vm::Event| trace.on_event(event);
-    reopened
+    let _finished = reopened
         .run(&provider, &tools, Some(&mut listener))
         .await
         .unwrap();

@@ -274,7 +274,16 @@ async fn drive(
     }
     watcher.abort();
     match finished {
-        Ok(finished) => {
+        Ok(durable::Ended::Waiting(waiting)) => {
+            // The requests are committed; the run holds no slot while it waits.
+            let ids: Vec<&str> = waiting
+                .pending
+                .iter()
+                .map(|p| p.request.id.as_str())
+                .collect();
+            tracing::info!(run_id = %id, agent = %agent, pending = ?ids, "run waiting for input");
+        }
+        Ok(durable::Ended::Finished(finished)) => {
             // From the outcome itself: its stored JSON form converts the whole final
             // context, history included (6 % of the server's CPU under issue #24's load).
             let status = QueueStatus::of_run(&finished.outcome);

@@ -30,7 +30,7 @@ mod run;
 mod template;
 pub mod text;
 
-pub use provider::{tools, wire};
+pub use provider::{human, tools, wire};
 pub use run::journal;
 
 pub use bundle::dialect::{Dialect, any_dialect_helper};

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aplc_compiler::{Options, compile};
+use aplc_vm::human::{HumanAnswer, Reply, RequestKind};
 use aplc_vm::journal::{Checkpoint, Input, JournalError, Position};
-use aplc_vm::tools::{Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
+use aplc_vm::tools::{Approval, HumanTool, Idempotency, IdempotencyKey, ToolRegistry, ToolSpec};
 use aplc_vm::{Action, Limits, Machine, Program, RunError, RunOptions, ScriptedProvider};
 use serde_json::{Value as Json, json};
 
@@ -70,6 +71,22 @@ fn registry(manifest: &Json) -> ToolRegistry {
                 .map(Duration::from_millis);
             spec = spec.idempotent(Idempotency { key, ttl });
         }
+        if entry.get("approval").and_then(Json::as_str) == Some("required") {
+            let timeout = entry
+                .get("approval_timeout_ms")
+                .and_then(Json::as_u64)
+                .map(Duration::from_millis);
+            spec = spec.requires_approval(Approval { timeout });
+        }
+        if let Some(human) = entry.get("human") {
+            spec = spec
+                .human(HumanTool {
+                    prompt: human["prompt"].as_str().unwrap().to_owned(),
+                    result_schema: human.get("result_schema").cloned(),
+                    timeout: None,
+                })
+                .unwrap();
+        }
         registry.register(spec).unwrap();
     }
     registry
@@ -121,6 +138,7 @@ fn cases() -> Vec<Case> {
     for (dir, manifest) in [
         ("fixtures/run", None),
         ("fixtures/tools", Some("tools.json")),
+        ("fixtures/human", Some("tools.json")),
     ] {
         let dir = root().join(dir);
         let tools = manifest.and_then(|m| read_json(&dir.join(m)));
@@ -161,6 +179,40 @@ fn apply(machine: &mut Machine, input: &Input) -> Option<Action> {
     let poll = matches!(input, Input::Poll { .. });
     let action = machine.apply(input.clone());
     poll.then_some(action)
+}
+
+/// A deterministic person: approves the first call of a round and denies the others
+/// (with a reason for the second), answers a human tool with its request's id, and
+/// an `await_input` with `true`.
+fn answers(machine: &Machine, at: Duration) -> Vec<Input> {
+    machine
+        .pending_requests()
+        .into_iter()
+        .map(|request| {
+            let reply = match request.kind {
+                RequestKind::Approval if request.id.ends_with("-2") => Reply::Approve {
+                    approved: true,
+                    reason: None,
+                },
+                RequestKind::Approval if request.id.ends_with("-3") => Reply::Approve {
+                    approved: false,
+                    reason: Some("too much".into()),
+                },
+                RequestKind::Approval => Reply::TimedOut,
+                RequestKind::Tool => Reply::Value(json!(request.id)),
+                RequestKind::Input => Reply::Value(json!(true)),
+            };
+            Input::Answer {
+                at,
+                answer: HumanAnswer {
+                    id: request.id.clone(),
+                    reply,
+                    by: "test".into(),
+                    answered_at_ms: 1,
+                },
+            }
+        })
+        .collect()
 }
 
 /// One uninterrupted run: its inputs, the events after creation and after each input,
@@ -222,6 +274,16 @@ fn record_with(case: &Case, timeout_at_call: Option<usize>) -> Recording {
                     Ok(json!({"tool": invocation.name, "arguments": invocation.arguments}))
                 },
             },
+            Some(Action::AwaitInput) => {
+                // A person answers every request, one input each, before the next poll.
+                for answer in answers(&machine, clock()) {
+                    apply(&mut machine, &answer);
+                    inputs.push(answer);
+                    positions.push(machine.position());
+                    events.push(drain(&mut machine));
+                }
+                continue;
+            }
             Some(Action::Continue) => continue,
             Some(Action::Done) | None => break,
         };
@@ -563,6 +625,7 @@ proptest::proptest! {
                     Action::CallProvider(_) => machine
                         .handle_provider_response(Duration::from_secs(1000 + i), Ok(aplc_vm::Completion::text("x"))),
                     Action::CallTool(_) => machine.handle_tool_result(Duration::from_secs(1000 + i), Ok(json!(1))),
+                    Action::AwaitInput => machine.abandon_input("nobody".into()),
                     Action::Continue => {}
                 }
             }

@@ -163,6 +163,9 @@ pub struct RunSummary {
     pub events: u64,
     /// The final outcome (JSON written by the driver), when finished.
     pub outcome: Option<serde_json::Value>,
+    /// The requests the run waits on (`spec/human.md`), as `human::Pending::to_json`
+    /// writes them; empty when it waits on none.
+    pub pending: Vec<serde_json::Value>,
 }
 
 /// A checkpoint as stored.
@@ -211,6 +214,9 @@ pub struct Batch {
     pub steps: u64,
     /// Set when the run finished: its outcome.
     pub outcome: Option<serde_json::Value>,
+    /// `Some` replaces the requests the run waits on (`spec/human.md`; empty: it waits
+    /// on none); `None` leaves them.
+    pub pending: Option<Vec<serde_json::Value>>,
 }
 
 impl Batch {
@@ -229,6 +235,9 @@ impl Batch {
         }
         self.steps = later.steps;
         self.outcome = later.outcome;
+        if later.pending.is_some() {
+            self.pending = later.pending;
+        }
         None
     }
 
@@ -278,6 +287,43 @@ pub trait RunJournal: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
     /// Storage the run uses, in bytes (inputs, events, checkpoints), for benches.
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// Stores `answer` to the pending request `request_id` of the run, unless it has one
+    /// already: the first answer wins (`spec/human.md`).
+    fn answer<'a>(
+        &'a self,
+        run_id: &'a str,
+        request_id: &'a str,
+        answer: serde_json::Value,
+    ) -> BoxFuture<'a, Result<Answered, StoreError>> {
+        let _ = (run_id, request_id, answer);
+        Box::pin(async { Err(StoreError::Database("this store keeps no answers".into())) })
+    }
+    /// The stored answers to the run's pending requests, in the order they were stored.
+    fn answers<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(String, serde_json::Value)>, StoreError>> {
+        let _ = run_id;
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// What [`RunJournal::answer`] did with an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answered {
+    /// Stored; the pending requests still without an answer, in order.
+    Accepted {
+        /// Their ids.
+        unanswered: Vec<String>,
+    },
+    /// No run has this id.
+    UnknownRun,
+    /// The run waits on no request of this id.
+    UnknownRequest,
+    /// The request has an answer already.
+    AlreadyAnswered,
+    /// The run is finished.
+    Finished,
 }
 
 /// The queue of a service (`aplc serve`, spec/serve.md): only the server needs it. Runs
@@ -625,6 +671,7 @@ mod tests {
             }),
             steps: first_input,
             outcome: None,
+            pending: None,
         }
     }
 
@@ -668,6 +715,7 @@ mod tests {
             inputs: 0,
             events: 0,
             outcome,
+            pending: Vec::new(),
         };
         let cancelled = serde_json::json!({"status": "failed", "error": {"kind": "Cancelled"}});
         for (outcome, status) in [

@@ -86,7 +86,17 @@ impl AgentTools {
                 )
                 .await;
                 match started {
-                    Ok(finished) => finished.outcome,
+                    Ok(durable::Ended::Finished(finished)) => finished.outcome,
+                    // An MCP client cannot answer: the run waits in the store for an
+                    // answer through `aplc resume` or the service (spec/human.md).
+                    Ok(durable::Ended::Waiting(waiting)) => {
+                        let lines: Vec<String> =
+                            waiting.pending.iter().map(|p| p.waiting_line()).collect();
+                        return self.failed(&format!(
+                            "run `{id}` is waiting for a person: {}",
+                            lines.join("; ")
+                        ));
+                    }
                     // The store failed: the run stays resumable from its last commit.
                     Err(e) => return self.failed(&format!("run `{id}`: {e}")),
                 }

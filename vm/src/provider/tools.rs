@@ -32,6 +32,10 @@ pub struct ToolSpec {
     idempotency: Option<Idempotency>,
     validator: Option<Arc<jsonschema::Validator>>,
     origin: Option<ToolOrigin>,
+    /// A person approves each call before it runs (`spec/human.md` §1.1).
+    approval: Option<Approval>,
+    /// A person gives each call's result (`spec/human.md` §1.2).
+    human: Option<HumanTool>,
 }
 
 impl std::fmt::Debug for ToolSpec {
@@ -41,6 +45,8 @@ impl std::fmt::Debug for ToolSpec {
             .field("with_context", &self.with_context)
             .field("idempotency", &self.idempotency)
             .field("origin", &self.origin)
+            .field("approval", &self.approval)
+            .field("human", &self.human)
             .finish_non_exhaustive()
     }
 }
@@ -113,6 +119,24 @@ impl ToolOrigin {
     }
 }
 
+/// A tool whose calls a person approves before they run (`"approval": "required"`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Approval {
+    /// How long a request waits (`approval_timeout_ms`); then the call counts as denied.
+    pub timeout: Option<Duration>,
+}
+
+/// A tool whose result a person gives (a manifest's `human` entry).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HumanTool {
+    /// What the person reads.
+    pub prompt: String,
+    /// What the answer must satisfy.
+    pub result_schema: Option<Json>,
+    /// How long a request waits; then the call fails.
+    pub timeout: Option<Duration>,
+}
+
 /// When a tool's successful results may be reused within a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Idempotency {
@@ -180,7 +204,42 @@ impl ToolSpec {
             idempotency: None,
             validator,
             origin: None,
+            approval: None,
+            human: None,
         })
+    }
+
+    /// Makes every call of the tool wait for a person's approval.
+    pub fn requires_approval(mut self, approval: Approval) -> ToolSpec {
+        self.approval = Some(approval);
+        self
+    }
+
+    /// Makes the tool's result a person's answer. Its `result_schema` must be a JSON
+    /// Schema. A human tool is never idempotent and needs no approval: both are dropped.
+    pub fn human(mut self, human: HumanTool) -> Result<ToolSpec, ToolSpecError> {
+        if let Some(schema) = &human.result_schema {
+            crate::provider::human::compile_schema(schema).map_err(|message| {
+                ToolSpecError::Schema {
+                    name: self.name.clone(),
+                    message: format!("`result_schema`: {message}"),
+                }
+            })?;
+        }
+        self.human = Some(human);
+        self.idempotency = None;
+        self.approval = None;
+        Ok(self)
+    }
+
+    /// Whether, and how, calls wait for a person's approval.
+    pub fn approval(&self) -> Option<&Approval> {
+        self.approval.as_ref()
+    }
+
+    /// The human tool's settings, if a person gives its results.
+    pub fn human_tool(&self) -> Option<&HumanTool> {
+        self.human.as_ref()
     }
 
     /// Passes the run's context to the tool with its arguments.
@@ -408,17 +467,8 @@ pub(crate) fn check_call(
         ));
     }
     if let Some(validator) = &spec.validator {
-        let problems: Vec<String> = validator
-            .iter_errors(&args)
-            .map(|e| {
-                let path = e.instance_path().as_str().to_string();
-                if path.is_empty() {
-                    e.to_string()
-                } else {
-                    format!("at {path}: {e}")
-                }
-            })
-            .collect();
+        let problems: Vec<String> =
+            crate::provider::human::schema_problems(validator, &args).collect();
         if !problems.is_empty() {
             return Err(format!("invalid arguments: {}", problems.join("; ")));
         }

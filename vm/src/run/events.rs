@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use crate::bundle::Bundle;
+use crate::human::{HumanAnswer, InputRequest, Reply};
 use crate::run::{RunError, RunOptions};
 
 /// The version of the events' JSON form, carried by [`EventKind::RunStarted`]. It changes
@@ -214,6 +215,38 @@ pub enum EventKind {
         duration_ms: f64,
         /// The result came from the idempotency ledger.
         reused: bool,
+    },
+    /// The run asks a person (`spec/human.md`): it waits until every request it made
+    /// together is answered.
+    InputRequested {
+        /// The request, `step` included.
+        #[serde(flatten)]
+        request: InputRequest,
+    },
+    /// The run took a person's answer (or a request's timeout).
+    InputReceived {
+        /// The step that asked.
+        step: String,
+        /// The request's id.
+        id: String,
+        /// The request's kind.
+        kind: crate::human::RequestKind,
+        /// Who answered: `cli`, `--as NAME`, a token's id, `python`, `timeout`.
+        by: String,
+        /// When, on the wall clock (ms since the Unix epoch).
+        answered_at_ms: i64,
+        /// For an approval: approved or denied (a timeout denies).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approved: Option<bool>,
+        /// For an approval: the reason given, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// For a `tool` or `input` request: the value.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        value: Option<Json>,
+        /// Nobody answered within the request's timeout.
+        #[serde(default)]
+        timed_out: bool,
     },
     /// An entry was appended to `errors`.
     Error {
@@ -647,6 +680,43 @@ impl Recorder {
             with_error,
             duration_ms,
             reused,
+        });
+    }
+
+    /// The run asks `request`.
+    pub(crate) fn input_requested(&mut self, request: &InputRequest) {
+        if !self.on {
+            return;
+        }
+        self.push(EventKind::InputRequested {
+            request: request.clone(),
+        });
+    }
+
+    /// The run took `answer` to `request`.
+    pub(crate) fn input_received(&mut self, request: &InputRequest, answer: &HumanAnswer) {
+        if !self.on {
+            return;
+        }
+        let (approved, reason, value) = match &answer.reply {
+            Reply::Approve { approved, reason } => (Some(*approved), reason.clone(), None),
+            Reply::Value(value) => (None, None, Some(value.clone())),
+            Reply::TimedOut => (
+                (request.kind == crate::human::RequestKind::Approval).then_some(false),
+                None,
+                None,
+            ),
+        };
+        self.push(EventKind::InputReceived {
+            step: request.step.clone(),
+            id: request.id.clone(),
+            kind: request.kind,
+            by: answer.by.clone(),
+            answered_at_ms: answer.answered_at_ms,
+            approved,
+            reason,
+            value,
+            timed_out: matches!(answer.reply, Reply::TimedOut),
         });
     }
 

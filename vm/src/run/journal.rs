@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::human::{HumanAnswer, Reply};
 use crate::{Completion, FinishReason, Part, ProviderError, ToolCall, Usage};
 
 /// One input the machine consumed, with the time it was given.
@@ -45,6 +46,14 @@ pub enum Input {
         /// Time since the run started.
         at: Duration,
     },
+    /// A person's answer to one of the requests the machine waits on (`spec/human.md`).
+    Answer {
+        /// Time since the run started: the time the run paused, since a run's clock
+        /// stands still while it waits.
+        at: Duration,
+        /// The answer, with who gave it and when.
+        answer: HumanAnswer,
+    },
 }
 
 impl Input {
@@ -54,7 +63,8 @@ impl Input {
             Input::Poll { at }
             | Input::Provider { at, .. }
             | Input::Tool { at, .. }
-            | Input::Timeout { at } => *at,
+            | Input::Timeout { at }
+            | Input::Answer { at, .. } => *at,
         }
     }
 
@@ -91,6 +101,10 @@ impl Input {
                 },
             },
             Input::Timeout { at } => WireInput::Timeout { at: *at },
+            Input::Answer { at, answer } => WireInput::Answer {
+                at: *at,
+                answer: WireAnswer::from(answer),
+            },
         };
         // Serializing into a Vec fails only on types postcard cannot write (sequences of
         // unknown length, `deserialize_any`-only values); `WireInput` has none.
@@ -146,6 +160,10 @@ impl Input {
                 },
             },
             WireInput::Timeout { at } => Input::Timeout { at },
+            WireInput::Answer { at, answer } => Input::Answer {
+                at,
+                answer: answer.into_answer()?,
+            },
         };
         Ok((input, position))
     }
@@ -206,6 +224,63 @@ enum WireInput {
     Timeout {
         at: Duration,
     },
+    /// Last, so that the variants before keep their postcard tags.
+    Answer {
+        at: Duration,
+        answer: WireAnswer,
+    },
+}
+
+/// [`HumanAnswer`] with its value as JSON text.
+#[derive(Serialize, Deserialize)]
+struct WireAnswer {
+    id: String,
+    reply: WireReply,
+    by: String,
+    answered_at_ms: i64,
+}
+
+#[derive(Serialize, Deserialize)]
+enum WireReply {
+    Approve {
+        approved: bool,
+        reason: Option<String>,
+    },
+    Value(String),
+    TimedOut,
+}
+
+impl From<&HumanAnswer> for WireAnswer {
+    fn from(answer: &HumanAnswer) -> WireAnswer {
+        WireAnswer {
+            id: answer.id.clone(),
+            reply: match &answer.reply {
+                Reply::Approve { approved, reason } => WireReply::Approve {
+                    approved: *approved,
+                    reason: reason.clone(),
+                },
+                Reply::Value(value) => WireReply::Value(value.to_string()),
+                Reply::TimedOut => WireReply::TimedOut,
+            },
+            by: answer.by.clone(),
+            answered_at_ms: answer.answered_at_ms,
+        }
+    }
+}
+
+impl WireAnswer {
+    fn into_answer(self) -> Result<HumanAnswer, JournalError> {
+        Ok(HumanAnswer {
+            id: self.id,
+            reply: match self.reply {
+                WireReply::Approve { approved, reason } => Reply::Approve { approved, reason },
+                WireReply::Value(text) => Reply::Value(json_from_text(&text, "answer")?),
+                WireReply::TimedOut => Reply::TimedOut,
+            },
+            by: self.by,
+            answered_at_ms: self.answered_at_ms,
+        })
+    }
 }
 
 /// [`Completion`] without `raw`, its JSON as text.
@@ -383,6 +458,36 @@ mod tests {
             },
             Input::Timeout {
                 at: Duration::from_nanos(1),
+            },
+            Input::Answer {
+                at: Duration::from_millis(9),
+                answer: HumanAnswer {
+                    id: "3-1".into(),
+                    reply: Reply::Approve {
+                        approved: false,
+                        reason: Some("too much".into()),
+                    },
+                    by: "cli".into(),
+                    answered_at_ms: 1_790_000_000_000,
+                },
+            },
+            Input::Answer {
+                at: Duration::from_millis(10),
+                answer: HumanAnswer {
+                    id: "4-0".into(),
+                    reply: Reply::Value(json!({"z": 1, "a": [true, null]})),
+                    by: "5d2c9a11".into(),
+                    answered_at_ms: -1,
+                },
+            },
+            Input::Answer {
+                at: Duration::ZERO,
+                answer: HumanAnswer {
+                    id: "4-2".into(),
+                    reply: Reply::TimedOut,
+                    by: "timeout".into(),
+                    answered_at_ms: 0,
+                },
             },
         ]
     }

@@ -57,6 +57,7 @@ use imbl::Vector;
 use minijinja::Value;
 
 use crate::bundle::{Instr, MessageEntry, StepId, TemplateId};
+use crate::human::{HumanAnswer, InputRequest, Reply, RequestKind};
 use crate::interrupt::{Interrupt, InterruptReason};
 use crate::names::{self, Section, Unsettable, slot_of};
 use crate::program::Program;
@@ -92,6 +93,11 @@ pub enum Action {
     /// A step ended, or with [`RunOptions::events`] a phase did: call [`Machine::poll`]
     /// again, with a fresh time (the phase's end).
     Continue,
+    /// The run asks a person ([`Machine::pending_requests`]): hand in an answer to each
+    /// request with [`Machine::apply`] (`Input::Answer`), then poll again. A driver with
+    /// nobody to ask pauses the run (durable runs) or ends it
+    /// ([`Machine::abandon_input`]).
+    AwaitInput,
     /// The run is over: take the result with [`Machine::into_outcome`].
     Done,
 }
@@ -113,6 +119,23 @@ pub struct RunOutcome {
 }
 
 impl RunOutcome {
+    /// The outcome of a run its driver had to stop before it could end (a protocol error
+    /// with `message`), with no variables: for drivers that have nothing better.
+    pub fn unfinished(message: &str) -> RunOutcome {
+        RunOutcome {
+            vars: Vars::new(),
+            history: Vector::new(),
+            error: Some(RunError {
+                kind: RunErrorKind::Protocol,
+                message: message.to_owned(),
+                step: None,
+                span: None,
+            }),
+            last_step_errors: Vec::new(),
+            steps: 0,
+        }
+    }
+
     /// `result_text` as a string ("" when it is not a string).
     pub fn result_text(&self) -> String {
         self.vars
@@ -226,6 +249,8 @@ enum State {
         /// The call's idempotency key, if its result may be reused.
         key: Option<String>,
     },
+    /// Waiting for a person's answers to the requests in [`Machine::asking`].
+    AwaitingInput,
     /// The run is over.
     Done,
 }
@@ -238,6 +263,38 @@ struct ToolRound {
     next: usize,
     /// One `result_tool_calls` entry per finished call.
     results: Vec<Value>,
+    /// Once the round has asked for approvals (`spec/human.md` §1.1): per call, what the
+    /// reviewer decided (`None` for calls that needed no approval).
+    verdicts: Option<Vec<Option<Verdict>>>,
+}
+
+/// A reviewer's decision on one tool call.
+#[derive(Debug, Clone)]
+enum Verdict {
+    Approved,
+    /// Denied, with the message the call's failed result carries.
+    Denied(String),
+}
+
+/// The requests a run waits on, with the replies taken so far, and what they are for.
+#[derive(Debug)]
+struct Asking {
+    requests: Vec<InputRequest>,
+    replies: Vec<Option<Reply>>,
+    purpose: Purpose,
+    /// For approvals: the round's call that each request is about.
+    calls: Vec<usize>,
+}
+
+/// What a run does with its answers once every request has one.
+#[derive(Debug, Clone, Copy)]
+enum Purpose {
+    /// The approvals of the tool round's calls: request `i` is about call `calls[i]`.
+    Approvals,
+    /// A human tool's call: the running call of the tool round.
+    HumanTool,
+    /// `await_input`: the answer goes to `human_input`.
+    AwaitInput,
 }
 
 /// One run of a [`Program`]. See the module docs for the calling contract.
@@ -275,6 +332,8 @@ pub struct Machine {
     events: Recorder,
     /// The namespaces checkpoints have written, by identity (`checkpoint.rs`).
     namespaces: checkpoint::Namespaces,
+    /// What the run asks a person, while it waits ([`State::AwaitingInput`]).
+    asking: Option<Asking>,
 }
 
 impl Machine {
@@ -326,6 +385,7 @@ impl Machine {
             interrupt: [Interrupt::new(), options.interrupt],
             events,
             namespaces: Default::default(),
+            asking: None,
         }
     }
 
@@ -414,7 +474,7 @@ impl Machine {
         loop {
             match self.state {
                 State::Done => return Action::Done,
-                State::AwaitingProvider | State::AwaitingTool { .. } => {
+                State::AwaitingProvider | State::AwaitingTool { .. } | State::AwaitingInput => {
                     // A driver that drops the call because the run was interrupted
                     // (`Interrupt::interrupted`) polls for the end: that is no misuse.
                     match crate::interrupt::reason(&self.interrupt) {
@@ -488,7 +548,16 @@ impl Machine {
                 Instr::ClearNextStep => {
                     (self.store).update(|vars| vars.set_slot(slot_of!(NEXT_STEP), Value::from(())))
                 }
-                Instr::Snapshot => self.snapshot(),
+                Instr::Snapshot => {
+                    // `await_input` pauses the run at the end of the step that set it:
+                    // the snapshot runs once the answer is in `human_input`, so the
+                    // step's `context_history` entry has it.
+                    if self.ask_for_input() {
+                        self.pc -= 1;
+                        return Action::AwaitInput;
+                    }
+                    self.snapshot()
+                }
                 Instr::Branch => return self.branch(),
             }
             // The machine reads no clock: a phase's end is the time of the next poll.
@@ -531,7 +600,18 @@ impl Machine {
                 return;
             }
         };
-        // `AwaitingTool` is only entered with a round whose running call is `next - 1`.
+        self.finish_tool_call(now, result, key);
+    }
+
+    /// Records the result of the round's running call (a tool's, or a person's for a
+    /// human tool), caching it under `key` if the tool is idempotent.
+    fn finish_tool_call(
+        &mut self,
+        now: Duration,
+        result: Result<serde_json::Value, String>,
+        key: Option<String>,
+    ) {
+        // A call is only running in a round, as its call `next - 1`.
         let Some(round) = self.tool_round.as_mut() else {
             self.fail(
                 RunErrorKind::Protocol,
@@ -936,6 +1016,7 @@ impl Machine {
             calls,
             next: 0,
             results: Vec::new(),
+            verdicts: None,
         });
     }
 
@@ -943,6 +1024,9 @@ impl Machine {
     /// must execute; when every call is done, stores `result_tool_calls` and returns `None`.
     fn advance_tools(&mut self, now: Duration) -> Option<Action> {
         let allowed = Allowed::from_value(self.store.get(names::ALLOWED_TOOLS).as_ref());
+        if self.ask_approvals(&allowed, now) {
+            return Some(Action::AwaitInput);
+        }
         loop {
             let round = self.tool_round.as_mut()?;
             let Some(call) = round.calls.get(round.next) else {
@@ -980,6 +1064,33 @@ impl Machine {
             let Some(spec) = self.tools.get(&call.name) else {
                 continue;
             };
+            let index = round.next - 1;
+            if let Some(Some(Verdict::Denied(reason))) =
+                round.verdicts.as_ref().and_then(|v| v.get(index))
+            {
+                let message = format!("tool execution failed: `{}`: {reason}", call.name);
+                self.events
+                    .tool_result(step, &call.name, &call.id, true, false, false);
+                self.store.push_error(message.clone());
+                round
+                    .results
+                    .push(tool_result(&call.id, Value::from(message), true, false));
+                continue;
+            }
+            if let Some(human) = spec.human_tool() {
+                let request = InputRequest {
+                    id: format!("{}-{}", self.steps, index + 1),
+                    kind: RequestKind::Tool,
+                    prompt: human.prompt.clone(),
+                    step: step.to_owned(),
+                    tool: Some(call.name.clone()),
+                    arguments: Some(args),
+                    schema: human.result_schema.clone(),
+                    timeout_ms: human.timeout.map(millis),
+                };
+                self.ask(vec![request], Purpose::HumanTool, Vec::new());
+                return Some(Action::AwaitInput);
+            }
             let key = Ledger::key(spec, &args);
             if let Some(cached) = key.as_ref().and_then(|k| self.ledger.get(spec, k, now)) {
                 self.events
@@ -999,6 +1110,217 @@ impl Machine {
             };
             self.state = State::AwaitingTool { key };
             return Some(Action::CallTool(invocation));
+        }
+    }
+
+    /// At the start of a tool round, asks for the approval of every call that passes the
+    /// checks and whose tool requires one (`spec/human.md` §1.1), all at once. True if
+    /// the run now waits for them; once asked, a round never asks again.
+    fn ask_approvals(&mut self, allowed: &Allowed, now: Duration) -> bool {
+        let Some(round) = self.tool_round.as_mut() else {
+            return false;
+        };
+        // Approvals are asked at the round's start, once: a round that asked has
+        // verdicts (a round that needed none has none, and costs one scan).
+        if round.next > 0 || round.verdicts.is_some() || self.tools.is_empty() {
+            return false;
+        }
+        if now >= self.deadline {
+            return false;
+        }
+        let step = step_name(&self.program, self.step);
+        let mut requests = Vec::new();
+        let mut calls = Vec::new();
+        for (index, call) in round.calls.iter().enumerate() {
+            let Some(approval) = self.tools.get(&call.name).and_then(|spec| spec.approval()) else {
+                continue;
+            };
+            // A call the checks refuse fails as before: nobody approves it first.
+            let Ok(arguments) = check_call(&self.tools, allowed, &call.name, &call.arguments)
+            else {
+                continue;
+            };
+            requests.push(InputRequest {
+                id: format!("{}-{}", self.steps, index + 1),
+                kind: RequestKind::Approval,
+                prompt: format!("Approve a call of `{}`?", call.name),
+                step: step.to_owned(),
+                tool: Some(call.name.clone()),
+                arguments: Some(arguments),
+                schema: None,
+                timeout_ms: approval.timeout.map(millis),
+            });
+            calls.push(index);
+        }
+        if requests.is_empty() {
+            return false;
+        }
+        round.verdicts = Some(vec![None; round.calls.len()]);
+        self.ask(requests, Purpose::Approvals, calls);
+        true
+    }
+
+    /// Starts waiting for answers to `requests`.
+    fn ask(&mut self, requests: Vec<InputRequest>, purpose: Purpose, calls: Vec<usize>) {
+        for request in &requests {
+            self.events.input_requested(request);
+        }
+        self.asking = Some(Asking {
+            replies: vec![None; requests.len()],
+            requests,
+            purpose,
+            calls,
+        });
+        self.state = State::AwaitingInput;
+    }
+
+    /// At the end of a step, asks a person if a phase set `await_input` (`spec/human.md`
+    /// §1.3). An invalid value is an error in `errors`; either way `await_input` is
+    /// reset, so it asks once. True if the run now waits.
+    fn ask_for_input(&mut self) -> bool {
+        let Some(value) = self.store.get(names::AWAIT_INPUT) else {
+            return false;
+        };
+        if value.is_none() || value.is_undefined() {
+            return false;
+        }
+        self.store.set(names::AWAIT_INPUT, Value::from(()));
+        let asked = match await_input(&value) {
+            Ok(asked) => asked,
+            Err(message) => {
+                self.store
+                    .push_error(format!("invalid await_input: {message}"));
+                return false;
+            }
+        };
+        let request = InputRequest {
+            id: format!("{}-0", self.steps),
+            kind: RequestKind::Input,
+            prompt: asked.prompt,
+            step: step_name(&self.program, self.step).to_owned(),
+            tool: None,
+            arguments: None,
+            schema: asked.schema,
+            timeout_ms: asked.timeout_ms,
+        };
+        self.ask(vec![request], Purpose::AwaitInput, Vec::new());
+        true
+    }
+
+    /// The requests the run waits on that have no answer yet (none unless the last
+    /// action was [`Action::AwaitInput`]).
+    pub fn pending_requests(&self) -> Vec<&InputRequest> {
+        match (&self.state, &self.asking) {
+            (State::AwaitingInput, Some(asking)) => asking
+                .requests
+                .iter()
+                .zip(&asking.replies)
+                .filter(|(_, reply)| reply.is_none())
+                .map(|(request, _)| request)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Checks that `answer` answers one of the pending requests: a known id, not
+    /// answered yet, the right kind, a value valid against its schema. A driver checks
+    /// an answer here before it journals it; the message is for the person.
+    pub fn check_answer(&self, answer: &HumanAnswer) -> Result<(), String> {
+        let Some(request) = self
+            .pending_requests()
+            .into_iter()
+            .find(|r| r.id == answer.id)
+        else {
+            return Err(format!(
+                "the run waits for no request `{}`",
+                escape_control(&answer.id)
+            ));
+        };
+        request.check(&answer.reply)
+    }
+
+    /// Ends a run that waits for answers nobody can give (an in-memory run with no one to
+    /// ask): it fails with [`RunErrorKind::InputUnavailable`] and `message`. Not an input:
+    /// a durable run pauses instead.
+    pub fn abandon_input(&mut self, message: String) {
+        if matches!(self.state, State::AwaitingInput) {
+            self.fail(RunErrorKind::InputUnavailable, message);
+        }
+    }
+
+    /// `Input::Answer`: a person's answer to one of the requests the run waits on.
+    fn take_answer(&mut self, now: Duration, answer: HumanAnswer) {
+        self.events.at(now);
+        if let Err(message) = self.check_answer(&answer) {
+            self.fail(RunErrorKind::Protocol, format!("answer refused: {message}"));
+            return;
+        }
+        let Some(asking) = self.asking.as_mut() else {
+            return;
+        };
+        let Some(index) = asking.requests.iter().position(|r| r.id == answer.id) else {
+            return;
+        };
+        self.events.input_received(&asking.requests[index], &answer);
+        asking.replies[index] = Some(answer.reply);
+        if asking.replies.iter().all(Option::is_some) {
+            self.settle(now);
+        }
+    }
+
+    /// Every request has its answer: acts on them, and the run goes on at the next poll.
+    fn settle(&mut self, now: Duration) {
+        let Some(asking) = self.asking.take() else {
+            return;
+        };
+        self.state = State::Running;
+        let answers = asking.requests.into_iter().zip(asking.replies);
+        match asking.purpose {
+            Purpose::Approvals => {
+                let Some(verdicts) = self.tool_round.as_mut().and_then(|r| r.verdicts.as_mut())
+                else {
+                    return;
+                };
+                for ((request, reply), call) in answers.zip(asking.calls) {
+                    let verdict = match reply {
+                        Some(Reply::Approve { approved: true, .. }) => Verdict::Approved,
+                        Some(Reply::Approve { reason, .. }) => Verdict::Denied(match reason {
+                            Some(reason) if !reason.is_empty() => {
+                                format!("denied by reviewer: {reason}")
+                            }
+                            _ => "denied by reviewer".to_string(),
+                        }),
+                        _ => Verdict::Denied(format!("denied: {}", request.timeout_message())),
+                    };
+                    if let Some(slot) = verdicts.get_mut(call) {
+                        *slot = Some(verdict);
+                    }
+                }
+            }
+            Purpose::HumanTool => {
+                let Some((request, reply)) = answers.into_iter().next() else {
+                    return;
+                };
+                let result = match reply {
+                    Some(Reply::Value(value)) => Ok(value),
+                    _ => Err(request.timeout_message()),
+                };
+                self.finish_tool_call(now, result, None);
+            }
+            Purpose::AwaitInput => {
+                let Some((request, reply)) = answers.into_iter().next() else {
+                    return;
+                };
+                let value = match reply {
+                    Some(Reply::Value(value)) => value_from_json(&value),
+                    _ => {
+                        self.store.push_error(request.timeout_message());
+                        Value::from(())
+                    }
+                };
+                self.store.set(names::HUMAN_INPUT, value);
+                self.report_errors();
+            }
         }
     }
 
@@ -1155,7 +1477,14 @@ impl Machine {
             return;
         };
         let mut unfinished = Vec::new();
-        if matches!(self.state, State::AwaitingTool { .. }) {
+        let asking_person = matches!(
+            self.asking.take(),
+            Some(Asking {
+                purpose: Purpose::HumanTool,
+                ..
+            })
+        );
+        if matches!(self.state, State::AwaitingTool { .. }) || asking_person {
             // `next` was advanced past the running call when it started.
             unfinished.push((
                 round.next.saturating_sub(1),
@@ -1210,6 +1539,69 @@ impl Machine {
             texts.join("; ")
         )
     }
+}
+
+/// A duration in whole milliseconds, saturating.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What an `await_input` value asks.
+struct Asked {
+    prompt: String,
+    schema: Option<serde_json::Value>,
+    timeout_ms: Option<u64>,
+}
+
+/// Reads `await_input`: a prompt, or `{"prompt", "schema"?, "timeout_ms"?}`.
+fn await_input(value: &Value) -> Result<Asked, String> {
+    if let Some(prompt) = value.as_str() {
+        return Ok(Asked {
+            prompt: prompt.to_owned(),
+            schema: None,
+            timeout_ms: None,
+        });
+    }
+    let json = to_json(value);
+    let Some(map) = json.as_object() else {
+        return Err(format!(
+            "expected a prompt or a dict with a `prompt`, found {}",
+            crate::text::json_kind(&json)
+        ));
+    };
+    if let Some(key) = map
+        .keys()
+        .find(|k| !matches!(k.as_str(), "prompt" | "schema" | "timeout_ms"))
+    {
+        return Err(format!(
+            "unknown key `{}` (expected `prompt`, `schema`, `timeout_ms`)",
+            escape_control(key)
+        ));
+    }
+    let prompt = match map.get("prompt") {
+        Some(serde_json::Value::String(prompt)) => prompt.clone(),
+        _ => return Err("`prompt` must be a string".into()),
+    };
+    let schema = match map.get("schema") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(schema) => {
+            crate::human::compile_schema(schema).map_err(|e| format!("`schema`: {e}"))?;
+            Some(schema.clone())
+        }
+    };
+    let timeout_ms = match map.get("timeout_ms") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(ms) => Some(
+            ms.as_u64()
+                .filter(|ms| *ms > 0)
+                .ok_or("`timeout_ms` must be a positive integer")?,
+        ),
+    };
+    Ok(Asked {
+        prompt,
+        schema,
+        timeout_ms,
+    })
 }
 
 /// `result_text`: the text parts joined with a newline (as the reference runtime does),
@@ -1374,6 +1766,9 @@ fn scripted(
                 // This runner has descriptors at most, never implementations.
                 let message = "tools cannot execute in run_scripted; use the driver".to_string();
                 machine.handle_tool_result(clock(), Err(message));
+            }
+            Action::AwaitInput => {
+                machine.abandon_input("run_scripted has nobody to answer requests".into())
             }
             Action::Continue => continue,
             Action::Done => return machine.into_outcome(),

@@ -109,6 +109,9 @@ pub enum RunErrorKind {
     Protocol,
     /// The run was cancelled through its [`Interrupt`].
     Cancelled,
+    /// The run asked a person (`spec/human.md`) and its driver had nobody to ask and no
+    /// store to wait in ([`Machine::abandon_input`](crate::Machine::abandon_input)).
+    InputUnavailable,
 }
 
 impl RunErrorKind {
@@ -123,6 +126,7 @@ impl RunErrorKind {
             RunErrorKind::MissingInput => "missing_input",
             RunErrorKind::Protocol => "protocol",
             RunErrorKind::Cancelled => "cancelled",
+            RunErrorKind::InputUnavailable => "input_unavailable",
         }
     }
 }

@@ -194,6 +194,7 @@ fn summary_row_at(row: &tokio_postgres::Row, at: usize) -> Result<RunSummary, St
             .as_deref()
             .map(|o| json_column(o, "the outcome"))
             .transpose()?,
+        pending: Vec::new(),
     })
 }
 

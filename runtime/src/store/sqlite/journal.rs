@@ -156,6 +156,7 @@ fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<RunSummary, S
                 .as_deref()
                 .map(|o| json_column(o, "the outcome"))
                 .transpose()?,
+            pending: Vec::new(),
         })
     })();
     Ok(summary)

@@ -21,7 +21,7 @@ use minijinja::Value;
 use minijinja::value::durable::{self, Number};
 use minijinja::value::{Tuple, ValueKind};
 
-use super::{Machine, State, ToolRound};
+use super::{Machine, State, ToolRound, Verdict};
 use crate::bundle::{Role, SourceSpan, StepId};
 use crate::interrupt::Interrupt;
 use crate::program::Program;
@@ -39,8 +39,11 @@ use crate::template::store::{History, Snapshot, Store, Vars};
 const STATE_MAGIC: &[u8; 4] = b"APLS";
 /// The first bytes of a history segment.
 const HISTORY_MAGIC: &[u8; 4] = b"APLH";
-/// The layout version of both; a reader refuses any other.
-const FORMAT: u8 = 1;
+/// The layout version of both; a reader refuses any other but [`FORMAT_1`].
+/// Format 2 adds a tool round's approval verdicts (`spec/human.md`).
+const FORMAT: u8 = 2;
+/// The layout before approvals, still read (a round then has no verdicts).
+const FORMAT_1: u8 = 1;
 
 // Value tags.
 const T_UNDEFINED: u8 = 0;
@@ -161,6 +164,11 @@ pub(super) fn checkpoint(
         State::AwaitingTool { .. } => {
             return Err(JournalError::NotAtRest("a tool call is outstanding"));
         }
+        State::AwaitingInput => {
+            return Err(JournalError::NotAtRest(
+                "the run waits for a person's answer",
+            ));
+        }
     }
     w.u64(machine.pc as u64);
     w.step(machine.step);
@@ -185,6 +193,7 @@ pub(super) fn checkpoint(
             for result in &round.results {
                 w.value(result, "result_tool_calls", 0)?;
             }
+            w.verdicts(round.verdicts.as_deref());
         }
     }
     let entries = machine.ledger.entries();
@@ -252,7 +261,7 @@ pub(super) fn restore(
 ) -> Result<Machine, JournalError> {
     let max_depth = program.limits().max_depth;
     let mut r = Reader::new(state, max_depth, &[]);
-    r.magic(STATE_MAGIC, "checkpoint state")?;
+    let format = r.magic(STATE_MAGIC, "checkpoint state")?;
     check_fingerprint(&mut r, &program)?;
     let history_len = r.u64()?;
     let mut table = Vec::new();
@@ -313,10 +322,16 @@ pub(super) fn restore(
             let results = (0..results_len)
                 .map(|_| r.value(0))
                 .collect::<Result<Vec<_>, _>>()?;
+            let verdicts = if format == FORMAT_1 {
+                None
+            } else {
+                r.verdicts(calls.len())?
+            };
             Some(ToolRound {
                 calls,
                 next: next as usize,
                 results,
+                verdicts,
             })
         }
         tag => return Err(corrupt(format!("tool round tag {tag}"))),
@@ -364,6 +379,7 @@ pub(super) fn restore(
         steps,
         error,
         interrupt: [Interrupt::new(), options.interrupt],
+        asking: None,
         events: Recorder::restored(options.events, recorder),
         namespaces: Namespaces::new(table),
     })
@@ -952,6 +968,26 @@ impl<'n> Writer<'n> {
         }
     }
 
+    /// A tool round's verdicts: whether it asked, then one tag per call.
+    fn verdicts(&mut self, verdicts: Option<&[Option<Verdict>]>) {
+        let Some(verdicts) = verdicts else {
+            self.bool(false);
+            return;
+        };
+        self.bool(true);
+        self.u64(verdicts.len() as u64);
+        for verdict in verdicts {
+            match verdict {
+                None => self.u8(0),
+                Some(Verdict::Approved) => self.u8(1),
+                Some(Verdict::Denied(message)) => {
+                    self.u8(2);
+                    self.str(message);
+                }
+            }
+        }
+    }
+
     fn run_error(&mut self, e: &RunError) {
         self.u8(match e.kind {
             RunErrorKind::UnknownStep => 0,
@@ -962,6 +998,7 @@ impl<'n> Writer<'n> {
             RunErrorKind::MissingInput => 5,
             RunErrorKind::Protocol => 6,
             RunErrorKind::Cancelled => 7,
+            RunErrorKind::InputUnavailable => 8,
         });
         self.str(&e.message);
         self.opt_str(e.step.as_deref());
@@ -1017,18 +1054,38 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn magic(&mut self, magic: &[u8; 4], what: &str) -> Result<(), JournalError> {
+    /// Reads the magic and the format (returned: this version reads both).
+    fn magic(&mut self, magic: &[u8; 4], what: &str) -> Result<u8, JournalError> {
         if self.bytes.get(..4) != Some(magic.as_slice()) {
             return Err(corrupt(format!("not a {what}")));
         }
         self.bytes = &self.bytes[4..];
         let format = self.u8()?;
-        if format != FORMAT {
+        if format != FORMAT && format != FORMAT_1 {
             return Err(corrupt(format!(
-                "{what} format {format}, this version reads {FORMAT}"
+                "{what} format {format}, this version reads {FORMAT_1} and {FORMAT}"
             )));
         }
-        Ok(())
+        Ok(format)
+    }
+
+    /// A tool round's verdicts ([`Writer::verdicts`]), for a round of `calls` calls.
+    fn verdicts(&mut self, calls: usize) -> Result<Option<Vec<Option<Verdict>>>, JournalError> {
+        if !self.bool()? {
+            return Ok(None);
+        }
+        if self.count()? != calls {
+            return Err(corrupt("verdicts for another number of calls".into()));
+        }
+        let verdicts = (0..calls)
+            .map(|_| match self.u8()? {
+                0 => Ok(None),
+                1 => Ok(Some(Verdict::Approved)),
+                2 => Ok(Some(Verdict::Denied(self.string()?))),
+                tag => Err(corrupt(format!("verdict tag {tag}"))),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Some(verdicts))
     }
 
     fn end(&self) -> Result<(), JournalError> {
@@ -1391,6 +1448,7 @@ impl<'a> Reader<'a> {
             5 => RunErrorKind::MissingInput,
             6 => RunErrorKind::Protocol,
             7 => RunErrorKind::Cancelled,
+            8 => RunErrorKind::InputUnavailable,
             tag => return Err(corrupt(format!("run error kind {tag}"))),
         };
         let message = self.string()?;

@@ -18,6 +18,8 @@ pub enum Expecting {
     Provider,
     /// The result of its tool call (or a timeout).
     Tool,
+    /// A person's answers to its requests ([`Machine::pending_requests`]).
+    Answer,
     /// Nothing more: the run is over (a poll still answers [`Action::Done`], and the
     /// first such poll reports the end).
     Nothing,
@@ -30,6 +32,7 @@ impl Expecting {
             Expecting::Poll => "a poll",
             Expecting::Provider => "a provider answer",
             Expecting::Tool => "a tool result",
+            Expecting::Answer => "a person's answer",
             Expecting::Nothing => "nothing (the run was over)",
         }
     }
@@ -43,6 +46,7 @@ impl Input {
             Input::Provider { .. } => "a provider answer",
             Input::Tool { .. } => "a tool result",
             Input::Timeout { .. } => "a timeout",
+            Input::Answer { .. } => "a person's answer",
         }
     }
 }
@@ -57,6 +61,7 @@ impl Machine {
             Input::Provider { at, result } => self.take_provider_response(at, result),
             Input::Tool { at, result } => self.take_tool_result(at, result),
             Input::Timeout { at } => self.take_timeout(at),
+            Input::Answer { at, answer } => self.take_answer(at, answer),
         }
         Action::Continue
     }
@@ -66,6 +71,7 @@ impl Machine {
         match self.state {
             State::AwaitingProvider => Expecting::Provider,
             State::AwaitingTool { .. } => Expecting::Tool,
+            State::AwaitingInput => Expecting::Answer,
             State::Done => Expecting::Nothing,
             State::Running | State::PromptFailed | State::Responded(_) => Expecting::Poll,
         }
@@ -100,6 +106,7 @@ impl Machine {
             (Input::Poll { .. }, Expecting::Poll | Expecting::Nothing)
                 | (Input::Provider { .. }, Expecting::Provider)
                 | (Input::Tool { .. }, Expecting::Tool)
+                | (Input::Answer { .. }, Expecting::Answer)
                 | (Input::Timeout { .. }, Expecting::Provider | Expecting::Tool)
         );
         if !fits {
