@@ -191,6 +191,11 @@ pub(crate) async fn drive<J: Journal + Sync>(
     loop {
         let Next { action, in_flight } = session.next_action();
         match action {
+            Action::AwaitInput if session.machine().cancel_flag().reason().is_some() => {
+                // Cancelled while it waits (the service's cancel of a waiting run): the
+                // poll, journaled, ends the run `cancelled` without an answer.
+                session.poll_to_end();
+            }
             Action::AwaitInput => {
                 let pending = pending_requests(&session, journal);
                 if journal.durable() {

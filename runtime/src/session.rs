@@ -243,6 +243,14 @@ impl<'l> RunSession<'l> {
         }
     }
 
+    /// Polls a run that waits for a person but whose cancel flag is set: the machine
+    /// ends it as the flag says (the poll is journaled, like any cancel's).
+    pub fn poll_to_end(&mut self) {
+        let at = self.paused_at.take().unwrap_or_else(|| self.clock.now());
+        let action = self.apply(Input::Poll { at });
+        debug_assert!(matches!(action, Action::Done), "{action:?}");
+    }
+
     /// Ends a run that waits for answers nobody can give ([`Machine::abandon_input`]).
     pub fn abandon_input(&mut self, message: String) {
         self.machine.abandon_input(message);
