@@ -150,6 +150,7 @@ impl<'l> RunSession<'l> {
         if let Some(action) = self.pending.take() {
             if matches!(action, Action::AwaitInput) {
                 self.paused_at = Some(self.clock.now());
+                self.clock.stand_still();
             }
             return Next {
                 action,
@@ -172,6 +173,7 @@ impl<'l> RunSession<'l> {
             let action = self.apply(Input::Poll { at });
             if matches!(action, Action::AwaitInput) {
                 self.paused_at = Some(at);
+                self.clock.stand_still();
             }
             if !matches!(action, Action::Continue) {
                 return Next {
@@ -515,7 +517,9 @@ pub struct RunClock {
     call: CallContext,
     /// The embedder's cancel flag ([`Machine::cancel_flag`]).
     cancel: aplc_vm::Interrupt,
-    _watchdog: crate::watchdog::Armed,
+    /// `None` while the run waits for a person: its clock stands still, and the
+    /// deadline must not pass meanwhile.
+    watchdog: Option<crate::watchdog::Armed>,
 }
 
 /// What turns the clock's instants into machine time; a copy reads the same time (the
@@ -564,13 +568,19 @@ impl RunClock {
             machine_deadline: machine.deadline(),
             call: CallContext::new(deadline.into_std()),
             cancel: machine.cancel_flag().clone(),
-            _watchdog: crate::watchdog::arm(watch_at, machine.deadline_flag()),
+            watchdog: Some(crate::watchdog::arm(watch_at, machine.deadline_flag())),
         }
     }
 
     /// The machine's time now.
     pub fn now(&self) -> Duration {
         self.base.now()
+    }
+
+    /// Stops the deadline's watchdog: the run waits for a person, and its clock stands
+    /// still (it restarts with a watchdog of its own).
+    fn stand_still(&mut self) {
+        self.watchdog = None;
     }
 
     /// What reads this clock's time elsewhere.
