@@ -149,8 +149,7 @@ impl<'l> RunSession<'l> {
     pub fn next_action(&mut self) -> Next {
         if let Some(action) = self.pending.take() {
             if matches!(action, Action::AwaitInput) {
-                self.paused_at = Some(self.clock.now());
-                self.clock.stand_still();
+                self.stand_still(self.clock.now());
             }
             return Next {
                 action,
@@ -158,8 +157,11 @@ impl<'l> RunSession<'l> {
             };
         }
         if self.machine.expecting() == Expecting::Answer {
-            // Some requests are answered, others not yet: the run waits on.
-            self.paused_at.get_or_insert_with(|| self.clock.now());
+            // Some requests are answered, others not yet (here or before a restart):
+            // the run waits on.
+            if self.paused_at.is_none() {
+                self.stand_still(self.clock.now());
+            }
             return Next {
                 action: Action::AwaitInput,
                 in_flight: false,
@@ -172,8 +174,7 @@ impl<'l> RunSession<'l> {
             let at = self.clock.now();
             let action = self.apply(Input::Poll { at });
             if matches!(action, Action::AwaitInput) {
-                self.paused_at = Some(at);
-                self.clock.stand_still();
+                self.stand_still(at);
             }
             if !matches!(action, Action::Continue) {
                 return Next {
@@ -222,6 +223,13 @@ impl<'l> RunSession<'l> {
     pub fn answer_person(&mut self, answer: HumanAnswer) {
         let at = *self.paused_at.get_or_insert_with(|| self.clock.now());
         self.answer(Input::Answer { at, answer });
+    }
+
+    /// The run begins to wait for a person at `at`: its clock stands still (no
+    /// deadline passes) until the answers are in.
+    fn stand_still(&mut self, at: Duration) {
+        self.paused_at = Some(at);
+        self.clock.stand_still();
     }
 
     /// The machine's time when the run began to wait, if it waits.
