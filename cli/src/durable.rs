@@ -98,6 +98,10 @@ pub(crate) struct ResumeArgs {
     /// How the run journals from here on.
     #[command(flatten)]
     journal: JournalArgs,
+    #[command(flatten)]
+    answers: crate::answer::AnswerArgs,
+    #[command(flatten)]
+    ask: crate::answer::AskArgs,
 }
 
 /// `aplc runs`.
@@ -159,19 +163,22 @@ async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn RunStore>, Failure> {
 
 /// `aplc run --store`: a journaled run.
 pub(crate) fn run(
-    url: StoreUrl,
     store_args: &StoreArgs,
     output: &OutputArgs,
     program: Arc<Program>,
     options: RunOptions,
     mut equipment: Equipment,
     exporting: Option<&crate::telemetry::Exporting>,
+    answerer: Arc<dyn aplc_runtime::human::Answerer>,
 ) -> Result<ExitCode, Failure> {
+    let Some(url) = store_args.url()? else {
+        return Err(Failure::usage("a journaled run needs --store"));
+    };
     let id = match &store_args.run_id {
         Some(id) => check_id(id)?,
         None => durable::new_run_id(),
     };
-    let config = store_args.journal.options(equipment.secrets.redactor());
+    let config = (store_args.journal.options(equipment.secrets.redactor())).with_answerer(answerer);
     let runtime = runtime()?;
     crate::run::start_mcp(&runtime, &mut equipment.toolbox)?;
     let store = runtime.block_on(open(&url))?;
@@ -248,10 +255,14 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     crate::run::warn_no_key(equipment.no_key);
     // Dropped last, on every way out: the drop flushes what is still batched.
     let exporting = args.output.telemetry.start()?;
-    let config = args.journal.options(equipment.secrets.redactor());
+    let config =
+        (args.journal.options(equipment.secrets.redactor())).with_answerer(args.ask.answerer());
     let runtime = runtime()?;
     crate::run::start_mcp(&runtime, &mut equipment.toolbox)?;
     let store = runtime.block_on(open(&url))?;
+    // The answers given are stored first (all checked, or none stored); the run takes
+    // them as it replays to its pause.
+    runtime.block_on(args.answers.store(store.as_ref(), &id, &args.ask))?;
     let reopened = runtime
         .block_on(durable::reopen(
             store.as_ref(),
@@ -397,10 +408,16 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
             if json {
                 // Rebuilt from the checkpoints and the journal: the stored outcome keeps
                 // the final variables but not `context_history`.
-                let context = runtime
+                let mut context = runtime
                     .block_on(durable::inspect(store.as_ref(), &run_id))
                     .map_err(durable_failure)?
                     .context_json();
+                // A waiting run's requests (spec/human.md §4.1), beside its variables.
+                if !summary.pending.is_empty()
+                    && let serde_json::Value::Object(map) = &mut context
+                {
+                    map.insert("pending".into(), summary.pending.clone().into());
+                }
                 let _ = serde_json::to_writer_pretty(&mut out, &context);
                 let _ = writeln!(out);
             } else {
@@ -454,6 +471,13 @@ fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> 
     writeln!(out, "updated:  {}", timestamp(run.updated_at_ms))?;
     writeln!(out, "inputs:   {}", run.inputs)?;
     writeln!(out, "events:   {}", run.events)?;
+    for pending in run
+        .pending
+        .iter()
+        .filter_map(aplc_runtime::human::Pending::from_json)
+    {
+        writeln!(out, "{}", pending.waiting_line())?;
+    }
     if let Some(outcome) = &run.outcome {
         if let Some(error) = outcome.get("error").filter(|e| !e.is_null()) {
             let message = error.get("message").and_then(|m| m.as_str()).unwrap_or("");

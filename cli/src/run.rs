@@ -201,6 +201,7 @@ pub(crate) fn in_memory(
     options: RunOptions,
     equipment: Equipment,
     exporting: Option<&crate::telemetry::Exporting>,
+    answerer: &dyn aplc_runtime::human::Answerer,
 ) -> Result<ExitCode, Failure> {
     let Equipment {
         provider,
@@ -227,11 +228,18 @@ pub(crate) fn in_memory(
     let calls = &RunTrace::provider_of(trace.as_ref(), &provider);
     let outcome = if sinks.listening() {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
-        let run =
-            driver::run_with_listener(program.clone(), options, calls, &toolbox, &mut listener);
+        let run = driver::run_with_answerer(
+            program.clone(),
+            options,
+            calls,
+            &toolbox,
+            Some(&mut listener),
+            answerer,
+        );
         runtime.block_on(crate::signals::unless_interrupted(run))
     } else {
-        let run = driver::run_with_tools(program.clone(), options, calls, &toolbox);
+        let run =
+            driver::run_with_answerer(program.clone(), options, calls, &toolbox, None, answerer);
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
     // Flushed and cleared before anything else is printed, on every path out.

@@ -42,6 +42,8 @@ pub(crate) struct RunArgs {
     pub(crate) output: OutputArgs,
     #[command(flatten)]
     pub(crate) store: StoreArgs,
+    #[command(flatten)]
+    pub(crate) ask: crate::answer::AskArgs,
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
@@ -61,15 +63,15 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     run::warn_no_key(equipment.no_key);
     // Dropped last, on every way out: the drop flushes what is still batched.
     let exporting = args.output.telemetry.start()?;
-    if let Some(store) = args.store.url()? {
+    if args.store.url()?.is_some() {
         return durable::run(
-            store,
             &args.store,
             &args.output,
             program,
             options,
             equipment,
             exporting.as_ref(),
+            args.ask.answerer(),
         );
     }
     run::in_memory(
@@ -78,5 +80,6 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         options,
         equipment,
         exporting.as_ref(),
+        args.ask.answerer().as_ref(),
     )
 }
