@@ -305,47 +305,6 @@ pub trait RunJournal: Send + Sync + std::fmt::Debug {
 /// The most JSON text one stored answer may hold (`aplc_vm::human::MAX_ANSWER_BYTES`).
 pub const MAX_ANSWER_BYTES: usize = aplc_vm::human::MAX_ANSWER_BYTES;
 
-/// An answer's stored text, refused past [`MAX_ANSWER_BYTES`].
-pub(crate) fn answer_text(answer: &serde_json::Value) -> Result<String, StoreError> {
-    let text = answer.to_string();
-    if text.len() > MAX_ANSWER_BYTES {
-        return Err(StoreError::TooLarge(format!(
-            "an answer of {} bytes of JSON; at most {MAX_ANSWER_BYTES} are stored",
-            text.len()
-        )));
-    }
-    Ok(text)
-}
-
-/// The `pending` column: a JSON list of requests, or NULL for none.
-pub(crate) fn pending_column(text: Option<&str>) -> Result<Vec<serde_json::Value>, StoreError> {
-    match text {
-        None => Ok(Vec::new()),
-        Some(text) => match sql::json_column(text, "the pending requests")? {
-            serde_json::Value::Array(items) => Ok(items),
-            _ => Err(StoreError::Corrupt(
-                "the pending requests are not a list".into(),
-            )),
-        },
-    }
-}
-
-/// The ids of stored requests.
-pub(crate) fn pending_ids(pending: &[serde_json::Value]) -> Vec<String> {
-    pending
-        .iter()
-        .filter_map(|request| request.get("id")?.as_str().map(str::to_owned))
-        .collect()
-}
-
-/// When a waiting run must be woken: its first request's timeout (`expires_at_ms`).
-pub(crate) fn wake_at(pending: &[serde_json::Value]) -> Option<i64> {
-    pending
-        .iter()
-        .filter_map(|request| request.get("expires_at_ms")?.as_i64())
-        .min()
-}
-
 /// What [`RunJournal::answer`] did with an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answered {

@@ -143,3 +143,45 @@ pub(super) fn check_append(
     }
     Ok(())
 }
+
+/// An answer's stored text, refused past [`MAX_ANSWER_BYTES`](super::MAX_ANSWER_BYTES).
+pub(super) fn answer_text(answer: &serde_json::Value) -> Result<String, StoreError> {
+    let text = answer.to_string();
+    if text.len() > super::MAX_ANSWER_BYTES {
+        return Err(StoreError::TooLarge(format!(
+            "an answer of {} bytes of JSON; at most {} are stored",
+            text.len(),
+            super::MAX_ANSWER_BYTES
+        )));
+    }
+    Ok(text)
+}
+
+/// The `pending` column: a JSON list of requests, or NULL for none.
+pub(super) fn pending_column(text: Option<&str>) -> Result<Vec<serde_json::Value>, StoreError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => match json_column(text, "the pending requests")? {
+            serde_json::Value::Array(items) => Ok(items),
+            _ => Err(StoreError::Corrupt(
+                "the pending requests are not a list".into(),
+            )),
+        },
+    }
+}
+
+/// The ids of stored requests.
+pub(super) fn pending_ids(pending: &[serde_json::Value]) -> Vec<String> {
+    pending
+        .iter()
+        .filter_map(|request| request.get("id")?.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// When a waiting run must be woken: its first request's timeout (`expires_at_ms`).
+pub(super) fn wake_at(pending: &[serde_json::Value]) -> Option<i64> {
+    pending
+        .iter()
+        .filter_map(|request| request.get("expires_at_ms")?.as_i64())
+        .min()
+}
