@@ -241,10 +241,18 @@ impl Batch {
         None
     }
 
-    /// What the batch holds: inputs, and bytes of inputs and events.
+    /// What the batch holds: inputs, and bytes of inputs, events and pending requests
+    /// (as the JSON text the store keeps; only a pausing batch has any).
     pub(crate) fn size(&self) -> (usize, usize) {
+        let pending = self.pending.as_deref().map_or(0, |pending| {
+            pending
+                .iter()
+                .map(|r| r.to_string().len() + 1)
+                .sum::<usize>()
+        });
         let bytes = self.inputs.iter().map(Vec::len).sum::<usize>()
-            + self.events.iter().map(String::len).sum::<usize>();
+            + self.events.iter().map(String::len).sum::<usize>()
+            + pending;
         (self.inputs.len(), bytes)
     }
 }
@@ -338,12 +346,27 @@ pub(crate) fn pending_ids(pending: &[serde_json::Value]) -> Vec<String> {
         .collect()
 }
 
-/// When a waiting run must be woken: its first request's timeout (`expires_at_ms`).
-pub(crate) fn wake_at(pending: &[serde_json::Value]) -> Option<i64> {
-    pending
+/// A queued run's `waiting` and `wake_at_ms` columns for its `pending` requests, given the
+/// ids of the answers stored (of any request of the run): it waits while one of them has
+/// no answer, and is woken at the first timeout (`expires_at_ms`) among those. An answered
+/// request's timeout wakes no one: the run would be claimed, find nothing to do, pause
+/// again with the same wake-up and be claimed again, over and over.
+pub(crate) fn wait_state(
+    pending: &[serde_json::Value],
+    answered: &[String],
+) -> (bool, Option<i64>) {
+    let open: Vec<&serde_json::Value> = pending
+        .iter()
+        .filter(|request| {
+            let id = request.get("id").and_then(serde_json::Value::as_str);
+            !id.is_some_and(|id| answered.iter().any(|a| a == id))
+        })
+        .collect();
+    let wake = open
         .iter()
         .filter_map(|request| request.get("expires_at_ms")?.as_i64())
-        .min()
+        .min();
+    (!open.is_empty(), wake)
 }
 
 /// What [`RunJournal::answer`] did with an answer.
@@ -720,6 +743,47 @@ mod tests {
             outcome: None,
             pending: None,
         }
+    }
+
+    /// The later batch's pending requests replace the earlier's; `None` keeps them. Their
+    /// JSON counts in the batch's bytes (the driver's bound on what waits for a commit).
+    #[test]
+    fn a_batchs_pending_requests_are_the_latest_and_count_in_its_size() {
+        let request = serde_json::json!({"id": "1-1", "kind": "input", "prompt": "?"});
+        let mut first = batch(0, 1, false);
+        let plain = first.size().1;
+        first.pending = Some(vec![request.clone()]);
+        assert!(first.size().1 > plain + request.to_string().len() - 1);
+        assert!(first.absorb(batch(1, 1, false)).is_none());
+        assert_eq!(first.pending, Some(vec![request]));
+        let mut cleared = batch(2, 0, false);
+        cleared.pending = Some(Vec::new());
+        assert!(first.absorb(cleared).is_none());
+        assert_eq!(first.pending, Some(Vec::new()));
+    }
+
+    /// A run waits while one of its requests has no answer, and is woken at the first
+    /// timeout of those: an answered request's timeout wakes no one.
+    #[test]
+    fn a_run_waits_on_its_open_requests_and_wakes_at_their_first_timeout() {
+        let request = |id: &str, expires: Option<i64>| match expires {
+            Some(at) => serde_json::json!({"id": id, "expires_at_ms": at}),
+            None => serde_json::json!({"id": id}),
+        };
+        let pending = [
+            request("a", Some(5)),
+            request("b", Some(9)),
+            request("c", None),
+        ];
+        let answered = |ids: &[&str]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+        assert_eq!(wait_state(&pending, &[]), (true, Some(5)));
+        assert_eq!(wait_state(&pending, &answered(&["a"])), (true, Some(9)));
+        assert_eq!(wait_state(&pending, &answered(&["a", "b"])), (true, None));
+        assert_eq!(
+            wait_state(&pending, &answered(&["a", "b", "c", "old"])),
+            (false, None)
+        );
+        assert_eq!(wait_state(&[], &[]), (false, None));
     }
 
     /// Groups merge as if appended one after the other, but never two checkpoints (each
