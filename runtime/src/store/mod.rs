@@ -241,10 +241,18 @@ impl Batch {
         None
     }
 
-    /// What the batch holds: inputs, and bytes of inputs and events.
+    /// What the batch holds: inputs, and bytes of inputs, events and pending requests
+    /// (as the JSON text the store keeps; only a pausing batch has any).
     pub(crate) fn size(&self) -> (usize, usize) {
+        let pending = self.pending.as_deref().map_or(0, |pending| {
+            pending
+                .iter()
+                .map(|r| r.to_string().len() + 1)
+                .sum::<usize>()
+        });
         let bytes = self.inputs.iter().map(Vec::len).sum::<usize>()
-            + self.events.iter().map(String::len).sum::<usize>();
+            + self.events.iter().map(String::len).sum::<usize>()
+            + pending;
         (self.inputs.len(), bytes)
     }
 }
@@ -679,6 +687,23 @@ mod tests {
             outcome: None,
             pending: None,
         }
+    }
+
+    /// The later batch's pending requests replace the earlier's; `None` keeps them. Their
+    /// JSON counts in the batch's bytes (the driver's bound on what waits for a commit).
+    #[test]
+    fn a_batchs_pending_requests_are_the_latest_and_count_in_its_size() {
+        let request = serde_json::json!({"id": "1-1", "kind": "input", "prompt": "?"});
+        let mut first = batch(0, 1, false);
+        let plain = first.size().1;
+        first.pending = Some(vec![request.clone()]);
+        assert!(first.size().1 > plain + request.to_string().len() - 1);
+        assert!(first.absorb(batch(1, 1, false)).is_none());
+        assert_eq!(first.pending, Some(vec![request]));
+        let mut cleared = batch(2, 0, false);
+        cleared.pending = Some(Vec::new());
+        assert!(first.absorb(cleared).is_none());
+        assert_eq!(first.pending, Some(Vec::new()));
     }
 
     /// Groups merge as if appended one after the other, but never two checkpoints (each
