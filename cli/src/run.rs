@@ -86,6 +86,9 @@ pub(crate) struct Equipment {
     pub(crate) scripted: Option<Arc<Scripted>>,
     /// `--stream`: the providers stream, and the text goes to stdout as it arrives.
     pub(crate) stream: bool,
+    /// Who answers the run's requests in this process (`spec/human.md` §4.1): nobody
+    /// until the command says (`--no-input`, a terminal).
+    pub(crate) answerer: Arc<dyn driver::Answerer>,
 }
 
 impl WithArgs {
@@ -121,6 +124,7 @@ impl WithArgs {
             no_key: equipment.no_key,
             scripted: equipment.scripted,
             stream: self.stream,
+            answerer: Arc::new(driver::Nobody),
         })
     }
 }
@@ -207,6 +211,7 @@ pub(crate) fn in_memory(
         mut toolbox,
         secrets,
         stream,
+        answerer,
         ..
     } = equipment;
 
@@ -225,13 +230,19 @@ pub(crate) fn in_memory(
     .streaming(stream)
     .with_trace(trace.clone());
     let calls = &RunTrace::provider_of(trace.as_ref(), &provider);
-    let outcome = if sinks.listening() {
+    // Without a store, a request nobody at a terminal answers fails the run.
+    let outcome = {
+        let listening = sinks.listening();
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
-        let run =
-            driver::run_with_listener(program.clone(), options, calls, &toolbox, &mut listener);
-        runtime.block_on(crate::signals::unless_interrupted(run))
-    } else {
-        let run = driver::run_with_tools(program.clone(), options, calls, &toolbox);
+        let listener: Option<driver::Listener<'_>> = listening.then_some(&mut listener);
+        let run = driver::run_with_answerer(
+            program.clone(),
+            options,
+            calls,
+            &toolbox,
+            listener,
+            answerer.as_ref(),
+        );
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
     // Flushed and cleared before anything else is printed, on every path out.

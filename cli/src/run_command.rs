@@ -12,6 +12,7 @@ use std::time::Duration;
 use aplc_vm::RunOptions;
 use clap::Args;
 
+use crate::answer::AnswerArgs;
 use crate::durable::{self, StoreArgs};
 use crate::run::{self, OutputArgs, WithArgs};
 use crate::{CompileArgs, Failure};
@@ -42,10 +43,12 @@ pub(crate) struct RunArgs {
     pub(crate) output: OutputArgs,
     #[command(flatten)]
     pub(crate) store: StoreArgs,
+    #[command(flatten)]
+    answer: AnswerArgs,
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let equipment = args
+    let mut equipment = args
         .with
         .equip(args.output.record.is_some(), args.store.raw())?;
     let options = RunOptions {
@@ -61,6 +64,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     run::warn_no_key(equipment.no_key);
     // Dropped last, on every way out: the drop flushes what is still batched.
     let exporting = args.output.telemetry.start()?;
+    equipment.answerer = args.answer.answerer()?;
     if let Some(store) = args.store.url()? {
         return durable::run(
             store,
