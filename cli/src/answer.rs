@@ -1,68 +1,221 @@
-//! A person at the terminal answers a run's requests (`spec/human.md` §4.1): the
-//! [`Terminal`] answerer of `aplc run` and `aplc resume`, and their `--no-input` and
-//! `--as` flags. A leaf: `run.rs` and `durable.rs` use it.
+//! People in the loop on the command line (spec/human.md §4.1): the terminal that asks a
+//! person (`aplc run`, `aplc resume` on a terminal), and the answers `aplc resume` takes
+//! from its flags (`--approve`, `--deny`, `--input`, `--input-file`), checked against the
+//! run's pending requests before any is stored.
 
-use std::io::{BufRead, IsTerminal, Read, Write};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use aplc_runtime::driver::{Answerer, BoxFuture, Nobody, Pending};
-use aplc_runtime::human::now_ms;
-use aplc_vm::human::{HumanAnswer, InputRequest, MAX_ANSWER_BYTES, Reply, RequestKind};
+use aplc_runtime::driver::BoxFuture;
+use aplc_runtime::human::{Answerer, Nobody, Pending, answer_json, now_ms, reply_from_json};
+use aplc_runtime::store::{Answered, RunStore};
+use aplc_vm::human::{HumanAnswer, InputRequest, Reply, RequestKind};
 use aplc_vm::text::escape_control;
 use clap::Args;
 use serde_json::Value as Json;
 
 use crate::Failure;
 
-/// Who answers a run's requests from the command line: `aplc run`, `aplc resume`.
-#[derive(Args, Debug)]
-pub(crate) struct AnswerArgs {
-    /// Never ask on the terminal: a run that asks waits in its store (exit 4), or fails
-    /// without one.
+/// Who may answer a run's requests in this process: `aplc run` and `aplc resume`.
+#[derive(Args, Debug, Default)]
+pub(crate) struct AskArgs {
+    /// Never ask on the terminal: a run that needs an answer waits in its store (exit 4),
+    /// or, without a store, fails.
     #[arg(long)]
-    no_input: bool,
+    pub(crate) no_input: bool,
     /// Who answers, as the journal records it (default `cli`).
     #[arg(long = "as", value_name = "NAME")]
-    by: Option<String>,
+    pub(crate) by: Option<String>,
 }
 
-impl AnswerArgs {
-    /// The name answers are journaled with: `--as NAME`, or `cli`.
-    pub(crate) fn by(&self) -> Result<String, Failure> {
-        match &self.by {
-            None => Ok("cli".into()),
-            Some(name) => check_name(name),
+impl AskArgs {
+    /// Who answers requests here: the terminal when stdin is one and `--no-input` is not
+    /// given, else nobody.
+    pub(crate) fn answerer(&self) -> Arc<dyn Answerer> {
+        if !self.no_input && std::io::stdin().is_terminal() {
+            Arc::new(Terminal { by: self.by() })
+        } else {
+            Arc::new(Nobody)
         }
     }
 
-    /// The answerer of a run: the terminal when stdin is one and `--no-input` is not
-    /// given, nobody otherwise.
-    pub(crate) fn answerer(&self) -> Result<Arc<dyn Answerer>, Failure> {
-        let by = self.by()?;
-        Ok(if !self.no_input && std::io::stdin().is_terminal() {
-            Arc::new(Terminal { by })
-        } else {
-            Arc::new(Nobody)
-        })
+    fn by(&self) -> String {
+        self.by.clone().unwrap_or_else(|| "cli".into())
     }
 }
 
-/// `--as NAME`: it is printed and journaled, so printable and short.
-fn check_name(name: &str) -> Result<String, Failure> {
-    let ok = !name.trim().is_empty() && name.len() <= 128 && !name.chars().any(char::is_control);
-    if ok {
-        Ok(name.to_owned())
-    } else {
-        Err(Failure::usage(format!(
-            "invalid --as `{}`: use 1 to 128 printable characters",
-            escape_control(name)
-        )))
+/// The answers `aplc resume` is given.
+#[derive(Args, Debug, Default)]
+pub(crate) struct AnswerArgs {
+    /// Approve request ID (repeatable).
+    #[arg(long, value_name = "ID")]
+    approve: Vec<String>,
+    /// Deny request ID, with an optional reason (repeatable).
+    #[arg(long, value_name = "ID[=REASON]")]
+    deny: Vec<String>,
+    /// Answer request ID with a JSON value (repeatable).
+    #[arg(long, value_name = "ID=JSON")]
+    input: Vec<String>,
+    /// Answers as a JSON object from request id to answer: true/false or
+    /// {"approve", "reason"} for an approval, the value for the others.
+    #[arg(long, value_name = "FILE")]
+    input_file: Option<PathBuf>,
+}
+
+impl AnswerArgs {
+    /// Checks every answer against the run's pending requests, then stores them all: one
+    /// bad answer (an unknown request, a wrong kind, a schema violation, one answered
+    /// already) stores none.
+    pub(crate) async fn store(
+        &self,
+        store: &dyn RunStore,
+        run_id: &str,
+        ask: &AskArgs,
+    ) -> Result<(), Failure> {
+        let given = self.given()?;
+        if given.is_empty() {
+            return Ok(());
+        }
+        let summary = store
+            .summary(run_id)
+            .await
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        if summary.state == aplc_runtime::store::RunState::Finished {
+            return Err(Failure::run(format!(
+                "run `{run_id}` is already finished: it takes no answers"
+            )));
+        }
+        let pending: Vec<Pending> = summary
+            .pending
+            .iter()
+            .filter_map(Pending::from_json)
+            .collect();
+        let stored = store
+            .answers(run_id)
+            .await
+            .map_err(|e| Failure::run(e.to_string()))?;
+        let by = ask.by();
+        let mut answers = Vec::new();
+        for (id, reply) in given {
+            if stored.iter().any(|(answered, _)| *answered == id) {
+                return Err(Failure::usage(format!(
+                    "request `{}` is already answered",
+                    escape_control(&id)
+                )));
+            }
+            let Some(request) = pending.iter().find(|p| p.request.id == id) else {
+                return Err(Failure::usage(format!(
+                    "run `{run_id}` waits for no request `{}` (answered already, or never \
+                     asked){}",
+                    escape_control(&id),
+                    waiting_for(&pending)
+                )));
+            };
+            request.request.check(&reply).map_err(Failure::usage)?;
+            answers.push(HumanAnswer {
+                id,
+                reply,
+                by: by.clone(),
+                answered_at_ms: now_ms(),
+            });
+        }
+        for answer in &answers {
+            let stored = store
+                .answer(run_id, &answer.id, answer_json(answer))
+                .await
+                .map_err(|e| Failure::run(e.to_string()))?;
+            match stored {
+                Answered::Accepted { .. } => {}
+                // Answered meanwhile (through the service): the first answer stands.
+                Answered::AlreadyAnswered => eprintln!(
+                    "request `{}` was answered meanwhile; that answer stands",
+                    escape_control(&answer.id)
+                ),
+                other => {
+                    return Err(Failure::run(format!(
+                        "the store refused the answer: {other:?}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The answers given, in flag order: approvals, denials, inputs, then the file's.
+    fn given(&self) -> Result<Vec<(String, Reply)>, Failure> {
+        let mut given: Vec<(String, Reply)> = Vec::new();
+        for id in &self.approve {
+            given.push((id.clone(), approve(true, None)));
+        }
+        for deny in &self.deny {
+            let (id, reason) = match deny.split_once('=') {
+                Some((id, reason)) => (id, Some(reason.to_owned())),
+                None => (deny.as_str(), None),
+            };
+            given.push((id.to_owned(), approve(false, reason)));
+        }
+        for input in &self.input {
+            let Some((id, json)) = input.split_once('=') else {
+                return Err(Failure::usage(format!(
+                    "--input takes ID=JSON, found `{}`",
+                    escape_control(input)
+                )));
+            };
+            let value: Json = serde_json::from_str(json).map_err(|e| {
+                Failure::usage(format!(
+                    "--input {}: the answer is not JSON ({e}); quote a string as JSON: '\"text\"'",
+                    escape_control(id)
+                ))
+            })?;
+            given.push((id.to_owned(), Reply::Value(value)));
+        }
+        if let Some(file) = &self.input_file {
+            let text = crate::input::read_json(file)?;
+            let answers: serde_json::Map<String, Json> =
+                serde_json::from_str(&text).map_err(|e| {
+                    Failure::usage(format!("{}: not a JSON object: {e}", file.display()))
+                })?;
+            for (id, answer) in answers {
+                let reply = match &answer {
+                    Json::Bool(approved) => approve(*approved, None),
+                    Json::Object(map) if map.contains_key("approve") => reply_from_json(&answer)
+                        .map_err(|e| Failure::usage(format!("{}: `{id}`: {e}", file.display())))?,
+                    _ => Reply::Value(answer),
+                };
+                given.push((id, reply));
+            }
+        }
+        let mut ids: Vec<&str> = given.iter().map(|(id, _)| id.as_str()).collect();
+        ids.sort_unstable();
+        if let Some(twice) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Failure::usage(format!(
+                "request `{}` is answered twice",
+                escape_control(twice[0])
+            )));
+        }
+        Ok(given)
     }
 }
 
-/// Asks the person at the terminal: each request on stderr, each answer a line of stdin.
+fn approve(approved: bool, reason: Option<String>) -> Reply {
+    Reply::Approve { approved, reason }
+}
+
+/// `; it waits for: 1-1, 2-0`, or nothing.
+fn waiting_for(pending: &[Pending]) -> String {
+    if pending.is_empty() {
+        return " (it waits for no answer)".into();
+    }
+    let ids: Vec<&str> = pending.iter().map(|p| p.request.id.as_str()).collect();
+    format!("; it waits for: {}", ids.join(", "))
+}
+
+/// A person at the terminal: each request is shown on stderr and answered on stdin. An
+/// answer that does not fit its request is asked again; end of input answers nothing
+/// (the run then waits in its store, or fails without one).
 #[derive(Debug)]
-pub(crate) struct Terminal {
+struct Terminal {
     by: String,
 }
 
@@ -71,35 +224,21 @@ impl Answerer for Terminal {
         let requests: Vec<InputRequest> = pending.iter().map(|p| p.request.clone()).collect();
         let by = self.by.clone();
         Box::pin(async move {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            // A thread of its own rather than the runtime's blocking pool: a read of stdin
-            // cannot be cancelled, and a runtime waits for its blocking tasks when it
-            // shuts down, so Ctrl-C during a question would hang until Enter.
-            let asking = std::thread::Builder::new()
-                .name("aplc-answer".into())
-                .spawn(move || {
-                    let mut stdin = std::io::stdin().lock();
-                    let mut stderr = std::io::stderr().lock();
-                    let _ = tx.send(dialogue(&requests, &by, &mut stdin, &mut stderr));
-                });
-            match asking {
-                Ok(_) => rx.await.unwrap_or_default(),
-                Err(_) => Vec::new(),
-            }
+            // Reading stdin blocks: on a thread of its own, so the runtime goes on.
+            tokio::task::spawn_blocking(move || ask_all(&requests, &by))
+                .await
+                .unwrap_or_default()
         })
     }
 }
 
-/// Asks each request in turn until the input ends: the answers given, in order.
-fn dialogue(
-    requests: &[InputRequest],
-    by: &str,
-    input: &mut impl BufRead,
-    out: &mut impl Write,
-) -> Vec<HumanAnswer> {
+fn ask_all(requests: &[InputRequest], by: &str) -> Vec<HumanAnswer> {
+    let stdin = std::io::stdin();
+    let mut input = stdin.lock();
+    let mut err = std::io::stderr().lock();
     let mut answers = Vec::new();
     for request in requests {
-        let Some(reply) = ask(request, input, out) else {
+        let Some(reply) = ask(request, &mut input, &mut err) else {
             break;
         };
         answers.push(HumanAnswer {
@@ -112,144 +251,90 @@ fn dialogue(
     answers
 }
 
-/// Shows `request` on `out` and reads lines from `input` until one answers it; `None`
-/// at the end of the input.
+/// Shows `request` and reads its answer, asking again until one fits; `None` at the end
+/// of input.
 fn ask(request: &InputRequest, input: &mut impl BufRead, out: &mut impl Write) -> Option<Reply> {
-    let _ = show(request, out);
-    match request.kind {
-        RequestKind::Approval => ask_approval(input, out),
-        RequestKind::Tool | RequestKind::Input => ask_value(request, input, out),
-    }
-}
-
-/// The request as the person reads it. What the model wrote (a prompt, arguments) may
-/// hold escape sequences: they are shown escaped.
-fn show(request: &InputRequest, out: &mut impl Write) -> std::io::Result<()> {
-    writeln!(
-        out,
-        "\nthe run asks ({} {} in step `{}`):\n  {}",
-        request.kind.as_str(),
-        escape_control(&request.id),
-        escape_control(&request.step),
-        escape_control(&request.prompt)
-    )?;
-    if let Some(tool) = &request.tool {
-        writeln!(out, "  tool:      {}", escape_control(tool))?;
-    }
-    if let Some(arguments) = &request.arguments {
-        writeln!(
-            out,
-            "  arguments: {}",
-            escape_control(&arguments.to_string())
-        )?;
-    }
-    if let Some(schema) = &request.schema {
-        writeln!(out, "  schema:    {}", escape_control(&schema.to_string()))?;
-    }
-    Ok(())
-}
-
-/// `y` or `n`, then an optional reason for a denial.
-fn ask_approval(input: &mut impl BufRead, out: &mut impl Write) -> Option<Reply> {
+    let _ = writeln!(out, "{}", describe(request));
     loop {
-        let _ = write!(out, "approve? [y/n] ").and_then(|()| out.flush());
-        let line = match read_line(input)? {
-            Ok(line) => line,
-            Err(problem) => {
-                let _ = writeln!(out, "{problem}");
-                continue;
-            }
+        let question = match request.kind {
+            RequestKind::Approval => "approve? [y/n] ",
+            _ => "answer (text or JSON): ",
         };
-        match line.trim().to_ascii_lowercase().as_str() {
-            "y" | "yes" => {
-                return Some(Reply::Approve {
-                    approved: true,
-                    reason: None,
-                });
+        let _ = write!(out, "{question}");
+        let _ = out.flush();
+        let line = read_line(input)?;
+        let reply = match request.kind {
+            RequestKind::Approval => match line.trim().to_ascii_lowercase().as_str() {
+                "y" | "yes" => Some(approve(true, None)),
+                "n" | "no" => {
+                    let _ = write!(out, "reason (optional): ");
+                    let _ = out.flush();
+                    let reason = read_line(input).unwrap_or_default();
+                    let reason = reason.trim();
+                    Some(approve(
+                        false,
+                        (!reason.is_empty()).then(|| reason.to_owned()),
+                    ))
+                }
+                _ => None,
+            },
+            _ => Some(Reply::Value(typed(&line))),
+        };
+        match reply.map(|reply| request.check(&reply).map(|()| reply)) {
+            Some(Ok(reply)) => return Some(reply),
+            Some(Err(message)) => {
+                let _ = writeln!(out, "{}", escape_control(&message));
             }
-            "n" | "no" => break,
-            _ => {
+            None => {
                 let _ = writeln!(out, "answer y or n");
             }
         }
     }
-    let _ = write!(out, "reason (optional, Enter for none): ").and_then(|()| out.flush());
-    // The denial stands even if the input ends here: the person said no.
-    let reason = match read_line(input) {
-        Some(Ok(line)) => Some(line.trim().to_owned()).filter(|r| !r.is_empty()),
-        _ => None,
-    };
-    Some(Reply::Approve {
-        approved: false,
-        reason,
-    })
 }
 
-/// A line of text or JSON, valid against the request's schema; asked again until it is.
-fn ask_value(
-    request: &InputRequest,
-    input: &mut impl BufRead,
-    out: &mut impl Write,
-) -> Option<Reply> {
-    loop {
-        let _ = write!(out, "answer (text or JSON): ").and_then(|()| out.flush());
-        let checked = read_line(input)?.and_then(|line| value_of(request, &line));
-        match checked {
-            Ok(value) => return Some(Reply::Value(value)),
-            Err(problem) => {
-                let _ = writeln!(out, "{}; try again", escape_control(&problem));
-            }
-        }
+/// A line read as JSON when it is JSON, else as text.
+fn typed(line: &str) -> Json {
+    let line = line.trim_end_matches(['\n', '\r']);
+    serde_json::from_str(line).unwrap_or_else(|_| Json::String(line.to_owned()))
+}
+
+/// A line of input without its end; `None` at the end of input (or an unreadable one).
+fn read_line(input: &mut impl BufRead) -> Option<String> {
+    let mut line = String::new();
+    match input.read_line(&mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(line.trim_end_matches(['\n', '\r']).to_owned()),
     }
 }
 
-/// The value a typed line gives: the JSON it is, if it is JSON valid against the schema;
-/// otherwise the line as a string, if that is valid (so `42` answers a string schema
-/// too). The error is the JSON value's, or the string's for text that is not JSON.
-fn value_of(request: &InputRequest, line: &str) -> Result<Json, String> {
-    let text = line.trim();
-    let as_text = Json::String(text.to_owned());
-    match serde_json::from_str::<Json>(text) {
-        Ok(json) => match request.check(&Reply::Value(json.clone())) {
-            Ok(()) => Ok(json),
-            Err(problem) => match request.check(&Reply::Value(as_text.clone())) {
-                Ok(()) => Ok(as_text),
-                Err(_) => Err(problem),
-            },
-        },
-        Err(_) => request
-            .check(&Reply::Value(as_text.clone()))
-            .map(|()| as_text),
+/// What a person reads about a request.
+fn describe(request: &InputRequest) -> String {
+    let mut text = format!(
+        "input requested: {} ({} in step `{}`)\n  {}",
+        escape_control(&request.id),
+        request.kind.as_str(),
+        escape_control(&request.step),
+        escape_control(&request.prompt)
+    );
+    if let Some(tool) = &request.tool {
+        let arguments = request
+            .arguments
+            .as_ref()
+            .map(Json::to_string)
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "\n  tool: {} {}",
+            escape_control(tool),
+            escape_control(&arguments)
+        ));
     }
-}
-
-/// One line of input without its line break: `None` at the end of the input, an error
-/// for a line that is too long (the rest of it is skipped) or not UTF-8.
-fn read_line(input: &mut impl BufRead) -> Option<Result<String, String>> {
-    const LIMIT: u64 = MAX_ANSWER_BYTES as u64 + 2;
-    let mut bytes = Vec::new();
-    match input.by_ref().take(LIMIT).read_until(b'\n', &mut bytes) {
-        Ok(0) | Err(_) => return None,
-        Ok(_) => {}
+    if let Some(schema) = &request.schema {
+        text.push_str(&format!(
+            "\n  schema: {}",
+            escape_control(&schema.to_string())
+        ));
     }
-    if bytes.last() != Some(&b'\n') && bytes.len() as u64 >= LIMIT {
-        // Skipped in bounded pieces: memory stays bounded whatever the line's length.
-        loop {
-            let mut rest = Vec::new();
-            match input.by_ref().take(LIMIT).read_until(b'\n', &mut rest) {
-                Ok(0) | Err(_) => break,
-                Ok(_) if rest.last() == Some(&b'\n') => break,
-                Ok(_) => {}
-            }
-        }
-        return Some(Err(format!(
-            "that line is longer than an answer may be ({MAX_ANSWER_BYTES} bytes)"
-        )));
-    }
-    while matches!(bytes.last(), Some(b'\n' | b'\r')) {
-        bytes.pop();
-    }
-    Some(String::from_utf8(bytes).map_err(|_| "that line is not valid UTF-8".to_owned()))
+    text
 }
 
 #[cfg(test)]
@@ -259,114 +344,69 @@ mod tests {
 
     fn request(kind: RequestKind, schema: Option<Json>) -> InputRequest {
         InputRequest {
-            id: "2-1".into(),
+            id: "1-1".into(),
             kind,
-            prompt: "Refund \x1b[31m?".into(),
-            step: "act".into(),
+            prompt: "Go?".into(),
+            step: "s".into(),
             tool: Some("refund".into()),
-            arguments: Some(json!({"amount": 20})),
+            arguments: Some(json!({"n": 1})),
             schema,
             timeout_ms: None,
         }
     }
 
-    /// The dialogue for `requests` with `typed` as stdin: the answers and what was shown.
-    fn talk(requests: &[InputRequest], typed: &str) -> (Vec<HumanAnswer>, String) {
+    fn asked(request: &InputRequest, typed_in: &str) -> (Option<Reply>, String) {
         let mut out = Vec::new();
-        let answers = dialogue(requests, "ann", &mut typed.as_bytes(), &mut out);
-        (answers, String::from_utf8(out).unwrap())
-    }
-
-    fn replies(answers: &[HumanAnswer]) -> Vec<Reply> {
-        answers.iter().map(|a| a.reply.clone()).collect()
+        let reply = ask(request, &mut typed_in.as_bytes(), &mut out);
+        (reply, String::from_utf8(out).unwrap())
     }
 
     #[test]
-    fn approvals_take_y_or_n_and_a_reason() {
+    fn the_terminal_asks_again_until_an_answer_fits() {
         let approval = request(RequestKind::Approval, None);
-        let (answers, shown) = talk(
-            &[approval.clone(), approval.clone(), approval],
-            "maybe\nY\nn\ntoo much\r\nno\n\n",
-        );
-        assert_eq!(
-            replies(&answers),
-            [
-                Reply::Approve {
-                    approved: true,
-                    reason: None
-                },
-                Reply::Approve {
-                    approved: false,
-                    reason: Some("too much".into())
-                },
-                Reply::Approve {
-                    approved: false,
-                    reason: None
-                },
-            ]
-        );
-        assert!(answers.iter().all(|a| a.by == "ann" && a.id == "2-1"));
+        let (reply, shown) = asked(&approval, "maybe\nn\ntoo much\n");
+        assert_eq!(reply, Some(approve(false, Some("too much".into()))));
+        assert!(shown.contains("tool: refund {\"n\":1}"), "{shown}");
         assert!(shown.contains("answer y or n"), "{shown}");
-        assert!(shown.contains("arguments: {\"amount\":20}"), "{shown}");
-        // The model's text cannot drive the terminal.
-        assert!(!shown.contains('\x1b'), "{shown}");
-    }
-
-    #[test]
-    fn values_are_json_or_text_and_asked_again_until_valid() {
-        let number = request(RequestKind::Input, Some(json!({"type": "integer"})));
-        let text = request(RequestKind::Tool, Some(json!({"type": "string"})));
-        let any = request(RequestKind::Input, None);
-        let (answers, shown) = talk(
-            &[number, text.clone(), text, any.clone(), any],
-            "many\n12\n42\nfor a friend\n{\"a\": [1]}\nhello\n",
-        );
+        let input = request(RequestKind::Input, Some(json!({"type": "integer"})));
+        let (reply, shown) = asked(&input, "seven\n7\n");
+        assert_eq!(reply, Some(Reply::Value(json!(7))));
+        assert!(shown.contains("does not match its schema"), "{shown}");
+        let text = request(RequestKind::Tool, None);
         assert_eq!(
-            replies(&answers),
-            [
-                Reply::Value(json!(12)),
-                Reply::Value(json!("42")),
-                Reply::Value(json!("for a friend")),
-                Reply::Value(json!({"a": [1]})),
-                Reply::Value(json!("hello")),
-            ]
+            asked(&text, "hello there\n").0,
+            Some(Reply::Value(json!("hello there")))
         );
-        assert!(
-            shown.contains("does not match its schema") && shown.contains("try again"),
-            "{shown}"
+        assert_eq!(asked(&text, "").0, None, "end of input answers nothing");
+    }
+
+    #[test]
+    fn flags_read_into_answers_and_twice_is_refused() {
+        let args = AnswerArgs {
+            approve: vec!["1-1".into()],
+            deny: vec!["1-2=over budget".into(), "1-3".into()],
+            input: vec!["2-0=true".into()],
+            input_file: None,
+        };
+        let Ok(given) = args.given() else {
+            panic!("the flags read");
+        };
+        assert_eq!(
+            given[1],
+            ("1-2".into(), approve(false, Some("over budget".into())))
         );
-    }
-
-    #[test]
-    fn the_end_of_input_answers_nothing_more() {
-        let approval = request(RequestKind::Approval, None);
-        let (answers, _) = talk(&[approval.clone(), approval.clone()], "y\n");
-        assert_eq!(answers.len(), 1);
-        let (answers, _) = talk(&[approval], "");
-        assert!(answers.is_empty());
-        let input = request(RequestKind::Input, Some(json!({"type": "boolean"})));
-        let (answers, _) = talk(&[input], "perhaps\n");
-        assert!(answers.is_empty(), "no valid answer before the end");
-    }
-
-    #[test]
-    fn long_and_binary_lines_are_refused_and_skipped() {
-        let input = request(RequestKind::Input, None);
-        let mut typed = vec![b'x'; MAX_ANSWER_BYTES * 2 + 10];
-        typed.extend_from_slice(b"\n\xff\xfe\nfine\n");
-        let mut out = Vec::new();
-        let answers = dialogue(&[input], "cli", &mut typed.as_slice(), &mut out);
-        assert_eq!(replies(&answers), [Reply::Value(json!("fine"))]);
-        let shown = String::from_utf8(out).unwrap();
-        assert!(shown.contains("longer than an answer may be"), "{shown}");
-        assert!(shown.contains("not valid UTF-8"), "{shown}");
-    }
-
-    #[test]
-    fn names_are_printable() {
-        assert!(check_name("ann").is_ok());
-        assert!(check_name("").is_err());
-        assert!(check_name("a\nb").is_err());
-        assert!(check_name(&"a".repeat(200)).is_err());
+        assert_eq!(given[2], ("1-3".into(), approve(false, None)));
+        assert_eq!(given[3], ("2-0".into(), Reply::Value(json!(true))));
+        let twice = AnswerArgs {
+            approve: vec!["1-1".into()],
+            deny: vec!["1-1".into()],
+            ..AnswerArgs::default()
+        };
+        assert!(twice.given().is_err());
+        let bad = AnswerArgs {
+            input: vec!["2-0=yes".into()],
+            ..AnswerArgs::default()
+        };
+        assert!(bad.given().is_err());
     }
 }

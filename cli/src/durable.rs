@@ -8,12 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use aplc_runtime::Redactor;
-use aplc_runtime::driver::Pending;
 use aplc_runtime::durable::{self, DurableError, DurableOptions, Ended};
-use aplc_runtime::human::answer_json;
-use aplc_runtime::store::{
-    self, Answered, QueueStatus, RunState, RunStore, RunSummary, StoreError, StoreUrl,
-};
+use aplc_runtime::store::{self, QueueStatus, RunStore, RunSummary, StoreError, StoreUrl};
 use aplc_runtime::telemetry::RunTrace;
 use aplc_vm::text::escape_control;
 use aplc_vm::{Program, RunOptions};
@@ -103,9 +99,9 @@ pub(crate) struct ResumeArgs {
     #[command(flatten)]
     journal: JournalArgs,
     #[command(flatten)]
-    answer: crate::answer::AnswerArgs,
+    answers: crate::answer::AnswerArgs,
     #[command(flatten)]
-    given: crate::resume_answers::GivenArgs,
+    ask: crate::answer::AskArgs,
 }
 
 /// `aplc runs`.
@@ -167,20 +163,22 @@ async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn RunStore>, Failure> {
 
 /// `aplc run --store`: a journaled run.
 pub(crate) fn run(
-    url: StoreUrl,
     store_args: &StoreArgs,
     output: &OutputArgs,
     program: Arc<Program>,
     options: RunOptions,
     mut equipment: Equipment,
     exporting: Option<&crate::telemetry::Exporting>,
+    answerer: Arc<dyn aplc_runtime::human::Answerer>,
 ) -> Result<ExitCode, Failure> {
+    let Some(url) = store_args.url()? else {
+        return Err(Failure::usage("a journaled run needs --store"));
+    };
     let id = match &store_args.run_id {
         Some(id) => check_id(id)?,
         None => durable::new_run_id(),
     };
-    let mut config = store_args.journal.options(equipment.secrets.redactor());
-    config.answerer = equipment.answerer.clone();
+    let config = (store_args.journal.options(equipment.secrets.redactor())).with_answerer(answerer);
     let runtime = runtime()?;
     crate::run::start_mcp(&runtime, &mut equipment.toolbox)?;
     let store = runtime.block_on(open(&url))?;
@@ -243,9 +241,6 @@ fn taken(runtime: &tokio::runtime::Runtime, store: &dyn RunStore, id: &str) -> R
 pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     let url = parse_url(&args.store.store)?;
     let id = check_id(&args.run_id)?;
-    // Malformed answers are refused before anything else happens.
-    let given = args.given.parse()?;
-    let by = args.answer.by()?;
     let mut equipment = args
         .with
         .equip(args.output.record.is_some(), Some(&args.store.store))?;
@@ -260,11 +255,14 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     crate::run::warn_no_key(equipment.no_key);
     // Dropped last, on every way out: the drop flushes what is still batched.
     let exporting = args.output.telemetry.start()?;
-    let mut config = args.journal.options(equipment.secrets.redactor());
-    config.answerer = args.answer.answerer()?;
+    let config =
+        (args.journal.options(equipment.secrets.redactor())).with_answerer(args.ask.answerer());
     let runtime = runtime()?;
     crate::run::start_mcp(&runtime, &mut equipment.toolbox)?;
     let store = runtime.block_on(open(&url))?;
+    // The answers given are stored first (all checked, or none stored); the run takes
+    // them as it replays to its pause.
+    runtime.block_on(args.answers.store(store.as_ref(), &id, &args.ask))?;
     let reopened = runtime
         .block_on(durable::reopen(
             store.as_ref(),
@@ -274,11 +272,6 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
             &config,
         ))
         .map_err(durable_failure)?;
-    // Stored with the run's lease held and its agent checked, so a refused resume
-    // stores nothing; the run takes them when it reaches its pause again.
-    if !given.is_empty() {
-        runtime.block_on(store_answers(store.as_ref(), &id, given, &by))?;
-    }
     // A scripted provider goes on where the run left off.
     if let Some(scripted) = &equipment.scripted {
         scripted.skip(reopened.replayed_provider_calls());
@@ -296,62 +289,6 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
     finish(sinks, finished, &args.output, &equipment, Some(&hint))
-}
-
-/// Checks the answers `aplc resume` was given against the run's pending requests, then
-/// stores them: one bad answer, or one to a request answered already, stores none.
-async fn store_answers(
-    store: &dyn RunStore,
-    id: &str,
-    given: Vec<(String, crate::resume_answers::Given)>,
-    by: &str,
-) -> Result<(), Failure> {
-    let summary = store.summary(id).await.map_err(store_failure)?;
-    let pending = pending_of(&summary)?;
-    let answers = crate::resume_answers::check(id, given, &pending, by)?;
-    let stored = store.answers(id).await.map_err(store_failure)?;
-    if let Some(answered) = answers
-        .iter()
-        .find(|a| stored.iter().any(|(request, _)| *request == a.id))
-    {
-        return Err(Failure::usage(format!(
-            "request `{}` is already answered",
-            escape_control(&answered.id)
-        )));
-    }
-    for answer in &answers {
-        let outcome = store
-            .answer(id, &answer.id, answer_json(answer))
-            .await
-            .map_err(store_failure)?;
-        match outcome {
-            // Answered since the check, by someone else: the first answer stands.
-            Answered::Accepted { .. } | Answered::AlreadyAnswered => {}
-            Answered::UnknownRun | Answered::UnknownRequest | Answered::Finished => {
-                return Err(Failure::run(format!(
-                    "run `{id}` stopped waiting on request `{}` while it was answered",
-                    escape_control(&answer.id)
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The requests a stored run waits on.
-fn pending_of(summary: &RunSummary) -> Result<Vec<Pending>, Failure> {
-    summary
-        .pending
-        .iter()
-        .map(|json| {
-            Pending::from_json(json).ok_or_else(|| {
-                Failure::run(format!(
-                    "run `{}`: the store holds a pending request it cannot read",
-                    summary.id
-                ))
-            })
-        })
-        .collect()
 }
 
 /// Run ids are printed and typed: printable, without spaces, at most 128 bytes.
@@ -475,15 +412,11 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
                     .block_on(durable::inspect(store.as_ref(), &run_id))
                     .map_err(durable_failure)?
                     .context_json();
-                // The requests a waiting run waits on, as stored (`spec/human.md` §2).
-                if let serde_json::Value::Object(map) = &mut context {
-                    let waiting = summary.state != RunState::Finished;
-                    let pending = if waiting {
-                        summary.pending.clone()
-                    } else {
-                        Vec::new()
-                    };
-                    map.insert("pending".into(), serde_json::Value::Array(pending));
+                // A waiting run's requests (spec/human.md §4.1), beside its variables.
+                if !summary.pending.is_empty()
+                    && let serde_json::Value::Object(map) = &mut context
+                {
+                    map.insert("pending".into(), summary.pending.clone().into());
                 }
                 let _ = serde_json::to_writer_pretty(&mut out, &context);
                 let _ = writeln!(out);
@@ -523,12 +456,8 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
     }
 }
 
-/// The run's status, in the service's words ([`QueueStatus`]): `waiting` while it
-/// waits on a person.
+/// The run's status, in the service's words ([`QueueStatus`]).
 fn status(run: &RunSummary) -> &'static str {
-    if run.state != RunState::Finished && !run.pending.is_empty() {
-        return "waiting";
-    }
     QueueStatus::of_summary(run).as_str()
 }
 
@@ -542,7 +471,13 @@ fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> 
     writeln!(out, "updated:  {}", timestamp(run.updated_at_ms))?;
     writeln!(out, "inputs:   {}", run.inputs)?;
     writeln!(out, "events:   {}", run.events)?;
-    write_pending(out, run)?;
+    for pending in run
+        .pending
+        .iter()
+        .filter_map(aplc_runtime::human::Pending::from_json)
+    {
+        writeln!(out, "{}", pending.waiting_line())?;
+    }
     if let Some(outcome) = &run.outcome {
         if let Some(error) = outcome.get("error").filter(|e| !e.is_null()) {
             let message = error.get("message").and_then(|m| m.as_str()).unwrap_or("");
@@ -556,32 +491,6 @@ fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> 
                 writeln!(out, "  - {}", escape_control(e.as_str().unwrap_or("")))?;
             }
         }
-    }
-    Ok(())
-}
-
-/// The requests a waiting run waits on, each with what `aplc resume` needs to answer it.
-fn write_pending(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> {
-    if run.state == RunState::Finished || run.pending.is_empty() {
-        return Ok(());
-    }
-    writeln!(out, "pending:")?;
-    for json in &run.pending {
-        let field = |name: &str| match json.get(name) {
-            Some(serde_json::Value::String(text)) => escape_control(text).into_owned(),
-            Some(serde_json::Value::Null) | None => String::new(),
-            Some(other) => escape_control(&other.to_string()).into_owned(),
-        };
-        writeln!(out, "  - id:        {}", field("id"))?;
-        writeln!(out, "    kind:      {}", field("kind"))?;
-        writeln!(out, "    step:      {}", field("step"))?;
-        writeln!(out, "    prompt:    {}", field("prompt"))?;
-        for name in ["tool", "arguments", "schema", "timeout_ms"] {
-            if json.get(name).is_some_and(|v| !v.is_null()) {
-                writeln!(out, "    {:<10} {}", format!("{name}:"), field(name))?;
-            }
-        }
-        writeln!(out, "    requested: {}", field("requested_at"))?;
     }
     Ok(())
 }

@@ -2,14 +2,12 @@
 //!
 //! Exit codes: 0 the command succeeded (a run completed); 3 a run completed but its last
 //! step ended with errors; 1 a run failed (unknown step, budget, timeout, unreadable
-//! bundle) or a file could not be written; 2 usage or compile errors; 4 a durable run
-//! waits for a person's answers (`spec/human.md`).
+//! bundle) or a file could not be written; 2 usage or compile errors.
 //!
 //! One module per command: `compile.rs` (check, build), `run.rs` (with `record.rs` for
 //! `--record`), `agent_test/` (test), `init.rs`, `graph.rs`, `inspect.rs`, `bench.rs`,
 //! `trace.rs` (with `timeline.rs`, shared with `run --verbose`), `telemetry.rs` (`--otel`),
-//! `serve.rs` and `mcp.rs` (over `aplc-server`); `answer.rs` (a person at the terminal
-//! answers a run's requests) and `resume_answers.rs` (`aplc resume --approve …`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
+//! `serve.rs` and `mcp.rs` (over `aplc-server`); `input.rs` reads files and prints diagnostics for all of them. `aplc test` exits 0
 //! when every case passed, 1 when one failed, 2 for an invalid test file.
 
 mod agent_test;
@@ -26,7 +24,6 @@ mod inspect;
 mod mcp;
 mod progress;
 mod record;
-mod resume_answers;
 mod run;
 mod run_command;
 mod serve;

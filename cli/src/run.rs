@@ -86,9 +86,6 @@ pub(crate) struct Equipment {
     pub(crate) scripted: Option<Arc<Scripted>>,
     /// `--stream`: the providers stream, and the text goes to stdout as it arrives.
     pub(crate) stream: bool,
-    /// Who answers the run's requests in this process (`spec/human.md` §4.1): nobody
-    /// until the command says (`--no-input`, a terminal).
-    pub(crate) answerer: Arc<dyn driver::Answerer>,
 }
 
 impl WithArgs {
@@ -124,7 +121,6 @@ impl WithArgs {
             no_key: equipment.no_key,
             scripted: equipment.scripted,
             stream: self.stream,
-            answerer: Arc::new(driver::Nobody),
         })
     }
 }
@@ -205,13 +201,13 @@ pub(crate) fn in_memory(
     options: RunOptions,
     equipment: Equipment,
     exporting: Option<&crate::telemetry::Exporting>,
+    answerer: &dyn aplc_runtime::human::Answerer,
 ) -> Result<ExitCode, Failure> {
     let Equipment {
         provider,
         mut toolbox,
         secrets,
         stream,
-        answerer,
         ..
     } = equipment;
 
@@ -230,19 +226,20 @@ pub(crate) fn in_memory(
     .streaming(stream)
     .with_trace(trace.clone());
     let calls = &RunTrace::provider_of(trace.as_ref(), &provider);
-    // Without a store, a request nobody at a terminal answers fails the run.
-    let outcome = {
-        let listening = sinks.listening();
+    let outcome = if sinks.listening() {
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
-        let listener: Option<driver::Listener<'_>> = listening.then_some(&mut listener);
         let run = driver::run_with_answerer(
             program.clone(),
             options,
             calls,
             &toolbox,
-            listener,
-            answerer.as_ref(),
+            Some(&mut listener),
+            answerer,
         );
+        runtime.block_on(crate::signals::unless_interrupted(run))
+    } else {
+        let run =
+            driver::run_with_answerer(program.clone(), options, calls, &toolbox, None, answerer);
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
     // Flushed and cleared before anything else is printed, on every path out.

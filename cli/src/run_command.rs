@@ -12,7 +12,6 @@ use std::time::Duration;
 use aplc_vm::RunOptions;
 use clap::Args;
 
-use crate::answer::AnswerArgs;
 use crate::durable::{self, StoreArgs};
 use crate::run::{self, OutputArgs, WithArgs};
 use crate::{CompileArgs, Failure};
@@ -44,11 +43,11 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) store: StoreArgs,
     #[command(flatten)]
-    answer: AnswerArgs,
+    pub(crate) ask: crate::answer::AskArgs,
 }
 
 pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
-    let mut equipment = args
+    let equipment = args
         .with
         .equip(args.output.record.is_some(), args.store.raw())?;
     let options = RunOptions {
@@ -64,16 +63,15 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
     run::warn_no_key(equipment.no_key);
     // Dropped last, on every way out: the drop flushes what is still batched.
     let exporting = args.output.telemetry.start()?;
-    equipment.answerer = args.answer.answerer()?;
-    if let Some(store) = args.store.url()? {
+    if args.store.url()?.is_some() {
         return durable::run(
-            store,
             &args.store,
             &args.output,
             program,
             options,
             equipment,
             exporting.as_ref(),
+            args.ask.answerer(),
         );
     }
     run::in_memory(
@@ -82,5 +80,6 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         options,
         equipment,
         exporting.as_ref(),
+        args.ask.answerer().as_ref(),
     )
 }

@@ -36,6 +36,14 @@ const NOT_RUN: &[(&str, &str)] = &[
         "cargo run -p aplc -- run fixtures/mcp/everything/agent.apl --mock fixtures/mcp/everything/mock.json --tools fixtures/mcp/everything/tools.json",
         "starts the MCP server with `npx -y`, which downloads it; cli/tests/mcp_everything.rs runs this example with the server .ci/run installed",
     ),
+    (
+        "cargo run -q -p aplc -- run refund.apl --tools tools.json --mock refund.mock.json --store sqlite:runs.db --run-id r1",
+        "runs in fixtures/human/ and leaves a store there; cli/tests/human.rs runs this flow (the_three_kinds_answered_a_few_at_a_time_on_sqlite)",
+    ),
+    (
+        "cargo run -q -p aplc -- resume r1 --store sqlite:runs.db --tools tools.json --mock refund.mock.json --approve 1-2 --deny \"1-3=over the limit\"",
+        "the second half of the flow above; cli/tests/human.rs runs it",
+    ),
     // spec/cli.md: these need an API key or a model server.
     (
         "export OPENAI_API_KEY=sk-...",

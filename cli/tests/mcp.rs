@@ -336,3 +336,41 @@ fn sigint_while_a_server_starts_stops_aplc_and_the_server() {
     }
     assert!(!alive(), "the MCP server {pid} outlived aplc");
 }
+
+/// An MCP server's tool with `approval` waits for a person before it runs
+/// (`spec/human.md` §1.1): with nobody to ask and no store the run fails and the tool
+/// never ran; with a store it pauses (exit 4) with the request committed.
+#[test]
+fn an_mcp_tool_that_needs_approval_waits_for_a_person() {
+    let dir = scratch("approval");
+    let server = counter(
+        &dir,
+        json!({"approval": ["bump"], "approval_timeout_ms": 60000}),
+    );
+    let manifest = json!({"mcpServers": {"counter": server}});
+    let mock = calls(&[("add", json!({"a": 1, "b": 2})), ("bump", json!({}))]);
+    let out = run(&dir, AGENT, mock.clone(), manifest.clone(), &[]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the run needs input (1-2 (approval"),
+        "{stderr}"
+    );
+    assert_eq!(count(&dir), 0, "a tool waiting for approval never runs");
+
+    let store = format!("sqlite:{}", dir.join("runs.db").display());
+    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        .args(["run", &p("agent.apl"), "--mock", &p("mock.json")])
+        .args(["--tools", &p("tools.json"), "--store", &store])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("aplc runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains("waiting for input: 1-2 (approval: Approve a call of `bump`?)"),
+        "{stderr}"
+    );
+    assert_eq!(count(&dir), 0);
+}

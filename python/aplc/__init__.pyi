@@ -34,6 +34,9 @@ class Options(TypedDict, total=False):
     api_key: str
     providers: Union[Mapping[str, Any], str]
     on_event: Callable[[Dict[str, Any]], None]
+    # Answers a request for a person (spec/human.md): True/False or {"approve", "reason"}
+    # for an approval, the value for the others; sync or async.
+    on_input: Callable[[Dict[str, Any]], Any]
     dialect: Literal["spec", "defuss-1.1"]
 
 class ValidationError(ValueError):

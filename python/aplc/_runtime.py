@@ -27,6 +27,7 @@ OPTIONS = frozenset(
         "api_key",
         "providers",
         "on_event",
+        "on_input",
         "dialect",
     }
 )
@@ -210,6 +211,11 @@ class _Options:
         if on_event is not None and not callable(on_event):
             raise TypeError("option 'on_event' must be callable")
         self.on_event = on_event
+        on_input = options.get("on_input")
+        if on_input is not None and not callable(on_input):
+            raise TypeError("option 'on_input' must be callable")
+        #: Answers a run's requests for a person (spec/human.md §4.3).
+        self.on_input: Optional[Callable[[Dict[str, Any]], Any]] = on_input
         dialect = options.get("dialect", "spec")
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}")
@@ -251,6 +257,7 @@ class _Run:
             "api_key": o.api_key,
             "providers_json": o.providers_json,
             "manifest": o.manifest,
+            "on_input": o.on_input is not None,
         }
         run = native.begin(config)
         if inspect.isawaitable(run):  # the manifest's MCP servers start first
@@ -272,10 +279,39 @@ class _Run:
         return context
 
     async def _drive(self, run: Any) -> Tuple[Any, ...]:
-        """Performs the run's actions until it is done; returns the ``done`` action."""
+        """Performs the run's actions until it is done; returns the ``done`` action.
+        A person's answers (``on_input``) are awaited outside the run's timer: the run's
+        timeout counts active time only, and its clock stands still while it waits."""
         action = run.advance()
+        while True:
+            action = await self._drive_timed(run, action)
+            if action[0] == "done":
+                return action
+            action = await self._ask(run, action)
+
+    async def _ask(self, run: Any, action: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        """Asks ``on_input`` for every request of an ``input`` action and hands the
+        answers to the run."""
+        if action[1]:
+            self._deliver(action[1])
+        on_input = self.options.on_input
+        assert on_input is not None  # the native run asks only when it is given
+        answers = []
+        for request in action[2]:
+            if inspect.iscoroutinefunction(on_input):
+                result = await on_input(request)
+            else:
+                result = await asyncio.to_thread(on_input, request)
+                if inspect.isawaitable(result):
+                    result = await result
+            answers.append((request["id"], _reply(request, result)))
+        return run.answer_input(answers)
+
+    async def _drive_timed(self, run: Any, action: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        """Performs the run's actions under its timer until it is done or asks a
+        person; returns that action."""
         if _timeout_at is None:  # Python < 3.11: a timer per call
-            while action[0] != "done":
+            while action[0] not in ("done", "input"):
                 if action[1]:
                     self._deliver(action[1])
                 try:
@@ -290,7 +326,7 @@ class _Run:
         loop = asyncio.get_running_loop()
         try:
             async with _timeout_at(loop.time() + run.remaining()):
-                while action[0] != "done":
+                while action[0] not in ("done", "input"):
                     if action[1]:
                         self._deliver(action[1])
                     kind, payload = await self._perform(action)
@@ -356,6 +392,24 @@ class _Run:
                 self.options.on_event(event)
             except Exception as e:  # a listener's bug must not stop the run or the loop
                 print(f"aplc: on_event raised {_exception_text(e)}", file=sys.stderr)
+
+
+def _reply(request: Dict[str, Any], result: Any) -> Dict[str, Any]:
+    """``on_input``'s return value as a reply: ``True``/``False`` or ``{"approve",
+    "reason"}`` for an approval, the value for the others."""
+    if request.get("kind") != "approval":
+        return {"value": result}
+    if isinstance(result, bool):
+        return {"approve": result}
+    if isinstance(result, Mapping) and isinstance(result.get("approve"), bool):
+        reason = result.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ValueError(f"on_input: the reason for request {request['id']!r} must be a str")
+        return {"approve": result["approve"], "reason": reason}
+    raise ValueError(
+        f"on_input: the answer to approval request {request['id']!r} must be True, False "
+        f"or {{'approve': bool, 'reason': str}}, found {type(result).__name__}"
+    )
 
 
 def _add_context_view(context: Dict[str, Any]) -> None:

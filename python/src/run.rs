@@ -66,6 +66,9 @@ struct RunConfig {
     /// A tool manifest (spec/tools.md, spec/mcp.md) run by Rust: `("file", path)` or
     /// `("json", text)` (`with_tools` as a path, or the manifest's parsed object).
     manifest: Option<(String, String)>,
+    /// The facade has an `on_input` callback: a run that asks a person hands its
+    /// requests to it (`spec/human.md` §4.3); without one such a run fails.
+    on_input: bool,
 }
 
 #[pymethods]
@@ -173,6 +176,8 @@ struct State {
     /// The manifest's tools (command, HTTP, MCP), run in Rust; `None` without a manifest
     /// and once the run has ended (its MCP servers stop then).
     toolbox: Option<Arc<Toolbox>>,
+    /// The facade answers requests for a person (`on_input`).
+    on_input: bool,
 }
 
 /// The action the facade is performing.
@@ -186,6 +191,8 @@ enum Waiting {
     Rust,
     /// A tool of the manifest: the answer is `("rust", RustToolAnswer)`.
     RustTool,
+    /// A person, through `on_input`: the answers come to [`NativeRun::answer_input`].
+    Input,
 }
 
 /// How many deltas of a Rust provider wait for the loop before the provider waits.
@@ -202,6 +209,7 @@ struct Prepared {
     fallback: Fallback,
     redactor: Redactor,
     on_delta: Option<Py<PyAny>>,
+    on_input: bool,
 }
 
 impl Prepared {
@@ -268,6 +276,7 @@ impl Prepared {
             fallback: Fallback(equipment.provider),
             redactor: equipment.redactor,
             on_delta: config.on_delta,
+            on_input: config.on_input,
         })
     }
 
@@ -312,6 +321,7 @@ impl Prepared {
                 redactor,
                 on_delta: self.on_delta,
                 toolbox,
+                on_input: self.on_input,
             }),
             interrupt,
         })
@@ -384,11 +394,50 @@ impl NativeRun {
                 session
                     .answer_tool(result.unwrap_or_else(|| Err("the tool gave no answer".into())));
             }
-            Waiting::Nothing => {
+            Waiting::Nothing | Waiting::Input => {
                 return Err(PyRuntimeError::new_err(
                     "the run is not waiting for an answer",
                 ));
             }
+        }
+        state.next(py)
+    }
+
+    /// Hands the run a person's answers (`on_input`'s): `(request id, reply)` pairs, the
+    /// reply `{"approve", "reason"?}` or `{"value"}`; then runs to the next action. An
+    /// answer that does not fit its request (a wrong kind, a schema violation) is a
+    /// `ValueError` naming the request, and the run takes none of them.
+    fn answer_input<'py>(
+        &self,
+        py: Python<'py>,
+        answers: Vec<(String, Bound<'py, PyAny>)>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if !matches!(state.waiting, Waiting::Input) {
+            return Err(PyRuntimeError::new_err("the run is not waiting for input"));
+        }
+        let session = state.session.as_mut().ok_or_else(finished)?;
+        let mut checked = Vec::new();
+        for (id, reply) in answers {
+            let reply = py_to_json(&reply)
+                .map_err(|e| PyValueError::new_err(format!("the answer to `{id}`: {e}")))?;
+            let reply = aplc_runtime::human::reply_from_json(&reply)
+                .map_err(|e| PyValueError::new_err(format!("the answer to `{id}`: {e}")))?;
+            let answer = aplc_vm::human::HumanAnswer {
+                id,
+                reply,
+                by: "python".into(),
+                answered_at_ms: aplc_runtime::human::now_ms(),
+            };
+            // The message names the request.
+            (session.machine().check_answer(&answer))
+                .map_err(|e| PyValueError::new_err(format!("on_input: {e}")))?;
+            checked.push(answer);
+        }
+        state.waiting = Waiting::Nothing;
+        for answer in checked {
+            session.answer_person(answer);
         }
         state.next(py)
     }
@@ -451,9 +500,26 @@ impl State {
             };
             match action {
                 Action::Continue => continue,
+                Action::AwaitInput if self.on_input => {
+                    let requests: Vec<Json> = session
+                        .machine()
+                        .pending_requests()
+                        .into_iter()
+                        .map(|request| serde_json::to_value(request).unwrap_or(Json::Null))
+                        .collect();
+                    self.waiting = Waiting::Input;
+                    return PyTuple::new(
+                        py,
+                        [
+                            PyString::new(py, "input").into_any(),
+                            events(),
+                            json_to_py(py, &Json::Array(requests))?,
+                        ],
+                    );
+                }
                 Action::AwaitInput => {
-                    // Nobody to ask in this process yet: the run ends with the error a
-                    // run without a store gets (spec/human.md §4.1).
+                    // Nobody to ask: the run ends with the error a run without a store
+                    // gets (spec/human.md §4.1).
                     let pending: Vec<aplc_runtime::human::Pending> = session
                         .machine()
                         .pending_requests()

@@ -68,6 +68,12 @@ impl Default for DurableOptions {
 }
 
 impl DurableOptions {
+    /// These options, with `answerer` asking a person in this process.
+    pub fn with_answerer(mut self, answerer: Arc<dyn Answerer>) -> Self {
+        self.answerer = answerer;
+        self
+    }
+
     fn window(&self) -> Window {
         Window {
             inputs: self.max_uncommitted_inputs,

@@ -194,13 +194,11 @@ impl Answerer for Nobody {
 
 /// The error of a run that asks and has nobody to ask and no store to wait in.
 pub fn nobody_message(pending: &[Pending]) -> String {
-    // One request per line, as `waiting for input:` lists them: prompts hold parentheses
-    // and colons of their own.
-    let asked: String = pending
+    let asked: Vec<String> = pending
         .iter()
         .map(|p| {
             format!(
-                "\n  {} ({}: {})",
+                "{} ({}: {})",
                 p.request.id,
                 p.request.kind.as_str(),
                 p.request.prompt
@@ -208,8 +206,9 @@ pub fn nobody_message(pending: &[Pending]) -> String {
         })
         .collect();
     format!(
-        "the run needs input but nobody can answer: run it with --store to let it wait, \
-         or from a terminal; it asks:{asked}"
+        "the run needs input ({}) but nobody can answer: run it with --store to let it \
+         wait, or from a terminal",
+        asked.join(", ")
     )
 }
 

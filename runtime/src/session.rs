@@ -149,7 +149,7 @@ impl<'l> RunSession<'l> {
     pub fn next_action(&mut self) -> Next {
         if let Some(action) = self.pending.take() {
             if matches!(action, Action::AwaitInput) {
-                self.paused_at = Some(self.clock.now());
+                self.stand_still(self.clock.now());
             }
             return Next {
                 action,
@@ -157,8 +157,11 @@ impl<'l> RunSession<'l> {
             };
         }
         if self.machine.expecting() == Expecting::Answer {
-            // Some requests are answered, others not yet: the run waits on.
-            self.paused_at.get_or_insert_with(|| self.clock.now());
+            // Some requests are answered, others not yet (here or before a restart):
+            // the run waits on.
+            if self.paused_at.is_none() {
+                self.stand_still(self.clock.now());
+            }
             return Next {
                 action: Action::AwaitInput,
                 in_flight: false,
@@ -171,7 +174,7 @@ impl<'l> RunSession<'l> {
             let at = self.clock.now();
             let action = self.apply(Input::Poll { at });
             if matches!(action, Action::AwaitInput) {
-                self.paused_at = Some(at);
+                self.stand_still(at);
             }
             if !matches!(action, Action::Continue) {
                 return Next {
@@ -220,6 +223,13 @@ impl<'l> RunSession<'l> {
     pub fn answer_person(&mut self, answer: HumanAnswer) {
         let at = *self.paused_at.get_or_insert_with(|| self.clock.now());
         self.answer(Input::Answer { at, answer });
+    }
+
+    /// The run begins to wait for a person at `at`: its clock stands still (no
+    /// deadline passes) until the answers are in.
+    fn stand_still(&mut self, at: Duration) {
+        self.paused_at = Some(at);
+        self.clock.stand_still();
     }
 
     /// The machine's time when the run began to wait, if it waits.
@@ -515,7 +525,9 @@ pub struct RunClock {
     call: CallContext,
     /// The embedder's cancel flag ([`Machine::cancel_flag`]).
     cancel: aplc_vm::Interrupt,
-    _watchdog: crate::watchdog::Armed,
+    /// `None` while the run waits for a person: its clock stands still, and the
+    /// deadline must not pass meanwhile.
+    watchdog: Option<crate::watchdog::Armed>,
 }
 
 /// What turns the clock's instants into machine time; a copy reads the same time (the
@@ -564,13 +576,19 @@ impl RunClock {
             machine_deadline: machine.deadline(),
             call: CallContext::new(deadline.into_std()),
             cancel: machine.cancel_flag().clone(),
-            _watchdog: crate::watchdog::arm(watch_at, machine.deadline_flag()),
+            watchdog: Some(crate::watchdog::arm(watch_at, machine.deadline_flag())),
         }
     }
 
     /// The machine's time now.
     pub fn now(&self) -> Duration {
         self.base.now()
+    }
+
+    /// Stops the deadline's watchdog: the run waits for a person, and its clock stands
+    /// still (it restarts with a watchdog of its own).
+    fn stand_still(&mut self) {
+        self.watchdog = None;
     }
 
     /// What reads this clock's time elsewhere.

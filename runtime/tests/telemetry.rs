@@ -593,3 +593,95 @@ async fn a_resumed_durable_run_has_a_run_span_of_its_own() {
     assert!(failed.start_time_unix_nano >= step.start_time_unix_nano);
     assert!(failed.end_time_unix_nano <= step.end_time_unix_nano);
 }
+
+/// Approves every request, as `reviewer`.
+#[derive(Debug)]
+struct Approver;
+
+impl aplc_runtime::human::Answerer for Approver {
+    fn answer<'a>(
+        &'a self,
+        pending: &'a [aplc_runtime::human::Pending],
+    ) -> BoxFuture<'a, Vec<aplc_vm::human::HumanAnswer>> {
+        Box::pin(async move {
+            pending
+                .iter()
+                .map(|p| aplc_vm::human::HumanAnswer {
+                    id: p.request.id.clone(),
+                    reply: aplc_vm::human::Reply::Approve {
+                        approved: true,
+                        reason: None,
+                    },
+                    by: "reviewer".into(),
+                    answered_at_ms: 1,
+                })
+                .collect()
+        })
+    }
+}
+
+/// A request and its answer are span events on the step that asked (`spec/human.md`).
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_and_its_answer_are_events_of_the_step() {
+    let receiver = Receiver::start(200);
+    let telemetry = telemetry(&receiver.endpoint(), false);
+    let trace = telemetry.run(RunDetails {
+        parent: None,
+        run_id: None,
+        agent: None,
+        redactor: Redactor::new([SECRET]),
+    });
+    let mut toolbox = Toolbox::new();
+    let spec = ToolSpec::new(json!({"name": "add", "parameters": {"type": "object"}}))
+        .unwrap()
+        .requires_approval(aplc_vm::tools::Approval::default());
+    toolbox.register_fn(spec, |_, _| Ok(json!(3))).unwrap();
+    let model = model();
+    let provider = trace.provider(&model);
+    let mut listener = |event: &aplc_vm::Event| trace.on_event(event);
+    let outcome = driver::run_with_answerer(
+        program(),
+        options(),
+        &provider,
+        &toolbox,
+        Some(&mut listener),
+        &Approver,
+    )
+    .await;
+    assert_eq!(
+        outcome.history[0]
+            .get_attr("result_tool_calls")
+            .ok()
+            .map(|v| v.len()),
+        Some(Some(1))
+    );
+    telemetry.shutdown(Duration::from_secs(10)).unwrap();
+    let spans = receiver.spans();
+    let step = named(&spans, "step work")[0];
+    let events: Vec<&str> = step.events.iter().map(|e| e.name.as_str()).collect();
+    assert!(
+        events.starts_with(&["aplc.phase.pre", "aplc.phase.prompt"])
+            && events.contains(&"aplc.input.requested")
+            && events.contains(&"aplc.input.received"),
+        "{events:?}"
+    );
+    let received = step
+        .events
+        .iter()
+        .find(|e| e.name == "aplc.input.received")
+        .unwrap();
+    let by = received
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "aplc.input.by")
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| v.value.clone());
+    assert_eq!(
+        by,
+        Some(
+            opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(
+                "reviewer".into()
+            )
+        )
+    );
+}

@@ -38,6 +38,7 @@ pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/runs/{id}", get(get_run))
         .route("/v1/runs/{id}/events", get(run_events))
         .route("/v1/runs/{id}/cancel", post(cancel))
+        .route("/v1/runs/{id}/input", post(crate::input::answer_input))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .route_layer(middleware::from_fn_with_state(
@@ -370,6 +371,9 @@ struct RunView {
     /// The final context (without `context_history`), once ended.
     #[schema(value_type = Object)]
     context: JsonValue,
+    /// The requests a waiting run waits on (spec/human.md §2).
+    #[schema(value_type = Vec<Object>)]
+    pending: Vec<JsonValue>,
 }
 
 /// A run's totals.
@@ -398,8 +402,18 @@ impl RunView {
             error: field("error"),
             last_step_errors: serde_json::from_value(field("last_step_errors")).unwrap_or_default(),
             context: field("context"),
+            pending: entry.summary.pending.into_iter().map(shown).collect(),
         }
     }
+}
+
+/// A stored request as the API shows it: without the store's own fields.
+fn shown(mut request: JsonValue) -> JsonValue {
+    if let JsonValue::Object(map) = &mut request {
+        map.remove("requested_at_ms");
+        map.remove("expires_at_ms");
+    }
+    request
 }
 
 /// Returns a run.
@@ -513,8 +527,8 @@ async fn openapi() -> Json<utoipa::openapi::OpenApi> {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "aplc serve", description = "Hosts APL agents: queued durable runs, live events."),
-    paths(healthz, list_agents, submit, get_run, run_events, cancel, metrics, openapi),
-    components(schemas(ErrorBody, ErrorDetail, AgentList, AgentView, RunRequest, Accepted, RunView, Totals)),
+    paths(healthz, list_agents, submit, get_run, run_events, cancel, crate::input::answer_input, metrics, openapi),
+    components(schemas(ErrorBody, ErrorDetail, AgentList, AgentView, RunRequest, Accepted, RunView, Totals, crate::input::InputAccepted)),
     modifiers(&BearerAuth),
 )]
 pub(crate) struct ApiDoc;

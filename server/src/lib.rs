@@ -32,6 +32,7 @@ mod equip;
 mod error;
 mod events;
 mod extract;
+mod input;
 mod live;
 mod logging;
 #[cfg(feature = "mcp")]

@@ -206,6 +206,11 @@ fn offer(
             .with_origin(ToolOrigin::Mcp {
                 server: server.name.clone(),
             });
+        if server.approval.includes(remote) {
+            spec = spec.requires_approval(aplc_vm::tools::Approval {
+                timeout: server.approval_timeout,
+            });
+        }
         if server.idempotent.includes(remote, tool.get("annotations")) {
             spec = spec.idempotent(Idempotency {
                 key: IdempotencyKey::Auto,

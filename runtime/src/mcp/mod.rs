@@ -56,6 +56,17 @@ struct Entry {
     timeout_ms: Option<u64>,
     idempotent: Option<IdempotentEntry>,
     startup_timeout_ms: Option<u64>,
+    /// `"required"` (every tool) or the tools (by the server's names) a person approves
+    /// before each call (`spec/human.md` §1.1).
+    approval: Option<ApprovalEntry>,
+    approval_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ApprovalEntry {
+    Word(String),
+    Tools(Vec<String>),
 }
 
 #[derive(Deserialize)]
@@ -82,6 +93,34 @@ pub struct McpServer {
     pub idempotent: IdempotentTools,
     /// How long starting, initializing and listing may take.
     pub startup_timeout: Duration,
+    /// Which tools a person approves before each call (`spec/human.md` §1.1).
+    pub approval: ApprovalTools,
+    /// How long an approval request waits before the call counts as denied.
+    pub approval_timeout: Option<Duration>,
+}
+
+/// Which of a server's tools wait for a person's approval.
+#[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
+pub enum ApprovalTools {
+    /// None (no `approval`).
+    #[default]
+    None,
+    /// All of them (`"required"`).
+    All,
+    /// These (by the server's names).
+    Listed(Vec<String>),
+}
+
+impl ApprovalTools {
+    /// Whether the tool `name` (the server's name) waits for approval.
+    pub fn includes(&self, name: &str) -> bool {
+        match self {
+            ApprovalTools::None => false,
+            ApprovalTools::All => true,
+            ApprovalTools::Listed(names) => names.iter().any(|n| n == name),
+        }
+    }
 }
 
 /// How an MCP server is reached.
@@ -177,6 +216,12 @@ pub enum ServerError {
     /// A server name that is empty.
     #[error("a server name must not be empty")]
     EmptyName,
+    /// `approval` is neither `"required"` nor a list of tool names.
+    #[error("`approval` must be \"required\" or a list of tool names, found \"{0}\"")]
+    ApprovalWord(String),
+    /// `approval_timeout_ms` without `approval`.
+    #[error("`approval_timeout_ms` needs `approval`")]
+    ApprovalTimeoutAlone,
 }
 
 /// Parses the value of `mcpServers`: an object from server name to entry. Errors name the
@@ -282,6 +327,19 @@ fn parse_server(name: &str, value: Json) -> Result<McpServer, ServerError> {
             entry.startup_timeout_ms,
             DEFAULT_STARTUP_TIMEOUT,
         )?,
+        approval: match entry.approval {
+            None if entry.approval_timeout_ms.is_some() => {
+                return Err(ServerError::ApprovalTimeoutAlone);
+            }
+            None => ApprovalTools::None,
+            Some(ApprovalEntry::Word(word)) if word == "required" => ApprovalTools::All,
+            Some(ApprovalEntry::Word(word)) => return Err(ServerError::ApprovalWord(word)),
+            Some(ApprovalEntry::Tools(names)) => ApprovalTools::Listed(names),
+        },
+        approval_timeout: match entry.approval_timeout_ms {
+            Some(0) => return Err(ServerError::ZeroTimeout("approval_timeout_ms")),
+            ms => ms.map(Duration::from_millis),
+        },
     })
 }
 

@@ -30,8 +30,32 @@ fn a_stdio_server_with_defaults() {
             timeout: DEFAULT_CALL_TIMEOUT,
             idempotent: IdempotentTools::FromAnnotations,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            approval: ApprovalTools::None,
+            approval_timeout: None,
         })
     );
+}
+
+#[test]
+fn approval_takes_required_or_tool_names() {
+    let all = one(json!({"command": "x", "approval": "required", "approval_timeout_ms": 5}));
+    let all = all.map(|s| (s.approval, s.approval_timeout));
+    assert_eq!(
+        all,
+        Ok((
+            ApprovalTools::All,
+            Some(std::time::Duration::from_millis(5))
+        ))
+    );
+    let listed = one(json!({"command": "x", "approval": ["rm"]})).map(|s| s.approval);
+    assert_eq!(listed, Ok(ApprovalTools::Listed(vec!["rm".into()])));
+    for bad in [
+        json!({"command": "x", "approval": "always"}),
+        json!({"command": "x", "approval_timeout_ms": 5}),
+        json!({"command": "x", "approval": "required", "approval_timeout_ms": 0}),
+    ] {
+        assert!(one(bad).is_err());
+    }
 }
 
 #[test]

@@ -294,18 +294,56 @@ pub trait RunJournal: Send + Sync + std::fmt::Debug {
         run_id: &'a str,
         request_id: &'a str,
         answer: serde_json::Value,
-    ) -> BoxFuture<'a, Result<Answered, StoreError>> {
-        let _ = (run_id, request_id, answer);
-        Box::pin(async { Err(StoreError::Database("this store keeps no answers".into())) })
-    }
+    ) -> BoxFuture<'a, Result<Answered, StoreError>>;
     /// The stored answers to the run's pending requests, in the order they were stored.
     fn answers<'a>(
         &'a self,
         run_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<(String, serde_json::Value)>, StoreError>> {
-        let _ = run_id;
-        Box::pin(async { Ok(Vec::new()) })
+    ) -> BoxFuture<'a, Result<Vec<(String, serde_json::Value)>, StoreError>>;
+}
+
+/// The most JSON text one stored answer may hold (`aplc_vm::human::MAX_ANSWER_BYTES`).
+pub const MAX_ANSWER_BYTES: usize = aplc_vm::human::MAX_ANSWER_BYTES;
+
+/// An answer's stored text, refused past [`MAX_ANSWER_BYTES`].
+pub(crate) fn answer_text(answer: &serde_json::Value) -> Result<String, StoreError> {
+    let text = answer.to_string();
+    if text.len() > MAX_ANSWER_BYTES {
+        return Err(StoreError::TooLarge(format!(
+            "an answer of {} bytes of JSON; at most {MAX_ANSWER_BYTES} are stored",
+            text.len()
+        )));
     }
+    Ok(text)
+}
+
+/// The `pending` column: a JSON list of requests, or NULL for none.
+pub(crate) fn pending_column(text: Option<&str>) -> Result<Vec<serde_json::Value>, StoreError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => match sql::json_column(text, "the pending requests")? {
+            serde_json::Value::Array(items) => Ok(items),
+            _ => Err(StoreError::Corrupt(
+                "the pending requests are not a list".into(),
+            )),
+        },
+    }
+}
+
+/// The ids of stored requests.
+pub(crate) fn pending_ids(pending: &[serde_json::Value]) -> Vec<String> {
+    pending
+        .iter()
+        .filter_map(|request| request.get("id")?.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// When a waiting run must be woken: its first request's timeout (`expires_at_ms`).
+pub(crate) fn wake_at(pending: &[serde_json::Value]) -> Option<i64> {
+    pending
+        .iter()
+        .filter_map(|request| request.get("expires_at_ms")?.as_i64())
+        .min()
 }
 
 /// What [`RunJournal::answer`] did with an answer.
@@ -405,6 +443,8 @@ pub enum QueueStatus {
     Queued,
     /// Claimed by a worker (or, after a crash, waiting to be claimed again).
     Running,
+    /// Waiting for a person's answers (`spec/human.md`): no worker holds it.
+    Waiting,
     /// Finished without a run error.
     Completed,
     /// Finished with a run error other than a cancellation.
@@ -415,9 +455,10 @@ pub enum QueueStatus {
 
 impl QueueStatus {
     /// Every status, in the order the service lists them.
-    pub const ALL: [QueueStatus; 5] = [
+    pub const ALL: [QueueStatus; 6] = [
         QueueStatus::Queued,
         QueueStatus::Running,
+        QueueStatus::Waiting,
         QueueStatus::Completed,
         QueueStatus::Failed,
         QueueStatus::Cancelled,
@@ -428,6 +469,7 @@ impl QueueStatus {
         match self {
             QueueStatus::Queued => "queued",
             QueueStatus::Running => "running",
+            QueueStatus::Waiting => "waiting",
             QueueStatus::Completed => "completed",
             QueueStatus::Failed => "failed",
             QueueStatus::Cancelled => "cancelled",
@@ -451,11 +493,13 @@ impl QueueStatus {
         }
     }
 
-    /// The status of a stored run: [`QueueStatus::of_outcome`] once finished, `running`
-    /// before (running now, or crashed and waiting to be resumed or claimed).
+    /// The status of a stored run: [`QueueStatus::of_outcome`] once finished; before,
+    /// `waiting` while it waits on requests for a person, else `running` (running now,
+    /// or crashed and waiting to be resumed or claimed).
     pub fn of_summary(summary: &RunSummary) -> QueueStatus {
         match (&summary.state, &summary.outcome) {
             (RunState::Finished, Some(outcome)) => QueueStatus::of_outcome(outcome),
+            _ if !summary.pending.is_empty() => QueueStatus::Waiting,
             _ => QueueStatus::Running,
         }
     }
@@ -587,6 +631,9 @@ pub enum StoreError {
     /// Any other database error.
     #[error("store error: {0}")]
     Database(String),
+    /// Something to store is over its limit (an answer past [`MAX_ANSWER_BYTES`]).
+    #[error("too large: {0}")]
+    TooLarge(String),
 }
 
 /// The secrets a PostgreSQL URL may carry: the password of its user info and a

@@ -5,7 +5,7 @@
 use super::{Batch, QueueStatus, RunState, StoreError};
 
 /// The newest schema version this build reads and writes (both backends).
-pub(super) const SCHEMA_VERSION: i64 = 3;
+pub(super) const SCHEMA_VERSION: i64 = 4;
 
 /// The value of the `magic` row in `aplc_meta`: what marks a database as an aplc store.
 pub(super) const MAGIC: &str = "aplc-run-store";

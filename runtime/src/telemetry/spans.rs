@@ -343,6 +343,45 @@ impl RunSpans {
                 }
                 self.error(message, at);
             }
+            EventKind::InputRequested { request } => {
+                self.ensure_step(&request.step, at);
+                let mut attributes = vec![
+                    KeyValue::new("aplc.input.id", request.id.clone()),
+                    KeyValue::new("aplc.input.kind", request.kind.as_str()),
+                ];
+                attributes.extend(
+                    (request.tool.clone()).map(|tool| KeyValue::new("gen_ai.tool.name", tool)),
+                );
+                if self.capture_content {
+                    let prompt = self.details.redactor.redact(&request.prompt);
+                    attributes.push(KeyValue::new("aplc.input.prompt", prompt));
+                }
+                self.step_event("aplc.input.requested", attributes, at);
+            }
+            EventKind::InputReceived {
+                step,
+                id,
+                kind,
+                by,
+                approved,
+                value,
+                timed_out,
+                ..
+            } => {
+                self.ensure_step(step, at);
+                let mut attributes = vec![
+                    KeyValue::new("aplc.input.id", id.clone()),
+                    KeyValue::new("aplc.input.kind", kind.as_str()),
+                    KeyValue::new("aplc.input.by", by.clone()),
+                    KeyValue::new("aplc.input.timed_out", *timed_out),
+                ];
+                attributes.extend(approved.map(|a| KeyValue::new("aplc.input.approved", a)));
+                if let (true, Some(value)) = (self.capture_content, value) {
+                    let value = self.details.redactor.redact(&value.to_string());
+                    attributes.push(KeyValue::new("aplc.input.value", value));
+                }
+                self.step_event("aplc.input.received", attributes, at);
+            }
             EventKind::StepFinished { .. } => self.end_step(at),
             EventKind::RunFinished {
                 outcome,
@@ -387,6 +426,13 @@ impl RunSpans {
                 span.set_status(Status::error("the tool call failed"));
             }
             span.end_with_timestamp(at);
+        }
+    }
+
+    /// A span event on the step (or the run, before the first step).
+    fn step_event(&mut self, name: &'static str, attributes: Vec<KeyValue>, at: SystemTime) {
+        if let Some(span) = self.step.as_mut().or(self.run.as_mut()) {
+            span.add_event_with_timestamp(name, at, attributes);
         }
     }
 

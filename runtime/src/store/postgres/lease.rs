@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Client;
 
-use super::{PgStore, Statements, db_error, summary_row_at};
+use super::{PgStore, SUMMARY_LEN, Statements, db_error, summary_row_at};
 use crate::store::{Lease, LoadedRun, StoreError, json_column};
 
 /// The run ids whose advisory locks this store holds, and the way to the lock task.
@@ -190,8 +190,8 @@ fn unstarted_run(row: &tokio_postgres::Row) -> Result<Option<LoadedRun>, StoreEr
         return Ok(None);
     }
     let (Some(bundle), Some(options)) = (
-        row.get::<_, Option<Vec<u8>>>(15),
-        row.get::<_, Option<String>>(16),
+        row.get::<_, Option<Vec<u8>>>(5 + SUMMARY_LEN),
+        row.get::<_, Option<String>>(6 + SUMMARY_LEN),
     ) else {
         return Ok(None);
     };

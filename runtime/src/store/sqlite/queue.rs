@@ -51,12 +51,12 @@ impl RunQueue for SqliteStore {
             let order = claim_order(&self.takeover);
             let takeover = self.takeover.clone();
             let claimed = self
-                .queue_write(move |c, _| {
+                .queue_write(move |c, now| {
                     for scan in order {
                         if scan == Scan::Abandoned {
                             takeover.done();
                         }
-                        if let Some(run) = claim_run(c, &lessee, &claimant, scan)? {
+                        if let Some(run) = claim_run(c, &lessee, &claimant, scan, now)? {
                             return Ok(Some(run));
                         }
                     }
@@ -77,7 +77,10 @@ impl RunQueue for SqliteStore {
         let id = id.to_string();
         Box::pin(self.queue_write(move |c, _| {
             let changed = c
-                .prepare_cached("UPDATE run_queue SET cancel_requested = 1 WHERE run_id = ?1")
+                // A waiting run is woken: a worker takes it and ends it cancelled.
+                .prepare_cached(
+                    "UPDATE run_queue SET cancel_requested = 1, waiting = 0 WHERE run_id = ?1",
+                )
                 .and_then(|mut s| s.execute(params![id]))
                 .map_err(db_error)?;
             if changed == 0 {
@@ -101,7 +104,8 @@ impl RunQueue for SqliteStore {
         Box::pin(self.read(|conn| {
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT final_status, claimed, COUNT(*) FROM run_queue GROUP BY 1, 2",
+                    "SELECT final_status, claimed, waiting, COUNT(*) FROM run_queue
+                     GROUP BY 1, 2, 3",
                 )
                 .map_err(db_error)?;
             let rows = stmt
@@ -110,14 +114,16 @@ impl RunQueue for SqliteStore {
                         row.get::<_, Option<String>>(0)?,
                         row.get::<_, i64>(1)?,
                         row.get::<_, i64>(2)?,
+                        row.get::<_, i64>(3)?,
                     ))
                 })
                 .map_err(db_error)?;
             let mut counts = QueueCounts::default();
             for row in rows {
-                let (status, claimed, n) = row.map_err(db_error)?;
+                let (status, claimed, waiting, n) = row.map_err(db_error)?;
                 let status = match status {
                     Some(status) => QueueStatus::from_column(&status)?,
+                    None if waiting != 0 => QueueStatus::Waiting,
                     None => QueueStatus::of_claimed(claimed != 0),
                 };
                 let n = count(n, "run count")?;
@@ -207,6 +213,7 @@ fn claim_run(
     lessee: &Lessee,
     claimant: &Claimant,
     scan: Scan,
+    now: i64,
 ) -> Result<Option<ClaimedRow>, StoreError> {
     let abandoned = scan == Scan::Abandoned;
     let mut stmt = tx
@@ -214,10 +221,13 @@ fn claim_run(
             "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
              FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
              WHERE q.final_status IS NULL AND q.claimed = ?1
+               AND (q.waiting = 0 OR q.wake_at_ms <= ?2)
              ORDER BY q.enqueued_at_ms, q.run_id",
         )
         .map_err(db_error)?;
-    let mut rows = stmt.query(params![abandoned]).map_err(db_error)?;
+    // A run waiting for a person is left alone until its last answer (or its first
+    // timeout) makes it claimable again (spec/human.md).
+    let mut rows = stmt.query(params![abandoned, now]).map_err(db_error)?;
     while let Some(row) = rows.next().map_err(db_error)? {
         let id: String = row.get(0).map_err(db_error)?;
         let holder: Option<String> = row.get(1).map_err(db_error)?;
@@ -288,6 +298,7 @@ fn read_queue_entry(conn: &Connection, id: &str) -> Result<QueueEntry, StoreErro
         .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
     let status = match &summary.outcome {
         Some(outcome) if summary.state == RunState::Finished => QueueStatus::of_outcome(outcome),
+        _ if !summary.pending.is_empty() => QueueStatus::Waiting,
         _ => QueueStatus::of_claimed(claimed != 0),
     };
     Ok(QueueEntry {
