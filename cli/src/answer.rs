@@ -224,10 +224,20 @@ impl Answerer for Terminal {
         let requests: Vec<InputRequest> = pending.iter().map(|p| p.request.clone()).collect();
         let by = self.by.clone();
         Box::pin(async move {
-            // Reading stdin blocks: on a thread of its own, so the runtime goes on.
-            tokio::task::spawn_blocking(move || ask_all(&requests, &by))
-                .await
-                .unwrap_or_default()
+            // Reading stdin blocks: on a thread of its own, so the runtime goes on. Not
+            // the runtime's blocking pool: a read cannot be cancelled, and a runtime
+            // waits for its blocking tasks when it shuts down, so Ctrl-C at a question
+            // would stop aplc only once Enter was pressed.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let asking = std::thread::Builder::new()
+                .name("aplc-ask".into())
+                .spawn(move || {
+                    let _ = tx.send(ask_all(&requests, &by));
+                });
+            match asking {
+                Ok(_) => rx.await.unwrap_or_default(),
+                Err(_) => Vec::new(),
+            }
         })
     }
 }
@@ -235,7 +245,8 @@ impl Answerer for Terminal {
 fn ask_all(requests: &[InputRequest], by: &str) -> Vec<HumanAnswer> {
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
-    let mut err = std::io::stderr().lock();
+    // Not locked while a read waits: the error of a Ctrl-C meanwhile must get out.
+    let mut err = std::io::stderr();
     let mut answers = Vec::new();
     for request in requests {
         let Some(reply) = ask(request, &mut input, &mut err) else {

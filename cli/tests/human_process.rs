@@ -515,3 +515,79 @@ fn a_person_answers_the_three_kinds_on_the_terminal() {
         .collect();
     assert_eq!(by, expected);
 }
+
+/// Ctrl-C while the terminal waits for an answer stops aplc at once (exit 130), as it
+/// does while the run waits for a model: the read of the answer does not hold it.
+#[test]
+fn ctrl_c_at_a_question_stops_aplc() {
+    let dir = fixture("ctrl-c");
+    let store = format!("sqlite:{}", dir.join("runs.db").display());
+    let (report, _) = on_terminal(
+        &dir,
+        &[
+            "run",
+            "refund.apl",
+            "--tools",
+            "tools.json",
+            "--mock",
+            "refund.mock.json",
+            "--quiet",
+            "--store",
+            &store,
+            "--run-id",
+            "c",
+        ],
+        vec![step(APPROVE, "\x03")],
+        20,
+    );
+    assert_eq!(report["code"], json!(130), "{report}");
+    assert!(
+        report["seen"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted by SIGINT"),
+        "{report}"
+    );
+}
+
+/// With the progress line on (stderr is a terminal, no --quiet), nothing is drawn over
+/// a question while it waits for an answer.
+#[test]
+fn the_progress_line_does_not_draw_over_a_question() {
+    let dir = fixture("progress");
+    let (report, _) = on_terminal(
+        &dir,
+        &[
+            "run",
+            "refund.apl",
+            "--tools",
+            "tools.json",
+            "--mock",
+            "refund.mock.json",
+        ],
+        vec![
+            json!({"expect": APPROVE, "send": "y\n", "quiet_ms": 1500}),
+            step(APPROVE, "y\n"),
+            step(VALUE, "\"ok\"\n"),
+            step(VALUE, "true\n"),
+        ],
+        60,
+    );
+    assert_eq!(report["code"], json!(0), "{report}");
+    assert_eq!(
+        report["drawn"],
+        json!([]),
+        "drawn over the question: {report}"
+    );
+    // Each question starts on a line of its own, the progress line cleared before it.
+    let seen = report["seen"].as_str().unwrap();
+    let questions: Vec<&str> = seen.split("input requested: ").collect();
+    assert_eq!(questions.len(), 5, "{seen}");
+    for before in &questions[..4] {
+        let line = before.rsplit(['\n', '\x1b']).next().unwrap_or_default();
+        assert!(
+            line.trim_start_matches("[2K").trim().is_empty(),
+            "a question shares its line with `{line}`: {seen}"
+        );
+    }
+}
