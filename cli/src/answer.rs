@@ -3,7 +3,7 @@
 //! from its flags (`--approve`, `--deny`, `--input`, `--input-file`), checked against the
 //! run's pending requests before any is stored.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -273,14 +273,20 @@ fn ask(request: &InputRequest, input: &mut impl BufRead, out: &mut impl Write) -
         };
         let _ = write!(out, "{question}");
         let _ = out.flush();
-        let line = read_line(input)?;
+        let line = match read_line(input)? {
+            Ok(line) => line,
+            Err(problem) => {
+                let _ = writeln!(out, "{problem}");
+                continue;
+            }
+        };
         let reply = match request.kind {
             RequestKind::Approval => match line.trim().to_ascii_lowercase().as_str() {
                 "y" | "yes" => Some(approve(true, None)),
                 "n" | "no" => {
                     let _ = write!(out, "reason (optional): ");
                     let _ = out.flush();
-                    let reason = read_line(input).unwrap_or_default();
+                    let reason = read_line(input).and_then(Result::ok).unwrap_or_default();
                     let reason = reason.trim();
                     Some(approve(
                         false,
@@ -289,7 +295,7 @@ fn ask(request: &InputRequest, input: &mut impl BufRead, out: &mut impl Write) -
                 }
                 _ => None,
             },
-            _ => Some(Reply::Value(typed(&line))),
+            _ => Some(Reply::Value(typed(request, &line))),
         };
         match reply.map(|reply| request.check(&reply).map(|()| reply)) {
             Some(Ok(reply)) => return Some(reply),
@@ -304,18 +310,51 @@ fn ask(request: &InputRequest, input: &mut impl BufRead, out: &mut impl Write) -
 }
 
 /// A line read as JSON when it is JSON, else as text.
-fn typed(line: &str) -> Json {
+/// Except that a line that is JSON but fails the request's schema, which the line as
+/// text would satisfy, is the text: `42` answers a question whose schema is a string.
+fn typed(request: &InputRequest, line: &str) -> Json {
     let line = line.trim_end_matches(['\n', '\r']);
-    serde_json::from_str(line).unwrap_or_else(|_| Json::String(line.to_owned()))
+    let text = Json::String(line.to_owned());
+    match serde_json::from_str::<Json>(line) {
+        Ok(json)
+            if request.check(&Reply::Value(json.clone())).is_err()
+                && request.check(&Reply::Value(text.clone())).is_ok() =>
+        {
+            text
+        }
+        Ok(json) => json,
+        Err(_) => text,
+    }
 }
 
+/// The longest line the terminal reads: an answer's limit, and its line break.
+const MAX_LINE: u64 = aplc_vm::human::MAX_ANSWER_BYTES as u64 + 2;
+
 /// A line of input without its end; `None` at the end of input (or an unreadable one).
-fn read_line(input: &mut impl BufRead) -> Option<String> {
-    let mut line = String::new();
-    match input.read_line(&mut line) {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(line.trim_end_matches(['\n', '\r']).to_owned()),
+/// A line longer than [`MAX_LINE`] is an error, skipped in pieces of that size, so
+/// memory stays bounded however long it is; invalid UTF-8 is replaced.
+fn read_line(input: &mut impl BufRead) -> Option<Result<String, String>> {
+    let mut bytes = Vec::new();
+    match input.by_ref().take(MAX_LINE).read_until(b'\n', &mut bytes) {
+        Ok(0) | Err(_) => return None,
+        Ok(_) => {}
     }
+    if bytes.last() != Some(&b'\n') && bytes.len() as u64 == MAX_LINE {
+        loop {
+            bytes.clear();
+            match input.by_ref().take(MAX_LINE).read_until(b'\n', &mut bytes) {
+                Ok(0) | Err(_) => break,
+                Ok(_) if bytes.last() == Some(&b'\n') => break,
+                Ok(_) => {}
+            }
+        }
+        return Some(Err(format!(
+            "that line is longer than an answer may be ({} bytes)",
+            aplc_vm::human::MAX_ANSWER_BYTES
+        )));
+    }
+    let line = String::from_utf8_lossy(&bytes);
+    Some(Ok(line.trim_end_matches(['\n', '\r']).to_owned()))
 }
 
 /// What a person reads about a request.
@@ -389,6 +428,27 @@ mod tests {
             Some(Reply::Value(json!("hello there")))
         );
         assert_eq!(asked(&text, "").0, None, "end of input answers nothing");
+    }
+
+    #[test]
+    fn a_line_that_fails_the_schema_as_json_may_fit_as_text() {
+        let text = request(RequestKind::Tool, Some(json!({"type": "string"})));
+        assert_eq!(asked(&text, "42\n").0, Some(Reply::Value(json!("42"))));
+        assert_eq!(asked(&text, "\"42\"\n").0, Some(Reply::Value(json!("42"))));
+        let any = request(RequestKind::Input, None);
+        assert_eq!(asked(&any, "42\n").0, Some(Reply::Value(json!(42))));
+        let number = request(RequestKind::Input, Some(json!({"type": "number"})));
+        assert_eq!(asked(&number, "x\n42\n").0, Some(Reply::Value(json!(42))));
+    }
+
+    #[test]
+    fn a_line_longer_than_an_answer_is_refused_and_skipped_in_bounded_pieces() {
+        let any = request(RequestKind::Input, None);
+        let mut typed_in = "x".repeat(3 * MAX_LINE as usize + 7);
+        typed_in.push_str("\nshort\n");
+        let (reply, shown) = asked(&any, &typed_in);
+        assert_eq!(reply, Some(Reply::Value(json!("short"))));
+        assert!(shown.contains("longer than an answer may be"), "{shown}");
     }
 
     #[test]
