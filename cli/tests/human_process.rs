@@ -408,6 +408,43 @@ fn postgres_a_kill_after_an_answer_repeats_no_call_and_asks_nothing_again() {
     killed_after_an_answer("pg-kill", &store);
 }
 
+/// A resume refused for its flags (here: the tool flags forgotten) stores none of the
+/// answers it was given: the same command, corrected, takes them.
+#[test]
+fn a_refused_resume_stores_no_answer() {
+    let dir = fixture("refused-resume");
+    let model = Model::start();
+    let store = format!("sqlite:{}", dir.join("runs.db").display());
+    exits(
+        &mut aplc_on(
+            &dir,
+            &model,
+            &store,
+            &["run", "refund.apl", "--run-id", "r"],
+        ),
+        4,
+    );
+    let forgot_tools = &[
+        "resume",
+        "r",
+        "--store",
+        &store,
+        "--base-url",
+        &model.url,
+        "--approve",
+        "1-2",
+    ];
+    let out = exits(&mut aplc!(&dir, forgot_tools), 2);
+    assert!(stderr(&out).contains("tools differ"), "{}", stderr(&out));
+    let out = exits(
+        &mut aplc_on(&dir, &model, &store, &["resume", "r", "--approve", "1-2"]),
+        4,
+    );
+    let err = stderr(&out);
+    assert!(err.contains("waiting for input: 1-3"), "{err}");
+    assert!(!err.contains("waiting for input: 1-2"), "{err}");
+}
+
 // ---------------------------------------------------------------------------------------
 // A person at a terminal: aplc on a pseudo-terminal (python3's `pty`).
 
