@@ -998,6 +998,7 @@ async fn one_entry_rows_of_an_older_store_still_read(backend: Backend) {
     let events = events_json(0..9);
     let mut old = String::from(
         "ALTER TABLE inputs DROP COLUMN n; ALTER TABLE events DROP COLUMN n;
+         DROP INDEX run_queue_ready; DROP INDEX run_queue_wake;
          DROP TABLE answers; ALTER TABLE runs DROP COLUMN pending;
          ALTER TABLE run_queue DROP COLUMN waiting; ALTER TABLE run_queue DROP COLUMN wake_at_ms;
          UPDATE aplc_meta SET value = '2' WHERE key = 'schema_version';",

@@ -241,10 +241,18 @@ impl Batch {
         None
     }
 
-    /// What the batch holds: inputs, and bytes of inputs and events.
+    /// What the batch holds: inputs, and bytes of inputs, events and pending requests
+    /// (as the JSON text the store keeps; only a pausing batch has any).
     pub(crate) fn size(&self) -> (usize, usize) {
+        let pending = self.pending.as_deref().map_or(0, |pending| {
+            pending
+                .iter()
+                .map(|r| r.to_string().len() + 1)
+                .sum::<usize>()
+        });
         let bytes = self.inputs.iter().map(Vec::len).sum::<usize>()
-            + self.events.iter().map(String::len).sum::<usize>();
+            + self.events.iter().map(String::len).sum::<usize>()
+            + pending;
         (self.inputs.len(), bytes)
     }
 }
@@ -304,47 +312,6 @@ pub trait RunJournal: Send + Sync + std::fmt::Debug {
 
 /// The most JSON text one stored answer may hold (`aplc_vm::human::MAX_ANSWER_BYTES`).
 pub const MAX_ANSWER_BYTES: usize = aplc_vm::human::MAX_ANSWER_BYTES;
-
-/// An answer's stored text, refused past [`MAX_ANSWER_BYTES`].
-pub(crate) fn answer_text(answer: &serde_json::Value) -> Result<String, StoreError> {
-    let text = answer.to_string();
-    if text.len() > MAX_ANSWER_BYTES {
-        return Err(StoreError::TooLarge(format!(
-            "an answer of {} bytes of JSON; at most {MAX_ANSWER_BYTES} are stored",
-            text.len()
-        )));
-    }
-    Ok(text)
-}
-
-/// The `pending` column: a JSON list of requests, or NULL for none.
-pub(crate) fn pending_column(text: Option<&str>) -> Result<Vec<serde_json::Value>, StoreError> {
-    match text {
-        None => Ok(Vec::new()),
-        Some(text) => match sql::json_column(text, "the pending requests")? {
-            serde_json::Value::Array(items) => Ok(items),
-            _ => Err(StoreError::Corrupt(
-                "the pending requests are not a list".into(),
-            )),
-        },
-    }
-}
-
-/// The ids of stored requests.
-pub(crate) fn pending_ids(pending: &[serde_json::Value]) -> Vec<String> {
-    pending
-        .iter()
-        .filter_map(|request| request.get("id")?.as_str().map(str::to_owned))
-        .collect()
-}
-
-/// When a waiting run must be woken: its first request's timeout (`expires_at_ms`).
-pub(crate) fn wake_at(pending: &[serde_json::Value]) -> Option<i64> {
-    pending
-        .iter()
-        .filter_map(|request| request.get("expires_at_ms")?.as_i64())
-        .min()
-}
 
 /// What [`RunJournal::answer`] did with an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -720,6 +687,23 @@ mod tests {
             outcome: None,
             pending: None,
         }
+    }
+
+    /// The later batch's pending requests replace the earlier's; `None` keeps them. Their
+    /// JSON counts in the batch's bytes (the driver's bound on what waits for a commit).
+    #[test]
+    fn a_batchs_pending_requests_are_the_latest_and_count_in_its_size() {
+        let request = serde_json::json!({"id": "1-1", "kind": "input", "prompt": "?"});
+        let mut first = batch(0, 1, false);
+        let plain = first.size().1;
+        first.pending = Some(vec![request.clone()]);
+        assert!(first.size().1 > plain + request.to_string().len() - 1);
+        assert!(first.absorb(batch(1, 1, false)).is_none());
+        assert_eq!(first.pending, Some(vec![request]));
+        let mut cleared = batch(2, 0, false);
+        cleared.pending = Some(Vec::new());
+        assert!(first.absorb(cleared).is_none());
+        assert_eq!(first.pending, Some(Vec::new()));
     }
 
     /// Groups merge as if appended one after the other, but never two checkpoints (each

@@ -281,13 +281,13 @@ async fn store_answer(
     };
     let state: String = row.get(0);
     let pending = match crate::store::pending_column(row.get::<_, Option<String>>(1).as_deref()) {
-        Ok(pending) => crate::store::pending_ids(&pending),
+        Ok(pending) => pending,
         Err(e) => return Ok(Err(e)),
     };
     if state == RunState::Finished.as_str() {
         return Ok(Ok(Answered::Finished));
     }
-    let given: Vec<String> = tx
+    let mut given: Vec<String> = tx
         .query(
             "SELECT request_id FROM answers WHERE run_id = $1",
             &[&run_id],
@@ -299,7 +299,8 @@ async fn store_answer(
     if given.iter().any(|id| id == request_id) {
         return Ok(Ok(Answered::AlreadyAnswered));
     }
-    if !pending.iter().any(|id| id == request_id) {
+    let ids = crate::store::pending_ids(&pending);
+    if !ids.iter().any(|id| id == request_id) {
         return Ok(Ok(Answered::UnknownRequest));
     }
     let inserted = tx
@@ -312,17 +313,16 @@ async fn store_answer(
     if inserted == 0 {
         return Ok(Ok(Answered::AlreadyAnswered));
     }
-    let unanswered: Vec<String> = pending
-        .into_iter()
-        .filter(|id| id != request_id && !given.contains(id))
-        .collect();
-    if unanswered.is_empty() {
-        // Every request has its answer: a worker may take the run again.
-        tx.execute(
-            "UPDATE run_queue SET waiting = FALSE WHERE run_id = $1",
-            &[&run_id],
-        )
-        .await?;
-    }
-    Ok(Ok(Answered::Accepted { unanswered }))
+    given.push(request_id.to_owned());
+    // With every request answered a worker may take the run again; else the next
+    // wake-up is the first timeout of those still open.
+    let (waiting, wake_at) = crate::store::wait_state(&pending, &given);
+    tx.execute(
+        "UPDATE run_queue SET waiting = $2, wake_at_ms = $3 WHERE run_id = $1",
+        &[&run_id, &waiting, &wake_at],
+    )
+    .await?;
+    Ok(Ok(Answered::Accepted {
+        unanswered: ids.into_iter().filter(|id| !given.contains(id)).collect(),
+    }))
 }

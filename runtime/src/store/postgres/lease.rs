@@ -123,8 +123,10 @@ impl PgStore {
 
 /// Claims the oldest run never claimed, in one statement on the lock connection (whose
 /// session then holds the run's advisory lock). The candidate is found through the index
-/// of open runs, passing over the few running ones at its head, without looking at
-/// anyone's locks; `SKIP LOCKED` passes over a row another claim is taking this instant.
+/// of open runs that do not wait for a person (`run_queue_ready`: a waiting run is a
+/// claimed one, and there may be many), passing over the few running ones at its head,
+/// without looking at anyone's locks; `SKIP LOCKED` passes over a row another claim is
+/// taking this instant.
 /// Its lock is tried on that one row (the `LIMIT` is applied before the lock function:
 /// the materialized CTE) and the row is marked claimed either way: a lock that another
 /// session holds means the run is someone's already (a `claimed` flag lost with an
@@ -132,7 +134,7 @@ impl PgStore {
 pub(super) const CLAIM_NEW: &str = concat!(
     "WITH candidate AS (
          SELECT run_id FROM run_queue
-         WHERE final_status IS NULL AND NOT claimed
+         WHERE final_status IS NULL AND NOT claimed AND NOT waiting
          ORDER BY enqueued_at_ms, run_id
          LIMIT 1
          FOR UPDATE SKIP LOCKED),

@@ -20,7 +20,11 @@ use crate::store::{
 pub(super) type PendingEnqueue = (QueuedRun, oneshot::Sender<Result<Enqueued, StoreError>>);
 
 /// Claimed runs no live session holds the advisory lock of (a worker's locks vanish with
-/// its connection), oldest first.
+/// its connection), oldest first. A run that waits for a person holds no lock either: it
+/// is passed over until its answers clear `waiting`, or until its first open request's
+/// timeout (`$1`: now) passes and it is woken for a worker to apply it (spec/human.md).
+/// Each arm of the `OR` is served by an index that leaves the other runs out
+/// (`run_queue_ready`, `run_queue_wake`), so runs waiting for days are not walked.
 const CLAIM_ABANDONED: &str = "WITH held AS (
          SELECT (l.classid::BIGINT << 32) | l.objid::BIGINT AS key
          FROM pg_locks l
@@ -28,7 +32,7 @@ const CLAIM_ABANDONED: &str = "WITH held AS (
            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
      SELECT q.run_id FROM run_queue q
      WHERE q.final_status IS NULL AND q.claimed
-       AND (NOT q.waiting OR q.wake_at_ms <= $1)
+       AND (NOT q.waiting OR (q.waiting AND q.wake_at_ms <= $1))
        AND hashtextextended('aplc-run:' || q.run_id, 0) NOT IN (SELECT key FROM held)
      ORDER BY q.enqueued_at_ms, q.run_id
      LIMIT 16

@@ -72,7 +72,8 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         4,
         // People in the loop (spec/human.md): as SQLite's version 4. `n` orders answers
-        // as they were stored.
+        // as they were stored. The claims' indexes leave waiting runs out (`CLAIM_NEW`)
+        // or hold only them (`CLAIM_ABANDONED`'s woken runs).
         "ALTER TABLE runs ADD COLUMN pending TEXT;
      CREATE TABLE answers (
          run_id TEXT NOT NULL,
@@ -83,7 +84,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
          PRIMARY KEY (run_id, request_id)
      );
      ALTER TABLE run_queue ADD COLUMN waiting BOOLEAN NOT NULL DEFAULT FALSE;
-     ALTER TABLE run_queue ADD COLUMN wake_at_ms BIGINT;",
+     ALTER TABLE run_queue ADD COLUMN wake_at_ms BIGINT;
+     CREATE INDEX run_queue_ready ON run_queue (enqueued_at_ms, run_id)
+         WHERE final_status IS NULL AND NOT waiting;
+     CREATE INDEX run_queue_wake ON run_queue (wake_at_ms)
+         WHERE final_status IS NULL AND waiting;",
     ),
 ];
 

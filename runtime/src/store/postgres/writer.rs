@@ -202,11 +202,10 @@ struct GroupRows<'a> {
     up_state: Vec<&'static str>,
     up_outcome: Vec<Option<String>>,
     /// Runs whose pending requests change (`Batch::pending`): the list as JSON text (NULL
-    /// for none), whether the run waits, and when its first request times out.
+    /// for none), and the requests.
     pd_id: Vec<&'a str>,
     pd_text: Vec<Option<String>>,
-    pd_waiting: Vec<bool>,
-    pd_wake: Vec<Option<i64>>,
+    pd_requests: Vec<&'a [serde_json::Value]>,
 }
 
 impl<'a> GroupRows<'a> {
@@ -279,17 +278,20 @@ impl<'a> GroupRows<'a> {
     }
 
     /// The requests run `id` waits on (`Batch::pending`).
-    fn add_pending(&mut self, id: &'a str, pending: &[serde_json::Value]) {
+    fn add_pending(&mut self, id: &'a str, pending: &'a [serde_json::Value]) {
         self.pd_id.push(id);
         self.pd_text.push(
             (!pending.is_empty()).then(|| serde_json::Value::from(pending.to_vec()).to_string()),
         );
-        self.pd_waiting.push(!pending.is_empty());
-        self.pd_wake.push(crate::store::wake_at(pending));
+        self.pd_requests.push(pending);
     }
 
-    /// The pending requests of the runs that changed them (spec/human.md); a waiting run
-    /// is not claimable.
+    /// The pending requests of the runs that changed them (spec/human.md), and in the
+    /// queue whether each waits (is not claimable) and when its first open request times
+    /// out. The answers are read after the runs' rows are updated (locked): an answer
+    /// committed before is seen (each statement reads anew), and one not yet committed
+    /// waits for this transaction on the run's row (`store_answer`), so a run is never
+    /// left waiting on requests all answered.
     async fn update_pending(
         &self,
         tx: &Transaction<'_>,
@@ -308,6 +310,27 @@ impl<'a> GroupRows<'a> {
             &[&self.pd_id, &self.pd_text],
         )
         .await?;
+        let answered = tx
+            .query(
+                &st.get(
+                    tx,
+                    "SELECT run_id, request_id FROM answers WHERE run_id = ANY($1::TEXT[])",
+                )
+                .await?,
+                &[&self.pd_id],
+            )
+            .await?;
+        let (mut waiting, mut wake) = (Vec::new(), Vec::new());
+        for (id, pending) in self.pd_id.iter().zip(&self.pd_requests) {
+            let given: Vec<String> = answered
+                .iter()
+                .filter(|row| row.get::<_, &str>(0) == *id)
+                .map(|row| row.get(1))
+                .collect();
+            let (waits, wake_at) = crate::store::wait_state(pending, &given);
+            waiting.push(waits);
+            wake.push(wake_at);
+        }
         tx.execute(
             &st.get(
                 tx,
@@ -316,7 +339,7 @@ impl<'a> GroupRows<'a> {
              WHERE q.run_id = t.id",
             )
             .await?,
-            &[&self.pd_id, &self.pd_waiting, &self.pd_wake],
+            &[&self.pd_id, &waiting, &wake],
         )
         .await?;
         Ok(())

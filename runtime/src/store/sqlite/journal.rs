@@ -159,11 +159,11 @@ impl RunJournal for SqliteStore {
     }
 }
 
-/// The run's pending request ids and state, or `None` for no such run.
-fn pending_ids(
+/// The run's state and pending requests, or `None` for no such run.
+fn pending_requests(
     tx: &Connection,
     run_id: &str,
-) -> Result<Option<(RunState, Vec<String>)>, StoreError> {
+) -> Result<Option<(RunState, Vec<serde_json::Value>)>, StoreError> {
     let row: Option<(String, Option<String>)> = tx
         .prepare_cached("SELECT state, pending FROM runs WHERE id = ?1")
         .and_then(|mut s| {
@@ -174,8 +174,8 @@ fn pending_ids(
     let Some((state, pending)) = row else {
         return Ok(None);
     };
-    let ids = crate::store::pending_ids(&pending_column(pending.as_deref())?);
-    Ok(Some((RunState::from_column(&state)?, ids)))
+    let pending = pending_column(pending.as_deref())?;
+    Ok(Some((RunState::from_column(&state)?, pending)))
 }
 
 /// The run's stored answers (request id, answer text), in the order they were stored.
@@ -189,6 +189,33 @@ fn answered(tx: &Connection, run_id: &str) -> Result<Vec<(String, String)>, Stor
     rows.map(|row| row.map_err(db_error)).collect()
 }
 
+/// The ids of the requests of the run that have a stored answer (without reading the
+/// answers, up to a MiB each).
+pub(super) fn answered_ids(tx: &Connection, run_id: &str) -> Result<Vec<String>, StoreError> {
+    let mut stmt = tx
+        .prepare_cached("SELECT request_id FROM answers WHERE run_id = ?1")
+        .map_err(db_error)?;
+    let rows = stmt
+        .query_map(params![run_id], |row| row.get(0))
+        .map_err(db_error)?;
+    rows.map(|row| row.map_err(db_error)).collect()
+}
+
+/// Sets the queue's `waiting` and `wake_at_ms` of run `run_id` (no row: not a queued
+/// run, nothing to do) for its `pending` requests and the answers stored.
+pub(super) fn store_wait_state(
+    tx: &Connection,
+    run_id: &str,
+    pending: &[serde_json::Value],
+    answered: &[String],
+) -> Result<(), StoreError> {
+    let (waiting, wake_at) = crate::store::wait_state(pending, answered);
+    tx.prepare_cached("UPDATE run_queue SET waiting = ?2, wake_at_ms = ?3 WHERE run_id = ?1")
+        .and_then(|mut s| s.execute(params![run_id, waiting, wake_at]))
+        .map_err(db_error)?;
+    Ok(())
+}
+
 /// [`RunJournal::answer`] in the writer's transaction: one answer per request, the first.
 fn store_answer(
     tx: &Connection,
@@ -197,17 +224,18 @@ fn store_answer(
     text: &str,
     now: i64,
 ) -> Result<Answered, StoreError> {
-    let Some((state, pending)) = pending_ids(tx, run_id)? else {
+    let Some((state, pending)) = pending_requests(tx, run_id)? else {
         return Ok(Answered::UnknownRun);
     };
     if state == RunState::Finished {
         return Ok(Answered::Finished);
     }
-    let given = answered(tx, run_id)?;
-    if given.iter().any(|(id, _)| id == request_id) {
+    let mut given = answered_ids(tx, run_id)?;
+    if given.iter().any(|id| id == request_id) {
         return Ok(Answered::AlreadyAnswered);
     }
-    if !pending.iter().any(|id| id == request_id) {
+    let ids = crate::store::pending_ids(&pending);
+    if !ids.iter().any(|id| id == request_id) {
         return Ok(Answered::UnknownRequest);
     }
     tx.prepare_cached(
@@ -215,17 +243,13 @@ fn store_answer(
     )
     .and_then(|mut s| s.execute(params![run_id, request_id, text, now]))
     .map_err(db_error)?;
-    let unanswered: Vec<String> = pending
-        .into_iter()
-        .filter(|id| id != request_id && !given.iter().any(|(done, _)| done == id))
-        .collect();
-    if unanswered.is_empty() {
-        // Every request has its answer: a service's worker may take the run again.
-        tx.prepare_cached("UPDATE run_queue SET waiting = 0 WHERE run_id = ?1")
-            .and_then(|mut s| s.execute(params![run_id]))
-            .map_err(db_error)?;
-    }
-    Ok(Answered::Accepted { unanswered })
+    given.push(request_id.to_owned());
+    // With every request answered a service's worker may take the run again; else the
+    // next wake-up is the first timeout of those still open.
+    store_wait_state(tx, run_id, &pending, &given)?;
+    Ok(Answered::Accepted {
+        unanswered: ids.into_iter().filter(|id| !given.contains(id)).collect(),
+    })
 }
 
 /// The stored answers to the run's pending requests, in the order they were stored.
@@ -233,9 +257,10 @@ fn pending_answers(
     tx: &Connection,
     run_id: &str,
 ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
-    let Some((_, pending)) = pending_ids(tx, run_id)? else {
+    let Some((_, pending)) = pending_requests(tx, run_id)? else {
         return Err(StoreError::NotFound(run_id.to_owned()));
     };
+    let pending = crate::store::pending_ids(&pending);
     answered(tx, run_id)?
         .into_iter()
         .filter(|(id, _)| pending.contains(id))

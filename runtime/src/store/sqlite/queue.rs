@@ -199,6 +199,29 @@ struct Claimant {
     writer: Writer,
 }
 
+/// The new runs, oldest first: in the order of the index `run_queue_ready`, so the first
+/// row is the one taken (a run that waits for a person is always a claimed one).
+const CLAIM_NEW: &str = "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
+     FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+     WHERE q.final_status IS NULL AND q.waiting = 0 AND q.claimed = 0
+     ORDER BY q.enqueued_at_ms, q.run_id";
+
+/// The claimed runs, oldest first, for the holder test: those that do not wait for a
+/// person (running, or left by a dead worker), and those that wait but whose first
+/// request's timeout has passed (`?1`: now), woken for their worker to apply it
+/// (spec/human.md). The others wait for their answers, however many: each part reads
+/// an index of its own (`run_queue_ready`, `run_queue_wake`) and the sort is of the
+/// few rows found.
+const CLAIM_TAKEN: &str = "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
+     FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+     WHERE q.rowid IN (
+         SELECT rowid FROM run_queue
+         WHERE final_status IS NULL AND waiting = 0 AND claimed = 1
+         UNION ALL
+         SELECT rowid FROM run_queue
+         WHERE final_status IS NULL AND waiting = 1 AND wake_at_ms <= ?1)
+     ORDER BY q.enqueued_at_ms, q.run_id";
+
 /// Takes the lease of the oldest open run `scan` looks for: new (never claimed), or
 /// claimed with its holder gone. New runs have no lease to look at, so that scan touches
 /// no holder file.
@@ -217,17 +240,14 @@ fn claim_run(
 ) -> Result<Option<ClaimedRow>, StoreError> {
     let abandoned = scan == Scan::Abandoned;
     let mut stmt = tx
-        .prepare_cached(
-            "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
-             FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
-             WHERE q.final_status IS NULL AND q.claimed = ?1
-               AND (q.waiting = 0 OR q.wake_at_ms <= ?2)
-             ORDER BY q.enqueued_at_ms, q.run_id",
-        )
+        .prepare_cached(if abandoned { CLAIM_TAKEN } else { CLAIM_NEW })
         .map_err(db_error)?;
-    // A run waiting for a person is left alone until its last answer (or its first
-    // timeout) makes it claimable again (spec/human.md).
-    let mut rows = stmt.query(params![abandoned, now]).map_err(db_error)?;
+    let mut rows = if abandoned {
+        stmt.query(params![now])
+    } else {
+        stmt.query([])
+    }
+    .map_err(db_error)?;
     while let Some(row) = rows.next().map_err(db_error)? {
         let id: String = row.get(0).map_err(db_error)?;
         let holder: Option<String> = row.get(1).map_err(db_error)?;

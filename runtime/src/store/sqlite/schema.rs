@@ -81,7 +81,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         // People in the loop (spec/human.md): the requests a run waits on, the answers
         // given (the first per request wins: the primary key), and in the queue whether
-        // a run waits (not claimable) and when its first request times out.
+        // a run waits (not claimable) and when its first open request times out. The
+        // claims read two indexes (`queue.rs`), so that runs waiting for days, however
+        // many, are not walked by every claim.
         "ALTER TABLE runs ADD COLUMN pending TEXT;
      CREATE TABLE answers (
          run_id TEXT NOT NULL,
@@ -91,7 +93,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
          PRIMARY KEY (run_id, request_id)
      );
      ALTER TABLE run_queue ADD COLUMN waiting INTEGER NOT NULL DEFAULT 0;
-     ALTER TABLE run_queue ADD COLUMN wake_at_ms INTEGER;",
+     ALTER TABLE run_queue ADD COLUMN wake_at_ms INTEGER;
+     CREATE INDEX run_queue_ready ON run_queue (waiting, claimed, enqueued_at_ms, run_id)
+         WHERE final_status IS NULL;
+     CREATE INDEX run_queue_wake ON run_queue (waiting, wake_at_ms)
+         WHERE final_status IS NULL;",
     ),
 ];
 
@@ -107,7 +113,16 @@ pub(super) fn read_as_current(conn: &Connection, version: i64) -> Result<(), Sto
          CREATE TEMP TABLE answers (run_id TEXT, request_id TEXT, answer TEXT,
                                     stored_at_ms INTEGER);",
     )
-    .map_err(db_error)
+    .map_err(db_error)?;
+    if version >= 2 {
+        // The queue came with version 2: its runs read as not waiting.
+        conn.execute_batch(
+            "CREATE TEMP VIEW run_queue AS
+             SELECT *, 0 AS waiting, NULL AS wake_at_ms FROM main.run_queue;",
+        )
+        .map_err(db_error)?;
+    }
+    Ok(())
 }
 
 /// Refuses a path that names something other than a regular file (a device such as

@@ -261,7 +261,9 @@ fn append_batch(tx: &Connection, id: &str, batch: &Batch, now: i64) -> Result<()
 }
 
 /// Stores the requests the run waits on (none: it goes on), and in the queue whether it
-/// waits and when its first request times out (`spec/human.md`).
+/// waits and when its first open request times out (`spec/human.md`). The answers are
+/// read in this transaction: one stored before (a run paused again after some of its
+/// requests were answered, or all of them while its worker was letting it go) counts.
 fn store_pending(
     tx: &Connection,
     id: &str,
@@ -271,16 +273,12 @@ fn store_pending(
     tx.prepare_cached("UPDATE runs SET pending = ?2 WHERE id = ?1")
         .and_then(|mut s| s.execute(params![id, text]))
         .map_err(db_error)?;
-    tx.prepare_cached("UPDATE run_queue SET waiting = ?2, wake_at_ms = ?3 WHERE run_id = ?1")
-        .and_then(|mut s| {
-            s.execute(params![
-                id,
-                !pending.is_empty(),
-                crate::store::wake_at(pending)
-            ])
-        })
-        .map_err(db_error)?;
-    Ok(())
+    let answered = if pending.is_empty() {
+        Vec::new()
+    } else {
+        super::journal::answered_ids(tx, id)?
+    };
+    super::journal::store_wait_state(tx, id, pending, &answered)
 }
 
 /// Why the run's row refused a batch: no such run, finished, or out of sequence.
