@@ -97,7 +97,7 @@ impl AnswerArgs {
             .map_err(|e| Failure::run(e.to_string()))?;
         let by = ask.by();
         let mut answers = Vec::new();
-        for (id, reply) in given {
+        for (id, given) in given {
             if stored.iter().any(|(answered, _)| *answered == id) {
                 return Err(Failure::usage(format!(
                     "request `{}` is already answered",
@@ -111,6 +111,10 @@ impl AnswerArgs {
                     escape_control(&id),
                     waiting_for(&pending)
                 )));
+            };
+            let reply = match given {
+                Given::Reply(reply) => reply,
+                Given::Entry(entry) => entry_reply(&request.request, entry)?,
             };
             request.request.check(&reply).map_err(Failure::usage)?;
             answers.push(HumanAnswer {
@@ -143,17 +147,17 @@ impl AnswerArgs {
     }
 
     /// The answers given, in flag order: approvals, denials, inputs, then the file's.
-    fn given(&self) -> Result<Vec<(String, Reply)>, Failure> {
-        let mut given: Vec<(String, Reply)> = Vec::new();
+    fn given(&self) -> Result<Vec<(String, Given)>, Failure> {
+        let mut given: Vec<(String, Given)> = Vec::new();
         for id in &self.approve {
-            given.push((id.clone(), approve(true, None)));
+            given.push((id.clone(), Given::Reply(approve(true, None))));
         }
         for deny in &self.deny {
             let (id, reason) = match deny.split_once('=') {
                 Some((id, reason)) => (id, Some(reason.to_owned())),
                 None => (deny.as_str(), None),
             };
-            given.push((id.to_owned(), approve(false, reason)));
+            given.push((id.to_owned(), Given::Reply(approve(false, reason))));
         }
         for input in &self.input {
             let Some((id, json)) = input.split_once('=') else {
@@ -168,7 +172,7 @@ impl AnswerArgs {
                     escape_control(id)
                 ))
             })?;
-            given.push((id.to_owned(), Reply::Value(value)));
+            given.push((id.to_owned(), Given::Reply(Reply::Value(value))));
         }
         if let Some(file) = &self.input_file {
             let text = crate::input::read_json(file)?;
@@ -176,15 +180,13 @@ impl AnswerArgs {
                 serde_json::from_str(&text).map_err(|e| {
                     Failure::usage(format!("{}: not a JSON object: {e}", file.display()))
                 })?;
-            for (id, answer) in answers {
-                let reply = match &answer {
-                    Json::Bool(approved) => approve(*approved, None),
-                    Json::Object(map) if map.contains_key("approve") => reply_from_json(&answer)
-                        .map_err(|e| Failure::usage(format!("{}: `{id}`: {e}", file.display())))?,
-                    _ => Reply::Value(answer),
-                };
-                given.push((id, reply));
-            }
+            // Read once the request's kind is known: `true` approves an approval and is
+            // the value of a question whose schema is a boolean.
+            given.extend(
+                answers
+                    .into_iter()
+                    .map(|(id, answer)| (id, Given::Entry(answer))),
+            );
         }
         let mut ids: Vec<&str> = given.iter().map(|(id, _)| id.as_str()).collect();
         ids.sort_unstable();
@@ -196,6 +198,36 @@ impl AnswerArgs {
         }
         Ok(given)
     }
+}
+
+/// An answer as given: a reply (the flags), or an entry of `--input-file`, which the
+/// kind of the request it answers reads.
+#[derive(Debug, PartialEq)]
+enum Given {
+    Reply(Reply),
+    Entry(Json),
+}
+
+/// An `--input-file` entry's reply to `request`: `true`/`false` or `{"approve",
+/// "reason"}` for an approval, the value itself for the others.
+fn entry_reply(request: &InputRequest, entry: Json) -> Result<Reply, Failure> {
+    if request.kind != RequestKind::Approval {
+        return Ok(Reply::Value(entry));
+    }
+    match &entry {
+        Json::Bool(approved) => return Ok(approve(*approved, None)),
+        Json::Object(_) => {
+            if let Ok(reply @ Reply::Approve { .. }) = reply_from_json(&entry) {
+                return Ok(reply);
+            }
+        }
+        _ => {}
+    }
+    Err(Failure::usage(format!(
+        "request `{}` asks for an approval: answer it with true, false or \
+         {{\"approve\": true|false, \"reason\": \"…\"}}",
+        escape_control(&request.id)
+    )))
 }
 
 fn approve(approved: bool, reason: Option<String>) -> Reply {
@@ -431,6 +463,38 @@ mod tests {
     }
 
     #[test]
+    fn file_entries_are_read_by_the_kind_of_their_request() {
+        let entry = |kind, json: Json| {
+            entry_reply(&request(kind, None), json).map_err(|failure| failure.message)
+        };
+        let approval = RequestKind::Approval;
+        assert_eq!(entry(approval, json!(true)), Ok(approve(true, None)));
+        assert_eq!(
+            entry(approval, json!({"approve": false, "reason": "no"})),
+            Ok(approve(false, Some("no".into())))
+        );
+        for bad in [
+            json!("yes"),
+            json!({"value": 1}),
+            json!({"timed_out": true}),
+        ] {
+            assert!(
+                entry(approval, bad)
+                    .unwrap_err()
+                    .contains("asks for an approval")
+            );
+        }
+        assert_eq!(
+            entry(RequestKind::Input, json!(true)),
+            Ok(Reply::Value(json!(true)))
+        );
+        assert_eq!(
+            entry(RequestKind::Tool, json!({"approve": true})),
+            Ok(Reply::Value(json!({"approve": true})))
+        );
+    }
+
+    #[test]
     fn a_line_that_fails_the_schema_as_json_may_fit_as_text() {
         let text = request(RequestKind::Tool, Some(json!({"type": "string"})));
         assert_eq!(asked(&text, "42\n").0, Some(Reply::Value(json!("42"))));
@@ -462,12 +526,16 @@ mod tests {
         let Ok(given) = args.given() else {
             panic!("the flags read");
         };
+        let reply = |r| Given::Reply(r);
         assert_eq!(
             given[1],
-            ("1-2".into(), approve(false, Some("over budget".into())))
+            (
+                "1-2".into(),
+                reply(approve(false, Some("over budget".into())))
+            )
         );
-        assert_eq!(given[2], ("1-3".into(), approve(false, None)));
-        assert_eq!(given[3], ("2-0".into(), Reply::Value(json!(true))));
+        assert_eq!(given[2], ("1-3".into(), reply(approve(false, None))));
+        assert_eq!(given[3], ("2-0".into(), reply(Reply::Value(json!(true)))));
         let twice = AnswerArgs {
             approve: vec!["1-1".into()],
             deny: vec!["1-1".into()],

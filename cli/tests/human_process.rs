@@ -445,6 +445,38 @@ fn a_refused_resume_stores_no_answer() {
     assert!(!err.contains("waiting for input: 1-2"), "{err}");
 }
 
+/// `--input-file` reads each entry by the kind of its request: `true` approves an
+/// approval and answers a yes-or-no question (a boolean schema) with `true`.
+#[test]
+fn an_input_file_answers_by_the_kind_of_each_request() {
+    let dir = fixture("input-file");
+    let model = Model::start();
+    let store = format!("sqlite:{}", dir.join("runs.db").display());
+    let resume = |file: &str, json: Json| {
+        std::fs::write(dir.join(file), json.to_string()).unwrap();
+        aplc_on(&dir, &model, &store, &["resume", "f", "--input-file", file])
+    };
+    exits(
+        &mut aplc_on(
+            &dir,
+            &model,
+            &store,
+            &["run", "refund.apl", "--run-id", "f"],
+        ),
+        4,
+    );
+    let first = json!({"1-2": true, "1-3": {"approve": false, "reason": "over the limit"}});
+    exits(&mut resume("first.json", first), 4);
+    exits(&mut resume("second.json", json!({"2-1": "why not"})), 4);
+    let out = exits(&mut resume("third.json", json!({"3-0": true})), 0);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Summary sent.");
+    assert_eq!(
+        take_refunds(&dir).len(),
+        1,
+        "one refund approved, one denied"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // A person at a terminal: aplc on a pseudo-terminal (python3's `pty`).
 
