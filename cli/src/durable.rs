@@ -479,6 +479,22 @@ fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> 
         .filter_map(aplc_runtime::human::Pending::from_json)
     {
         writeln!(out, "{}", pending.waiting_line())?;
+        // What `aplc resume` answers: where it asks, what would run, since when.
+        let request = &pending.request;
+        let mut detail = format!("  step `{}`", escape_control(&request.step));
+        if let Some(tool) = &request.tool {
+            let arguments = request.arguments.as_ref().map(|a| a.to_string());
+            detail.push_str(&format!(
+                ", tool `{}` {}",
+                escape_control(tool),
+                escape_control(arguments.as_deref().unwrap_or("{}"))
+            ));
+        }
+        if let Some(schema) = &request.schema {
+            detail.push_str(&format!(", schema {}", escape_control(&schema.to_string())));
+        }
+        let requested = aplc_runtime::human::rfc3339(pending.requested_at_ms);
+        writeln!(out, "{detail}, requested {requested}")?;
     }
     if let Some(outcome) = &run.outcome {
         if let Some(error) = outcome.get("error").filter(|e| !e.is_null()) {

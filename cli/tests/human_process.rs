@@ -465,6 +465,17 @@ fn an_input_file_answers_by_the_kind_of_each_request() {
         ),
         4,
     );
+    // `runs show` says what each request is about, for the one who answers.
+    let shown = exits(
+        &mut aplc!(&dir, &["runs", "show", "f", "--store", &store]),
+        0,
+    );
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("status:   waiting"), "{shown}");
+    assert!(
+        shown.contains("waiting for input: 1-3 (approval: Approve a call of `refund`?)\n  step `act`, tool `refund` {\"order\":\"B-2\",\"amount\":500}, requested 20"),
+        "{shown}"
+    );
     let first = json!({"1-2": true, "1-3": {"approve": false, "reason": "over the limit"}});
     exits(&mut resume("first.json", first), 4);
     exits(&mut resume("second.json", json!({"2-1": "why not"})), 4);
