@@ -1,7 +1,9 @@
-//! People in the loop with real processes (spec/human.md §4.1, §5): `aplc resume`
-//! SIGKILLed after it took an answer, on SQLite and PostgreSQL, against a fake
-//! OpenAI-compatible model on 127.0.0.1 that logs every request; and a person answering
-//! on a terminal (a pseudo-terminal driven by `tests/support/on_pty.py`).
+//! People in the loop with real processes (spec/human.md §4.1, §5), against a fake
+//! OpenAI-compatible model on 127.0.0.1 that logs every request: `aplc resume` SIGKILLed
+//! after it took an answer, on SQLite and PostgreSQL; `--input-file`; a refused resume
+//! that stores nothing; and a person at a terminal (a pseudo-terminal driven by
+//! `tests/support/on_pty.py`): the three kinds, Ctrl-C, the progress line, and a run
+//! SIGKILLed while it asks.
 
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
@@ -312,7 +314,8 @@ fn killed_after_an_answer(name: &str, store: &str) {
     let expected_requests = model.bodies();
     assert_eq!(expected_requests.len(), 4, "four model calls in all");
     assert!(
-        expected_requests[1].contains("denied by reviewer: over the limit"),
+        expected_requests[1]
+            .contains("tool execution failed: `refund`: denied by reviewer: over the limit"),
         "the denial reached the model's next request: {}",
         expected_requests[1]
     );
@@ -669,4 +672,58 @@ fn the_progress_line_does_not_draw_over_a_question() {
             "a question shares its line with `{line}`: {seen}"
         );
     }
+}
+
+/// `aplc run --store` asking on a terminal, SIGKILLed while the person thinks: its
+/// requests were committed before anyone was asked, so `aplc resume` answers them, and
+/// the run goes on without sending the model's first call again.
+#[test]
+fn a_run_killed_while_it_asks_on_a_terminal_is_answered_by_resume() {
+    let dir = fixture("terminal-kill");
+    let model = Model::start();
+    let store = format!("sqlite:{}", dir.join("runs.db").display());
+    let (report, _) = on_terminal(
+        &dir,
+        &[
+            "run",
+            "refund.apl",
+            "--tools",
+            "tools.json",
+            "--base-url",
+            &model.url,
+            "--store",
+            &store,
+            "--run-id",
+            "k",
+            "--quiet",
+        ],
+        vec![json!({"expect": APPROVE, "send": "", "kill9": true})],
+        60,
+    );
+    assert_eq!(report["killed"], json!(true), "{report}");
+    let shown = exits(
+        &mut aplc!(&dir, &["runs", "show", "k", "--store", &store]),
+        0,
+    );
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("waiting for input: 1-2"), "{shown}");
+    assert!(shown.contains("waiting for input: 1-3"), "{shown}");
+    let out = exits(
+        &mut aplc_on(
+            &dir,
+            &model,
+            &store,
+            &["resume", "k", "--approve", "1-2", "--deny", DENY],
+        ),
+        4,
+    );
+    assert!(
+        stderr(&out).contains("waiting for input: 2-1"),
+        "{}",
+        stderr(&out)
+    );
+    let sent = model.bodies();
+    assert_eq!(sent.len(), 2, "the first call is not sent again");
+    assert!(sent[1].contains("denied by reviewer: over the limit"));
+    assert_eq!(take_refunds(&dir).len(), 1);
 }

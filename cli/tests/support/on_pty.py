@@ -5,10 +5,12 @@ killed), what the terminal showed, and whether anything was drawn while a questi
 waited for an answer.
 
 argv[1] is a JSON object: {"argv": [...], "cwd": DIR, "stdout": FILE, "env": {...},
-"steps": [{"expect": TEXT, "send": TEXT, "quiet_ms": N}], "end_within_s": N}.
+"steps": [{"expect": TEXT, "send": TEXT, "quiet_ms": N, "kill9": BOOL}],
+"end_within_s": N}.
 aplc's stdout goes to FILE, so the terminal holds only what it shows on stderr (and the
 echo of what was typed). `quiet_ms`: after TEXT appeared, watch the terminal this long
-before typing, and report what was drawn meanwhile.
+before typing, and report what was drawn meanwhile. `kill9`: SIGKILL aplc once TEXT
+appeared, and report that.
 """
 import json
 import os
@@ -79,6 +81,11 @@ for step in spec["steps"]:
         read_for(step["quiet_ms"] / 1000)
         if len(seen) > before:
             drawn_while_asking.append(seen[before:].decode("utf-8", "replace"))
+    if step.get("kill9"):
+        # SIGKILL while the question waits: no handler, no flush, no goodbye.
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        finish({"code": None, "killed": True, "drawn": drawn_while_asking})
     os.write(fd, step["send"].encode())
 
 deadline = time.time() + spec.get("end_within_s", 60)
