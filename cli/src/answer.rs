@@ -3,7 +3,7 @@
 //! from its flags (`--approve`, `--deny`, `--input`, `--input-file`), checked against the
 //! run's pending requests before any is stored.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -97,7 +97,7 @@ impl AnswerArgs {
             .map_err(|e| Failure::run(e.to_string()))?;
         let by = ask.by();
         let mut answers = Vec::new();
-        for (id, reply) in given {
+        for (id, given) in given {
             if stored.iter().any(|(answered, _)| *answered == id) {
                 return Err(Failure::usage(format!(
                     "request `{}` is already answered",
@@ -111,6 +111,10 @@ impl AnswerArgs {
                     escape_control(&id),
                     waiting_for(&pending)
                 )));
+            };
+            let reply = match given {
+                Given::Reply(reply) => reply,
+                Given::Entry(entry) => entry_reply(&request.request, entry)?,
             };
             request.request.check(&reply).map_err(Failure::usage)?;
             answers.push(HumanAnswer {
@@ -143,17 +147,17 @@ impl AnswerArgs {
     }
 
     /// The answers given, in flag order: approvals, denials, inputs, then the file's.
-    fn given(&self) -> Result<Vec<(String, Reply)>, Failure> {
-        let mut given: Vec<(String, Reply)> = Vec::new();
+    fn given(&self) -> Result<Vec<(String, Given)>, Failure> {
+        let mut given: Vec<(String, Given)> = Vec::new();
         for id in &self.approve {
-            given.push((id.clone(), approve(true, None)));
+            given.push((id.clone(), Given::Reply(approve(true, None))));
         }
         for deny in &self.deny {
             let (id, reason) = match deny.split_once('=') {
                 Some((id, reason)) => (id, Some(reason.to_owned())),
                 None => (deny.as_str(), None),
             };
-            given.push((id.to_owned(), approve(false, reason)));
+            given.push((id.to_owned(), Given::Reply(approve(false, reason))));
         }
         for input in &self.input {
             let Some((id, json)) = input.split_once('=') else {
@@ -168,7 +172,7 @@ impl AnswerArgs {
                     escape_control(id)
                 ))
             })?;
-            given.push((id.to_owned(), Reply::Value(value)));
+            given.push((id.to_owned(), Given::Reply(Reply::Value(value))));
         }
         if let Some(file) = &self.input_file {
             let text = crate::input::read_json(file)?;
@@ -176,15 +180,13 @@ impl AnswerArgs {
                 serde_json::from_str(&text).map_err(|e| {
                     Failure::usage(format!("{}: not a JSON object: {e}", file.display()))
                 })?;
-            for (id, answer) in answers {
-                let reply = match &answer {
-                    Json::Bool(approved) => approve(*approved, None),
-                    Json::Object(map) if map.contains_key("approve") => reply_from_json(&answer)
-                        .map_err(|e| Failure::usage(format!("{}: `{id}`: {e}", file.display())))?,
-                    _ => Reply::Value(answer),
-                };
-                given.push((id, reply));
-            }
+            // Read once the request's kind is known: `true` approves an approval and is
+            // the value of a question whose schema is a boolean.
+            given.extend(
+                answers
+                    .into_iter()
+                    .map(|(id, answer)| (id, Given::Entry(answer))),
+            );
         }
         let mut ids: Vec<&str> = given.iter().map(|(id, _)| id.as_str()).collect();
         ids.sort_unstable();
@@ -196,6 +198,36 @@ impl AnswerArgs {
         }
         Ok(given)
     }
+}
+
+/// An answer as given: a reply (the flags), or an entry of `--input-file`, which the
+/// kind of the request it answers reads.
+#[derive(Debug, PartialEq)]
+enum Given {
+    Reply(Reply),
+    Entry(Json),
+}
+
+/// An `--input-file` entry's reply to `request`: `true`/`false` or `{"approve",
+/// "reason"}` for an approval, the value itself for the others.
+fn entry_reply(request: &InputRequest, entry: Json) -> Result<Reply, Failure> {
+    if request.kind != RequestKind::Approval {
+        return Ok(Reply::Value(entry));
+    }
+    match &entry {
+        Json::Bool(approved) => return Ok(approve(*approved, None)),
+        Json::Object(_) => {
+            if let Ok(reply @ Reply::Approve { .. }) = reply_from_json(&entry) {
+                return Ok(reply);
+            }
+        }
+        _ => {}
+    }
+    Err(Failure::usage(format!(
+        "request `{}` asks for an approval: answer it with true, false or \
+         {{\"approve\": true|false, \"reason\": \"…\"}}",
+        escape_control(&request.id)
+    )))
 }
 
 fn approve(approved: bool, reason: Option<String>) -> Reply {
@@ -224,10 +256,20 @@ impl Answerer for Terminal {
         let requests: Vec<InputRequest> = pending.iter().map(|p| p.request.clone()).collect();
         let by = self.by.clone();
         Box::pin(async move {
-            // Reading stdin blocks: on a thread of its own, so the runtime goes on.
-            tokio::task::spawn_blocking(move || ask_all(&requests, &by))
-                .await
-                .unwrap_or_default()
+            // Reading stdin blocks: on a thread of its own, so the runtime goes on. Not
+            // the runtime's blocking pool: a read cannot be cancelled, and a runtime
+            // waits for its blocking tasks when it shuts down, so Ctrl-C at a question
+            // would stop aplc only once Enter was pressed.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let asking = std::thread::Builder::new()
+                .name("aplc-ask".into())
+                .spawn(move || {
+                    let _ = tx.send(ask_all(&requests, &by));
+                });
+            match asking {
+                Ok(_) => rx.await.unwrap_or_default(),
+                Err(_) => Vec::new(),
+            }
         })
     }
 }
@@ -235,7 +277,8 @@ impl Answerer for Terminal {
 fn ask_all(requests: &[InputRequest], by: &str) -> Vec<HumanAnswer> {
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
-    let mut err = std::io::stderr().lock();
+    // Not locked while a read waits: the error of a Ctrl-C meanwhile must get out.
+    let mut err = std::io::stderr();
     let mut answers = Vec::new();
     for request in requests {
         let Some(reply) = ask(request, &mut input, &mut err) else {
@@ -262,14 +305,20 @@ fn ask(request: &InputRequest, input: &mut impl BufRead, out: &mut impl Write) -
         };
         let _ = write!(out, "{question}");
         let _ = out.flush();
-        let line = read_line(input)?;
+        let line = match read_line(input)? {
+            Ok(line) => line,
+            Err(problem) => {
+                let _ = writeln!(out, "{problem}");
+                continue;
+            }
+        };
         let reply = match request.kind {
             RequestKind::Approval => match line.trim().to_ascii_lowercase().as_str() {
                 "y" | "yes" => Some(approve(true, None)),
                 "n" | "no" => {
                     let _ = write!(out, "reason (optional): ");
                     let _ = out.flush();
-                    let reason = read_line(input).unwrap_or_default();
+                    let reason = read_line(input).and_then(Result::ok).unwrap_or_default();
                     let reason = reason.trim();
                     Some(approve(
                         false,
@@ -278,7 +327,7 @@ fn ask(request: &InputRequest, input: &mut impl BufRead, out: &mut impl Write) -
                 }
                 _ => None,
             },
-            _ => Some(Reply::Value(typed(&line))),
+            _ => Some(Reply::Value(typed(request, &line))),
         };
         match reply.map(|reply| request.check(&reply).map(|()| reply)) {
             Some(Ok(reply)) => return Some(reply),
@@ -293,18 +342,51 @@ fn ask(request: &InputRequest, input: &mut impl BufRead, out: &mut impl Write) -
 }
 
 /// A line read as JSON when it is JSON, else as text.
-fn typed(line: &str) -> Json {
+/// Except that a line that is JSON but fails the request's schema, which the line as
+/// text would satisfy, is the text: `42` answers a question whose schema is a string.
+fn typed(request: &InputRequest, line: &str) -> Json {
     let line = line.trim_end_matches(['\n', '\r']);
-    serde_json::from_str(line).unwrap_or_else(|_| Json::String(line.to_owned()))
+    let text = Json::String(line.to_owned());
+    match serde_json::from_str::<Json>(line) {
+        Ok(json)
+            if request.check(&Reply::Value(json.clone())).is_err()
+                && request.check(&Reply::Value(text.clone())).is_ok() =>
+        {
+            text
+        }
+        Ok(json) => json,
+        Err(_) => text,
+    }
 }
 
+/// The longest line the terminal reads: an answer's limit, and its line break.
+const MAX_LINE: u64 = aplc_vm::human::MAX_ANSWER_BYTES as u64 + 2;
+
 /// A line of input without its end; `None` at the end of input (or an unreadable one).
-fn read_line(input: &mut impl BufRead) -> Option<String> {
-    let mut line = String::new();
-    match input.read_line(&mut line) {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(line.trim_end_matches(['\n', '\r']).to_owned()),
+/// A line longer than [`MAX_LINE`] is an error, skipped in pieces of that size, so
+/// memory stays bounded however long it is; invalid UTF-8 is replaced.
+fn read_line(input: &mut impl BufRead) -> Option<Result<String, String>> {
+    let mut bytes = Vec::new();
+    match input.by_ref().take(MAX_LINE).read_until(b'\n', &mut bytes) {
+        Ok(0) | Err(_) => return None,
+        Ok(_) => {}
     }
+    if bytes.last() != Some(&b'\n') && bytes.len() as u64 == MAX_LINE {
+        loop {
+            bytes.clear();
+            match input.by_ref().take(MAX_LINE).read_until(b'\n', &mut bytes) {
+                Ok(0) | Err(_) => break,
+                Ok(_) if bytes.last() == Some(&b'\n') => break,
+                Ok(_) => {}
+            }
+        }
+        return Some(Err(format!(
+            "that line is longer than an answer may be ({} bytes)",
+            aplc_vm::human::MAX_ANSWER_BYTES
+        )));
+    }
+    let line = String::from_utf8_lossy(&bytes);
+    Some(Ok(line.trim_end_matches(['\n', '\r']).to_owned()))
 }
 
 /// What a person reads about a request.
@@ -381,6 +463,59 @@ mod tests {
     }
 
     #[test]
+    fn file_entries_are_read_by_the_kind_of_their_request() {
+        let entry = |kind, json: Json| {
+            entry_reply(&request(kind, None), json).map_err(|failure| failure.message)
+        };
+        let approval = RequestKind::Approval;
+        assert_eq!(entry(approval, json!(true)), Ok(approve(true, None)));
+        assert_eq!(
+            entry(approval, json!({"approve": false, "reason": "no"})),
+            Ok(approve(false, Some("no".into())))
+        );
+        for bad in [
+            json!("yes"),
+            json!({"value": 1}),
+            json!({"timed_out": true}),
+        ] {
+            assert!(
+                entry(approval, bad)
+                    .unwrap_err()
+                    .contains("asks for an approval")
+            );
+        }
+        assert_eq!(
+            entry(RequestKind::Input, json!(true)),
+            Ok(Reply::Value(json!(true)))
+        );
+        assert_eq!(
+            entry(RequestKind::Tool, json!({"approve": true})),
+            Ok(Reply::Value(json!({"approve": true})))
+        );
+    }
+
+    #[test]
+    fn a_line_that_fails_the_schema_as_json_may_fit_as_text() {
+        let text = request(RequestKind::Tool, Some(json!({"type": "string"})));
+        assert_eq!(asked(&text, "42\n").0, Some(Reply::Value(json!("42"))));
+        assert_eq!(asked(&text, "\"42\"\n").0, Some(Reply::Value(json!("42"))));
+        let any = request(RequestKind::Input, None);
+        assert_eq!(asked(&any, "42\n").0, Some(Reply::Value(json!(42))));
+        let number = request(RequestKind::Input, Some(json!({"type": "number"})));
+        assert_eq!(asked(&number, "x\n42\n").0, Some(Reply::Value(json!(42))));
+    }
+
+    #[test]
+    fn a_line_longer_than_an_answer_is_refused_and_skipped_in_bounded_pieces() {
+        let any = request(RequestKind::Input, None);
+        let mut typed_in = "x".repeat(3 * MAX_LINE as usize + 7);
+        typed_in.push_str("\nshort\n");
+        let (reply, shown) = asked(&any, &typed_in);
+        assert_eq!(reply, Some(Reply::Value(json!("short"))));
+        assert!(shown.contains("longer than an answer may be"), "{shown}");
+    }
+
+    #[test]
     fn flags_read_into_answers_and_twice_is_refused() {
         let args = AnswerArgs {
             approve: vec!["1-1".into()],
@@ -391,12 +526,16 @@ mod tests {
         let Ok(given) = args.given() else {
             panic!("the flags read");
         };
+        let reply = |r| Given::Reply(r);
         assert_eq!(
             given[1],
-            ("1-2".into(), approve(false, Some("over budget".into())))
+            (
+                "1-2".into(),
+                reply(approve(false, Some("over budget".into())))
+            )
         );
-        assert_eq!(given[2], ("1-3".into(), approve(false, None)));
-        assert_eq!(given[3], ("2-0".into(), Reply::Value(json!(true))));
+        assert_eq!(given[2], ("1-3".into(), reply(approve(false, None))));
+        assert_eq!(given[3], ("2-0".into(), reply(Reply::Value(json!(true)))));
         let twice = AnswerArgs {
             approve: vec!["1-1".into()],
             deny: vec!["1-1".into()],

@@ -260,9 +260,6 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     let runtime = runtime()?;
     crate::run::start_mcp(&runtime, &mut equipment.toolbox)?;
     let store = runtime.block_on(open(&url))?;
-    // The answers given are stored first (all checked, or none stored); the run takes
-    // them as it replays to its pause.
-    runtime.block_on(args.answers.store(store.as_ref(), &id, &args.ask))?;
     let reopened = runtime
         .block_on(durable::reopen(
             store.as_ref(),
@@ -272,6 +269,11 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
             &config,
         ))
         .map_err(durable_failure)?;
+    // The answers given are stored (all checked, or none stored) once the run's lease is
+    // held and its agent and tools are checked: a resume refused for those stores none,
+    // so the same command, corrected, is not refused as answered already. The run takes
+    // them when it reaches its pause again.
+    runtime.block_on(args.answers.store(store.as_ref(), &id, &args.ask))?;
     // A scripted provider goes on where the run left off.
     if let Some(scripted) = &equipment.scripted {
         scripted.skip(reopened.replayed_provider_calls());
@@ -477,6 +479,22 @@ fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> 
         .filter_map(aplc_runtime::human::Pending::from_json)
     {
         writeln!(out, "{}", pending.waiting_line())?;
+        // What `aplc resume` answers: where it asks, what would run, since when.
+        let request = &pending.request;
+        let mut detail = format!("  step `{}`", escape_control(&request.step));
+        if let Some(tool) = &request.tool {
+            let arguments = request.arguments.as_ref().map(|a| a.to_string());
+            detail.push_str(&format!(
+                ", tool `{}` {}",
+                escape_control(tool),
+                escape_control(arguments.as_deref().unwrap_or("{}"))
+            ));
+        }
+        if let Some(schema) = &request.schema {
+            detail.push_str(&format!(", schema {}", escape_control(&schema.to_string())));
+        }
+        let requested = aplc_runtime::human::rfc3339(pending.requested_at_ms);
+        writeln!(out, "{detail}, requested {requested}")?;
     }
     if let Some(outcome) = &run.outcome {
         if let Some(error) = outcome.get("error").filter(|e| !e.is_null()) {

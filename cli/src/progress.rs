@@ -23,14 +23,8 @@ impl Progress {
     /// A line on stderr, redrawn every 100 ms so the elapsed time moves while the run
     /// waits for a model.
     pub(crate) fn start() -> Progress {
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        // The template is a constant, so this cannot fail; the default style would do.
-        if let Ok(style) = ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}") {
-            bar.set_style(style);
-        }
-        bar.enable_steady_tick(Duration::from_millis(100));
         Progress {
-            bar,
+            bar: Self::bar(),
             step: String::new(),
             provider_calls: 0,
             input_tokens: 0,
@@ -40,6 +34,20 @@ impl Progress {
 
     /// Updates the line from one event.
     pub(crate) fn on_event(&mut self, event: &Event) {
+        match &event.kind {
+            // The run asks a person, who may be asked on this terminal: the line is
+            // cleared, so that the question starts on a line of its own and no redraw
+            // covers it; a new line starts with the next event, its clock going on.
+            EventKind::InputRequested { .. } => {
+                self.bar.finish_and_clear();
+                return;
+            }
+            _ if self.bar.is_finished() => {
+                let elapsed = self.bar.elapsed();
+                self.bar = Self::bar().with_elapsed(elapsed);
+            }
+            _ => {}
+        }
         match &event.kind {
             EventKind::StepStarted { step, .. } => self.step = escape_control(step).into_owned(),
             EventKind::ProviderCall { .. } => self.provider_calls += 1,
@@ -59,6 +67,16 @@ impl Progress {
             self.input_tokens,
             self.output_tokens,
         ));
+    }
+
+    fn bar() -> ProgressBar {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        // The template is a constant, so this cannot fail; the default style would do.
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}") {
+            bar.set_style(style);
+        }
+        bar.enable_steady_tick(Duration::from_millis(100));
+        bar
     }
 
     /// Removes the line.
