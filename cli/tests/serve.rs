@@ -1152,7 +1152,7 @@ fn queue_damaged_copy(dir: &Path, from: &str, id: &str, set: &str) {
     let conn = rusqlite::Connection::open(dir.join("runs.db")).unwrap();
     conn.execute(
         "INSERT INTO runs SELECT ?2, agent, bundle_hash, 'running', 0, started_at_ms,
-                updated_at_ms, options, NULL, 0, 0 FROM runs WHERE id = ?1",
+                updated_at_ms, options, NULL, 0, 0, NULL FROM runs WHERE id = ?1",
         [from, id],
     )
     .unwrap();
