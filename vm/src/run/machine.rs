@@ -1042,11 +1042,20 @@ impl Machine {
                 .tool_call(step, &call.name, &call.id, &self.tools);
             // A failure here never aborts the run: the call gets a failed result, the
             // message goes to `errors`, and the next call is checked.
+            let index = round.next - 1;
             let checked = if now >= self.deadline {
                 Err("the run's deadline passed before the call".to_string())
             } else {
                 check_call(&self.tools, &allowed, &call.name, &call.arguments)
             };
+            // A reviewer's denial fails the call like a refused check (spec/human.md).
+            let checked =
+                checked.and_then(
+                    |args| match round.verdicts.as_ref().and_then(|v| v.get(index)) {
+                        Some(Some(Verdict::Denied(reason))) => Err(reason.clone()),
+                        _ => Ok(args),
+                    },
+                );
             let args = match checked {
                 Ok(args) => args,
                 Err(message) => {
@@ -1064,19 +1073,6 @@ impl Machine {
             let Some(spec) = self.tools.get(&call.name) else {
                 continue;
             };
-            let index = round.next - 1;
-            if let Some(Some(Verdict::Denied(reason))) =
-                round.verdicts.as_ref().and_then(|v| v.get(index))
-            {
-                let message = format!("tool execution failed: `{}`: {reason}", call.name);
-                self.events
-                    .tool_result(step, &call.name, &call.id, true, false, false);
-                self.store.push_error(message.clone());
-                round
-                    .results
-                    .push(tool_result(&call.id, Value::from(message), true, false));
-                continue;
-            }
             if let Some(human) = spec.human_tool() {
                 let request = InputRequest {
                     id: format!("{}-{}", self.steps, index + 1),
