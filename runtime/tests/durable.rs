@@ -527,6 +527,20 @@ impl RunJournal for Stalled {
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.inner.run_bytes(id)
     }
+    fn answer<'a>(
+        &'a self,
+        run_id: &'a str,
+        request_id: &'a str,
+        answer: Json,
+    ) -> BoxFuture<'a, Result<store::Answered, StoreError>> {
+        self.inner.answer(run_id, request_id, answer)
+    }
+    fn answers<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(String, Json)>, StoreError>> {
+        self.inner.answers(run_id)
+    }
 }
 
 /// Answers at once, counting the calls.

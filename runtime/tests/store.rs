@@ -677,7 +677,8 @@ async fn sqlite_migrates_a_version_1_store() {
     drop(store);
     let conn = rusqlite::Connection::open(&path).expect("sqlite");
     conn.execute_batch(
-        "DROP TABLE run_queue; DROP TABLE idempotency_keys;
+        "DROP TABLE run_queue; DROP TABLE idempotency_keys; DROP TABLE answers;
+         ALTER TABLE runs DROP COLUMN pending;
          ALTER TABLE inputs DROP COLUMN n; ALTER TABLE events DROP COLUMN n;
          UPDATE aplc_meta SET value = '1' WHERE key = 'schema_version';
          PRAGMA user_version = 1;",
@@ -997,6 +998,9 @@ async fn one_entry_rows_of_an_older_store_still_read(backend: Backend) {
     let events = events_json(0..9);
     let mut old = String::from(
         "ALTER TABLE inputs DROP COLUMN n; ALTER TABLE events DROP COLUMN n;
+         DROP INDEX run_queue_ready; DROP INDEX run_queue_wake;
+         DROP TABLE answers; ALTER TABLE runs DROP COLUMN pending;
+         ALTER TABLE run_queue DROP COLUMN waiting; ALTER TABLE run_queue DROP COLUMN wake_at_ms;
          UPDATE aplc_meta SET value = '2' WHERE key = 'schema_version';",
     );
     if backend.url.starts_with("sqlite:") {
@@ -1244,7 +1248,7 @@ async fn sqlite_refuses_a_newer_schema() {
             err,
             StoreError::NewerSchema {
                 found: 99,
-                supported: 3
+                supported: 4
             }
         ),
         "{err:?}"
@@ -1383,7 +1387,7 @@ async fn postgres_refuses_a_newer_schema() {
             err,
             StoreError::NewerSchema {
                 found: 7,
-                supported: 3
+                supported: 4
             }
         ),
         "{err:?}"

@@ -241,10 +241,18 @@ impl Batch {
         None
     }
 
-    /// What the batch holds: inputs, and bytes of inputs and events.
+    /// What the batch holds: inputs, and bytes of inputs, events and pending requests
+    /// (as the JSON text the store keeps; only a pausing batch has any).
     pub(crate) fn size(&self) -> (usize, usize) {
+        let pending = self.pending.as_deref().map_or(0, |pending| {
+            pending
+                .iter()
+                .map(|r| r.to_string().len() + 1)
+                .sum::<usize>()
+        });
         let bytes = self.inputs.iter().map(Vec::len).sum::<usize>()
-            + self.events.iter().map(String::len).sum::<usize>();
+            + self.events.iter().map(String::len).sum::<usize>()
+            + pending;
         (self.inputs.len(), bytes)
     }
 }
@@ -294,19 +302,16 @@ pub trait RunJournal: Send + Sync + std::fmt::Debug {
         run_id: &'a str,
         request_id: &'a str,
         answer: serde_json::Value,
-    ) -> BoxFuture<'a, Result<Answered, StoreError>> {
-        let _ = (run_id, request_id, answer);
-        Box::pin(async { Err(StoreError::Database("this store keeps no answers".into())) })
-    }
+    ) -> BoxFuture<'a, Result<Answered, StoreError>>;
     /// The stored answers to the run's pending requests, in the order they were stored.
     fn answers<'a>(
         &'a self,
         run_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<(String, serde_json::Value)>, StoreError>> {
-        let _ = run_id;
-        Box::pin(async { Ok(Vec::new()) })
-    }
+    ) -> BoxFuture<'a, Result<Vec<(String, serde_json::Value)>, StoreError>>;
 }
+
+/// The most JSON text one stored answer may hold (`aplc_vm::human::MAX_ANSWER_BYTES`).
+pub const MAX_ANSWER_BYTES: usize = aplc_vm::human::MAX_ANSWER_BYTES;
 
 /// What [`RunJournal::answer`] did with an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -405,6 +410,8 @@ pub enum QueueStatus {
     Queued,
     /// Claimed by a worker (or, after a crash, waiting to be claimed again).
     Running,
+    /// Waiting for a person's answers (`spec/human.md`): no worker holds it.
+    Waiting,
     /// Finished without a run error.
     Completed,
     /// Finished with a run error other than a cancellation.
@@ -415,9 +422,10 @@ pub enum QueueStatus {
 
 impl QueueStatus {
     /// Every status, in the order the service lists them.
-    pub const ALL: [QueueStatus; 5] = [
+    pub const ALL: [QueueStatus; 6] = [
         QueueStatus::Queued,
         QueueStatus::Running,
+        QueueStatus::Waiting,
         QueueStatus::Completed,
         QueueStatus::Failed,
         QueueStatus::Cancelled,
@@ -428,6 +436,7 @@ impl QueueStatus {
         match self {
             QueueStatus::Queued => "queued",
             QueueStatus::Running => "running",
+            QueueStatus::Waiting => "waiting",
             QueueStatus::Completed => "completed",
             QueueStatus::Failed => "failed",
             QueueStatus::Cancelled => "cancelled",
@@ -451,11 +460,13 @@ impl QueueStatus {
         }
     }
 
-    /// The status of a stored run: [`QueueStatus::of_outcome`] once finished, `running`
-    /// before (running now, or crashed and waiting to be resumed or claimed).
+    /// The status of a stored run: [`QueueStatus::of_outcome`] once finished; before,
+    /// `waiting` while it waits on requests for a person, else `running` (running now,
+    /// or crashed and waiting to be resumed or claimed).
     pub fn of_summary(summary: &RunSummary) -> QueueStatus {
         match (&summary.state, &summary.outcome) {
             (RunState::Finished, Some(outcome)) => QueueStatus::of_outcome(outcome),
+            _ if !summary.pending.is_empty() => QueueStatus::Waiting,
             _ => QueueStatus::Running,
         }
     }
@@ -587,6 +598,9 @@ pub enum StoreError {
     /// Any other database error.
     #[error("store error: {0}")]
     Database(String),
+    /// Something to store is over its limit (an answer past [`MAX_ANSWER_BYTES`]).
+    #[error("too large: {0}")]
+    TooLarge(String),
 }
 
 /// The secrets a PostgreSQL URL may carry: the password of its user info and a
@@ -673,6 +687,23 @@ mod tests {
             outcome: None,
             pending: None,
         }
+    }
+
+    /// The later batch's pending requests replace the earlier's; `None` keeps them. Their
+    /// JSON counts in the batch's bytes (the driver's bound on what waits for a commit).
+    #[test]
+    fn a_batchs_pending_requests_are_the_latest_and_count_in_its_size() {
+        let request = serde_json::json!({"id": "1-1", "kind": "input", "prompt": "?"});
+        let mut first = batch(0, 1, false);
+        let plain = first.size().1;
+        first.pending = Some(vec![request.clone()]);
+        assert!(first.size().1 > plain + request.to_string().len() - 1);
+        assert!(first.absorb(batch(1, 1, false)).is_none());
+        assert_eq!(first.pending, Some(vec![request]));
+        let mut cleared = batch(2, 0, false);
+        cleared.pending = Some(Vec::new());
+        assert!(first.absorb(cleared).is_none());
+        assert_eq!(first.pending, Some(Vec::new()));
     }
 
     /// Groups merge as if appended one after the other, but never two checkpoints (each

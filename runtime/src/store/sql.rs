@@ -1,11 +1,12 @@
 //! What the two SQL backends share: the schema version and magic, column conversions,
-//! and the claim's scan order. Compiled with either backend (`sqlite`, `postgres`
+//! the claim's scan order, and people in the loop's columns (pending requests, answers'
+//! text, the queue's wait state). Compiled with either backend (`sqlite`, `postgres`
 //! features); with neither, the store is its trait and types only.
 
-use super::{Batch, QueueStatus, RunState, StoreError};
+use super::{Batch, MAX_ANSWER_BYTES, QueueStatus, RunState, StoreError};
 
 /// The newest schema version this build reads and writes (both backends).
-pub(super) const SCHEMA_VERSION: i64 = 3;
+pub(super) const SCHEMA_VERSION: i64 = 4;
 
 /// The value of the `magic` row in `aplc_meta`: what marks a database as an aplc store.
 pub(super) const MAGIC: &str = "aplc-run-store";
@@ -142,4 +143,89 @@ pub(super) fn check_append(
         });
     }
     Ok(())
+}
+
+/// An answer's stored text, refused past [`MAX_ANSWER_BYTES`].
+pub(super) fn answer_text(answer: &serde_json::Value) -> Result<String, StoreError> {
+    let text = answer.to_string();
+    if text.len() > MAX_ANSWER_BYTES {
+        return Err(StoreError::TooLarge(format!(
+            "an answer of {} bytes of JSON; at most {MAX_ANSWER_BYTES} are stored",
+            text.len()
+        )));
+    }
+    Ok(text)
+}
+
+/// The `pending` column: a JSON list of requests, or NULL for none.
+pub(super) fn pending_column(text: Option<&str>) -> Result<Vec<serde_json::Value>, StoreError> {
+    match text {
+        None => Ok(Vec::new()),
+        Some(text) => match json_column(text, "the pending requests")? {
+            serde_json::Value::Array(items) => Ok(items),
+            _ => Err(StoreError::Corrupt(
+                "the pending requests are not a list".into(),
+            )),
+        },
+    }
+}
+
+/// The ids of stored requests.
+pub(super) fn pending_ids(pending: &[serde_json::Value]) -> Vec<String> {
+    pending
+        .iter()
+        .filter_map(|request| request.get("id")?.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A queued run's `waiting` and `wake_at_ms` columns for its `pending` requests, given the
+/// ids of the answers stored (of any request of the run): it waits while one of them has
+/// no answer, and is woken at the first timeout (`expires_at_ms`) among those. An answered
+/// request's timeout wakes no one: the run would be claimed, find nothing to do, pause
+/// again with the same wake-up and be claimed again, over and over.
+pub(super) fn wait_state(
+    pending: &[serde_json::Value],
+    answered: &[String],
+) -> (bool, Option<i64>) {
+    let open: Vec<&serde_json::Value> = pending
+        .iter()
+        .filter(|request| {
+            let id = request.get("id").and_then(serde_json::Value::as_str);
+            !id.is_some_and(|id| answered.iter().any(|a| a == id))
+        })
+        .collect();
+    let wake = open
+        .iter()
+        .filter_map(|request| request.get("expires_at_ms")?.as_i64())
+        .min();
+    (!open.is_empty(), wake)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run waits while one of its requests has no answer, and is woken at the first
+    /// timeout of those: an answered request's timeout wakes no one.
+    #[test]
+    fn a_run_waits_on_its_open_requests_and_wakes_at_their_first_timeout() {
+        let request = |id: &str, expires: Option<i64>| match expires {
+            Some(at) => serde_json::json!({"id": id, "expires_at_ms": at}),
+            None => serde_json::json!({"id": id}),
+        };
+        let pending = [
+            request("a", Some(5)),
+            request("b", Some(9)),
+            request("c", None),
+        ];
+        let answered = |ids: &[&str]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+        assert_eq!(wait_state(&pending, &[]), (true, Some(5)));
+        assert_eq!(wait_state(&pending, &answered(&["a"])), (true, Some(9)));
+        assert_eq!(wait_state(&pending, &answered(&["a", "b"])), (true, None));
+        assert_eq!(
+            wait_state(&pending, &answered(&["a", "b", "c", "old"])),
+            (false, None)
+        );
+        assert_eq!(wait_state(&[], &[]), (false, None));
+    }
 }

@@ -92,4 +92,18 @@ impl<T: JournalTimings> RunJournal for TimedJournal<'_, T> {
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.journal.run_bytes(id)
     }
+    fn answer<'a>(
+        &'a self,
+        run_id: &'a str,
+        request_id: &'a str,
+        answer: serde_json::Value,
+    ) -> BoxFuture<'a, Result<crate::store::Answered, StoreError>> {
+        self.journal.answer(run_id, request_id, answer)
+    }
+    fn answers<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(String, serde_json::Value)>, StoreError>> {
+        self.journal.answers(run_id)
+    }
 }

@@ -2,11 +2,11 @@
 //! the lock task, reads are single statements on the reader connection.
 
 use super::writer::Work;
-use super::{PgStore, SUMMARY_COLUMNS, read_summary, summary_row};
+use super::{PgStore, SUMMARY_COLUMNS, SUMMARY_LEN, read_summary, summary_row};
 use crate::future::BoxFuture;
 use crate::store::{
-    Batch, Entries, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
-    StoredCheckpoint, count, db_int, json_column, unpack_events, unpack_inputs,
+    Answered, Batch, Entries, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary,
+    StoreError, StoredCheckpoint, count, db_int, json_column, unpack_events, unpack_inputs,
 };
 
 impl RunJournal for PgStore {
@@ -77,14 +77,16 @@ impl RunJournal for PgStore {
                 )
                 .await?;
             let summary = summary_row(&row)?;
-            let bundle: Vec<u8> = row.get::<_, Option<Vec<u8>>>(10).ok_or_else(|| {
+            let bundle: Vec<u8> = row.get::<_, Option<Vec<u8>>>(SUMMARY_LEN).ok_or_else(|| {
                 StoreError::Corrupt(format!("the bundle of run `{id}` is missing"))
             })?;
-            let options: String = row.get(11);
-            let counts: Vec<i64> = row.get::<_, Option<_>>(12).unwrap_or_default();
-            let starts: Vec<i64> = row.get::<_, Option<_>>(13).unwrap_or_default();
-            let histories: Vec<Vec<u8>> = row.get::<_, Option<_>>(14).unwrap_or_default();
-            let states: Vec<Option<Vec<u8>>> = row.get::<_, Option<_>>(15).unwrap_or_default();
+            let options: String = row.get(SUMMARY_LEN + 1);
+            let counts: Vec<i64> = row.get::<_, Option<_>>(SUMMARY_LEN + 2).unwrap_or_default();
+            let starts: Vec<i64> = row.get::<_, Option<_>>(SUMMARY_LEN + 3).unwrap_or_default();
+            let histories: Vec<Vec<u8>> =
+                row.get::<_, Option<_>>(SUMMARY_LEN + 4).unwrap_or_default();
+            let states: Vec<Option<Vec<u8>>> =
+                row.get::<_, Option<_>>(SUMMARY_LEN + 5).unwrap_or_default();
             let checkpoints = counts
                 .into_iter()
                 .zip(starts)
@@ -99,9 +101,9 @@ impl RunJournal for PgStore {
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;
             let after = checkpoints.last().map_or(0, |c| c.inputs);
-            let seqs: Vec<i64> = row.get::<_, Option<_>>(16).unwrap_or_default();
-            let counts: Vec<i64> = row.get::<_, Option<_>>(17).unwrap_or_default();
-            let data: Vec<Vec<u8>> = row.get::<_, Option<_>>(18).unwrap_or_default();
+            let seqs: Vec<i64> = row.get::<_, Option<_>>(SUMMARY_LEN + 6).unwrap_or_default();
+            let counts: Vec<i64> = row.get::<_, Option<_>>(SUMMARY_LEN + 7).unwrap_or_default();
+            let data: Vec<Vec<u8>> = row.get::<_, Option<_>>(SUMMARY_LEN + 8).unwrap_or_default();
             let mut inputs = Entries::new("input", after, u64::MAX);
             for ((seq, n), data) in seqs.into_iter().zip(counts).zip(data) {
                 inputs.add(seq, || unpack_inputs(seq, n, data))?;
@@ -202,4 +204,125 @@ impl RunJournal for PgStore {
             count(row.get(0), "byte count")
         })
     }
+
+    fn answer<'a>(
+        &'a self,
+        run_id: &'a str,
+        request_id: &'a str,
+        answer: serde_json::Value,
+    ) -> BoxFuture<'a, Result<Answered, StoreError>> {
+        Box::pin(async move {
+            let text = crate::store::answer_text(&answer)?;
+            let mut client = self.queue.lock().await;
+            let tx = client.transaction().await.map_err(|e| self.error(e))?;
+            let answered = store_answer(&tx, run_id, request_id, &text)
+                .await
+                .map_err(|e| self.error(e))??;
+            tx.commit().await.map_err(|e| self.error(e))?;
+            Ok(answered)
+        })
+    }
+
+    fn answers<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(String, serde_json::Value)>, StoreError>> {
+        Box::pin(async move {
+            // One statement: the pending requests and the answers in one snapshot.
+            let rows = self
+                .reader
+                .query(
+                    "SELECT r.pending, a.request_id, a.answer FROM runs r
+                     LEFT JOIN answers a ON a.run_id = r.id
+                     WHERE r.id = $1 ORDER BY a.n",
+                    &[&run_id],
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            let Some(first) = rows.first() else {
+                return Err(StoreError::NotFound(run_id.to_owned()));
+            };
+            let pending = crate::store::pending_ids(&crate::store::pending_column(
+                first.get::<_, Option<String>>(0).as_deref(),
+            )?);
+            let mut answers = Vec::new();
+            for row in &rows {
+                let (Some(id), Some(text)) = (
+                    row.get::<_, Option<String>>(1),
+                    row.get::<_, Option<String>>(2),
+                ) else {
+                    continue;
+                };
+                if pending.contains(&id) {
+                    answers.push((id, json_column(&text, "an answer")?));
+                }
+            }
+            Ok(answers)
+        })
+    }
+}
+
+/// [`RunJournal::answer`] in `tx`: one answer per request, the first. The run's row is
+/// locked first, so that concurrent answers to one run see each other's.
+async fn store_answer(
+    tx: &tokio_postgres::Transaction<'_>,
+    run_id: &str,
+    request_id: &str,
+    text: &str,
+) -> Result<Result<Answered, StoreError>, tokio_postgres::Error> {
+    let Some(row) = tx
+        .query_opt(
+            "SELECT state, pending FROM runs WHERE id = $1 FOR UPDATE",
+            &[&run_id],
+        )
+        .await?
+    else {
+        return Ok(Ok(Answered::UnknownRun));
+    };
+    let state: String = row.get(0);
+    let pending = match crate::store::pending_column(row.get::<_, Option<String>>(1).as_deref()) {
+        Ok(pending) => pending,
+        Err(e) => return Ok(Err(e)),
+    };
+    if state == RunState::Finished.as_str() {
+        return Ok(Ok(Answered::Finished));
+    }
+    let mut given: Vec<String> = tx
+        .query(
+            "SELECT request_id FROM answers WHERE run_id = $1",
+            &[&run_id],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    if given.iter().any(|id| id == request_id) {
+        return Ok(Ok(Answered::AlreadyAnswered));
+    }
+    let ids = crate::store::pending_ids(&pending);
+    if !ids.iter().any(|id| id == request_id) {
+        return Ok(Ok(Answered::UnknownRequest));
+    }
+    let inserted = tx
+        .execute(
+            "INSERT INTO answers (run_id, request_id, answer, stored_at_ms)
+             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            &[&run_id, &request_id, &text, &crate::store::now_ms()],
+        )
+        .await?;
+    if inserted == 0 {
+        return Ok(Ok(Answered::AlreadyAnswered));
+    }
+    given.push(request_id.to_owned());
+    // With every request answered a worker may take the run again; else the next
+    // wake-up is the first timeout of those still open.
+    let (waiting, wake_at) = crate::store::wait_state(&pending, &given);
+    tx.execute(
+        "UPDATE run_queue SET waiting = $2, wake_at_ms = $3 WHERE run_id = $1",
+        &[&run_id, &waiting, &wake_at],
+    )
+    .await?;
+    Ok(Ok(Answered::Accepted {
+        unanswered: ids.into_iter().filter(|id| !given.contains(id)).collect(),
+    }))
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::Client;
 
-use super::{PgStore, Statements, db_error, summary_row_at};
+use super::{PgStore, SUMMARY_LEN, Statements, db_error, summary_row_at};
 use crate::store::{Lease, LoadedRun, StoreError, json_column};
 
 /// The run ids whose advisory locks this store holds, and the way to the lock task.
@@ -123,8 +123,10 @@ impl PgStore {
 
 /// Claims the oldest run never claimed, in one statement on the lock connection (whose
 /// session then holds the run's advisory lock). The candidate is found through the index
-/// of open runs, passing over the few running ones at its head, without looking at
-/// anyone's locks; `SKIP LOCKED` passes over a row another claim is taking this instant.
+/// of open runs that do not wait for a person (`run_queue_ready`: a waiting run is a
+/// claimed one, and there may be many), passing over the few running ones at its head,
+/// without looking at anyone's locks; `SKIP LOCKED` passes over a row another claim is
+/// taking this instant.
 /// Its lock is tried on that one row (the `LIMIT` is applied before the lock function:
 /// the materialized CTE) and the row is marked claimed either way: a lock that another
 /// session holds means the run is someone's already (a `claimed` flag lost with an
@@ -132,7 +134,7 @@ impl PgStore {
 pub(super) const CLAIM_NEW: &str = concat!(
     "WITH candidate AS (
          SELECT run_id FROM run_queue
-         WHERE final_status IS NULL AND NOT claimed
+         WHERE final_status IS NULL AND NOT claimed AND NOT waiting
          ORDER BY enqueued_at_ms, run_id
          LIMIT 1
          FOR UPDATE SKIP LOCKED),
@@ -190,8 +192,8 @@ fn unstarted_run(row: &tokio_postgres::Row) -> Result<Option<LoadedRun>, StoreEr
         return Ok(None);
     }
     let (Some(bundle), Some(options)) = (
-        row.get::<_, Option<Vec<u8>>>(15),
-        row.get::<_, Option<String>>(16),
+        row.get::<_, Option<Vec<u8>>>(5 + SUMMARY_LEN),
+        row.get::<_, Option<String>>(6 + SUMMARY_LEN),
     ) else {
         return Ok(None);
     };

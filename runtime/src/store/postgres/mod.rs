@@ -47,12 +47,15 @@ use writer::{Job, write_loop};
 macro_rules! summary_columns {
     () => {
         "runs.id, runs.agent, runs.bundle_hash, runs.state, runs.steps, runs.started_at_ms, \
-         runs.updated_at_ms, runs.input_count, runs.event_count, runs.outcome"
+         runs.updated_at_ms, runs.input_count, runs.event_count, runs.outcome, runs.pending"
     };
 }
 
 /// [`summary_columns!`], for the queries that `format!` it in.
 const SUMMARY_COLUMNS: &str = summary_columns!();
+
+/// How many columns [`SUMMARY_COLUMNS`] has: a query's own columns come after them.
+const SUMMARY_LEN: usize = 11;
 
 mod journal;
 mod lease;
@@ -180,6 +183,7 @@ fn summary_row(row: &tokio_postgres::Row) -> Result<RunSummary, StoreError> {
 fn summary_row_at(row: &tokio_postgres::Row, at: usize) -> Result<RunSummary, StoreError> {
     let state: String = row.get(at + 3);
     let outcome: Option<String> = row.get(at + 9);
+    let pending: Option<String> = row.get(at + 10);
     Ok(RunSummary {
         id: row.get(at),
         agent: row.get(at + 1),
@@ -194,7 +198,7 @@ fn summary_row_at(row: &tokio_postgres::Row, at: usize) -> Result<RunSummary, St
             .as_deref()
             .map(|o| json_column(o, "the outcome"))
             .transpose()?,
-        pending: Vec::new(),
+        pending: crate::store::pending_column(pending.as_deref())?,
     })
 }
 

@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::{Client, Transaction};
 
 use super::lease::{LockOp, PgLease};
-use super::{PgStore, SUMMARY_COLUMNS, copy_error, db_error, summary_row};
+use super::{PgStore, SUMMARY_COLUMNS, SUMMARY_LEN, copy_error, db_error, summary_row};
 use crate::future::BoxFuture;
 use crate::store::{
     Claim, Enqueued, IDEMPOTENCY_WINDOW_MS, QueueCounts, QueueEntry, QueueStatus, QueuedRun,
@@ -20,7 +20,11 @@ use crate::store::{
 pub(super) type PendingEnqueue = (QueuedRun, oneshot::Sender<Result<Enqueued, StoreError>>);
 
 /// Claimed runs no live session holds the advisory lock of (a worker's locks vanish with
-/// its connection), oldest first.
+/// its connection), oldest first. A run that waits for a person holds no lock either: it
+/// is passed over until its answers clear `waiting`, or until its first open request's
+/// timeout (`$1`: now) passes and it is woken for a worker to apply it (spec/human.md).
+/// Each arm of the `OR` is served by an index that leaves the other runs out
+/// (`run_queue_ready`, `run_queue_wake`), so runs waiting for days are not walked.
 const CLAIM_ABANDONED: &str = "WITH held AS (
          SELECT (l.classid::BIGINT << 32) | l.objid::BIGINT AS key
          FROM pg_locks l
@@ -28,6 +32,7 @@ const CLAIM_ABANDONED: &str = "WITH held AS (
            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
      SELECT q.run_id FROM run_queue q
      WHERE q.final_status IS NULL AND q.claimed
+       AND (NOT q.waiting OR (q.waiting AND q.wake_at_ms <= $1))
        AND hashtextextended('aplc-run:' || q.run_id, 0) NOT IN (SELECT key FROM held)
      ORDER BY q.enqueued_at_ms, q.run_id
      LIMIT 16
@@ -160,7 +165,7 @@ impl PgStore {
             .await
             .map_err(|e| self.error(e))?;
         let rows = tx
-            .query(CLAIM_ABANDONED, &[])
+            .query(CLAIM_ABANDONED, &[&now_ms()])
             .await
             .map_err(|e| self.error(e))?;
         for row in rows {
@@ -249,7 +254,9 @@ impl RunQueue for PgStore {
             let client = self.queue.lock().await;
             let changed = client
                 .execute(
-                    "UPDATE run_queue SET cancel_requested = TRUE WHERE run_id = $1",
+                    // A waiting run is woken: a worker takes it and ends it cancelled.
+                    "UPDATE run_queue SET cancel_requested = TRUE, waiting = FALSE
+                     WHERE run_id = $1",
                     &[&id],
                 )
                 .await
@@ -275,18 +282,19 @@ impl RunQueue for PgStore {
                 )
                 .await?;
             let summary = summary_row(&row)?;
-            let claimed: bool = row.get(11);
+            let claimed: bool = row.get(SUMMARY_LEN + 1);
             let status = match &summary.outcome {
                 Some(outcome) if summary.state == RunState::Finished => {
                     QueueStatus::of_outcome(outcome)
                 }
+                _ if !summary.pending.is_empty() => QueueStatus::Waiting,
                 _ => QueueStatus::of_claimed(claimed),
             };
             Ok(QueueEntry {
-                agent: row.get(10),
+                agent: row.get(SUMMARY_LEN),
                 status,
-                cancel_requested: row.get(12),
-                traceparent: row.get(13),
+                cancel_requested: row.get(SUMMARY_LEN + 2),
+                traceparent: row.get(SUMMARY_LEN + 3),
                 summary,
             })
         })
@@ -297,7 +305,7 @@ impl RunQueue for PgStore {
             let client = &self.reader;
             let rows = client
                 .query(
-                    "SELECT final_status, claimed, COUNT(*) FROM run_queue GROUP BY 1, 2",
+                    "SELECT final_status, claimed, waiting, COUNT(*) FROM run_queue GROUP BY 1, 2, 3",
                     &[],
                 )
                 .await
@@ -307,9 +315,10 @@ impl RunQueue for PgStore {
                 let status: Option<String> = row.get(0);
                 let status = match status {
                     Some(status) => QueueStatus::from_column(&status)?,
+                    None if row.get::<_, bool>(2) => QueueStatus::Waiting,
                     None => QueueStatus::of_claimed(row.get(1)),
                 };
-                let n = count(row.get(2), "run count")?;
+                let n = count(row.get(3), "run count")?;
                 match counts.by_status.iter_mut().find(|(s, _)| *s == status) {
                     Some((_, total)) => *total += n,
                     None => counts.by_status.push((status, n)),

@@ -69,6 +69,27 @@ const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE inputs ADD COLUMN n BIGINT NOT NULL DEFAULT 1;
      ALTER TABLE events ADD COLUMN n BIGINT NOT NULL DEFAULT 1;",
     ),
+    (
+        4,
+        // People in the loop (spec/human.md): as SQLite's version 4. `n` orders answers
+        // as they were stored. The claims' indexes leave waiting runs out (`CLAIM_NEW`)
+        // or hold only them (`CLAIM_ABANDONED`'s woken runs).
+        "ALTER TABLE runs ADD COLUMN pending TEXT;
+     CREATE TABLE answers (
+         run_id TEXT NOT NULL,
+         request_id TEXT NOT NULL,
+         answer TEXT NOT NULL,
+         stored_at_ms BIGINT NOT NULL,
+         n BIGSERIAL,
+         PRIMARY KEY (run_id, request_id)
+     );
+     ALTER TABLE run_queue ADD COLUMN waiting BOOLEAN NOT NULL DEFAULT FALSE;
+     ALTER TABLE run_queue ADD COLUMN wake_at_ms BIGINT;
+     CREATE INDEX run_queue_ready ON run_queue (enqueued_at_ms, run_id)
+         WHERE final_status IS NULL AND NOT waiting;
+     CREATE INDEX run_queue_wake ON run_queue (wake_at_ms)
+         WHERE final_status IS NULL AND waiting;",
+    ),
 ];
 
 /// The tables of every version: a database holding any of them without `aplc_meta` is
@@ -82,6 +103,7 @@ const TABLES: &[&str] = &[
     "checkpoints",
     "run_queue",
     "idempotency_keys",
+    "answers",
 ];
 
 /// The advisory lock (transaction-level) that serializes migrations between processes.

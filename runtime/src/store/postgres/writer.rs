@@ -201,6 +201,11 @@ struct GroupRows<'a> {
     up_events: Vec<i64>,
     up_state: Vec<&'static str>,
     up_outcome: Vec<Option<String>>,
+    /// Runs whose pending requests change (`Batch::pending`): the list as JSON text (NULL
+    /// for none), and the requests.
+    pd_id: Vec<&'a str>,
+    pd_text: Vec<Option<String>>,
+    pd_requests: Vec<&'a [serde_json::Value]>,
 }
 
 impl<'a> GroupRows<'a> {
@@ -267,6 +272,77 @@ impl<'a> GroupRows<'a> {
             .push(event_count + db_int(batch.events.len() as u64));
         self.up_state.push(state.as_str());
         self.up_outcome.push(outcome);
+        if let Some(pending) = &batch.pending {
+            self.add_pending(id, pending);
+        }
+    }
+
+    /// The requests run `id` waits on (`Batch::pending`).
+    fn add_pending(&mut self, id: &'a str, pending: &'a [serde_json::Value]) {
+        self.pd_id.push(id);
+        self.pd_text.push(
+            (!pending.is_empty()).then(|| serde_json::Value::from(pending.to_vec()).to_string()),
+        );
+        self.pd_requests.push(pending);
+    }
+
+    /// The pending requests of the runs that changed them (spec/human.md), and in the
+    /// queue whether each waits (is not claimable) and when its first open request times
+    /// out. The answers are read after the runs' rows are updated (locked): an answer
+    /// committed before is seen (each statement reads anew), and one not yet committed
+    /// waits for this transaction on the run's row (`store_answer`), so a run is never
+    /// left waiting on requests all answered.
+    async fn update_pending(
+        &self,
+        tx: &Transaction<'_>,
+        st: &Statements,
+    ) -> Result<(), tokio_postgres::Error> {
+        if self.pd_id.is_empty() {
+            return Ok(());
+        }
+        tx.execute(
+            &st.get(
+                tx,
+                "UPDATE runs r SET pending = t.pending
+             FROM UNNEST($1::TEXT[], $2::TEXT[]) AS t(id, pending) WHERE r.id = t.id",
+            )
+            .await?,
+            &[&self.pd_id, &self.pd_text],
+        )
+        .await?;
+        let answered = tx
+            .query(
+                &st.get(
+                    tx,
+                    "SELECT run_id, request_id FROM answers WHERE run_id = ANY($1::TEXT[])",
+                )
+                .await?,
+                &[&self.pd_id],
+            )
+            .await?;
+        let (mut waiting, mut wake) = (Vec::new(), Vec::new());
+        for (id, pending) in self.pd_id.iter().zip(&self.pd_requests) {
+            let given: Vec<String> = answered
+                .iter()
+                .filter(|row| row.get::<_, &str>(0) == *id)
+                .map(|row| row.get(1))
+                .collect();
+            let (waits, wake_at) = crate::store::wait_state(pending, &given);
+            waiting.push(waits);
+            wake.push(wake_at);
+        }
+        tx.execute(
+            &st.get(
+                tx,
+                "UPDATE run_queue q SET waiting = t.waiting, wake_at_ms = t.wake
+             FROM UNNEST($1::TEXT[], $2::BOOLEAN[], $3::BIGINT[]) AS t(id, waiting, wake)
+             WHERE q.run_id = t.id",
+            )
+            .await?,
+            &[&self.pd_id, &waiting, &wake],
+        )
+        .await?;
+        Ok(())
     }
 
     /// The new runs and their bundles.
@@ -430,6 +506,7 @@ impl<'a> GroupRows<'a> {
             )
             .await?;
         }
+        self.update_pending(tx, st).await?;
         if !self.fin_id.is_empty() {
             // A queued run leaves the claimable set (no row for a run `create` made).
             tx.execute(
@@ -597,14 +674,32 @@ async fn append_rows(
         .await
     };
     let finished = finish_queued(tx, st, id, batch.outcome.as_ref());
-    let (inputs, events, checkpoint, run, finished) =
-        tokio::join!(inputs, events, checkpoint, run, finished);
+    let pending = store_pending(tx, st, id, batch.pending.as_deref());
+    let (inputs, events, checkpoint, run, finished, pending) =
+        tokio::join!(inputs, events, checkpoint, run, finished, pending);
     inputs?;
     events?;
     checkpoint?;
     run?;
     finished?;
+    pending?;
     Ok(())
+}
+
+/// Stores the requests run `id` waits on, if the batch changes them: the same writes as
+/// a group's (`GroupRows::update_runs`), for one run.
+async fn store_pending(
+    tx: &Transaction<'_>,
+    st: &Statements,
+    id: &str,
+    pending: Option<&[serde_json::Value]>,
+) -> Result<(), tokio_postgres::Error> {
+    let Some(pending) = pending else {
+        return Ok(());
+    };
+    let mut rows = GroupRows::default();
+    rows.add_pending(id, pending);
+    rows.update_pending(tx, st).await
 }
 
 /// Inserts one run's journal rows with `sql` (parameters: the run, and the rows' `seq`,

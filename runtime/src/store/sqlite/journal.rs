@@ -6,8 +6,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{Job, SqliteStore, db_error};
 use crate::future::BoxFuture;
 use crate::store::{
-    Batch, Entries, FRAME, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary, StoreError,
-    StoredCheckpoint, count, db_int, json_column, unpack_events, unpack_inputs,
+    Answered, Batch, Entries, FRAME, Lease, LoadedRun, NewRun, RunJournal, RunState, RunSummary,
+    StoreError, StoredCheckpoint, count, db_int, json_column, pending_column, unpack_events,
+    unpack_inputs,
 };
 
 impl RunJournal for SqliteStore {
@@ -129,11 +130,147 @@ impl RunJournal for SqliteStore {
             count(bytes, "byte count")
         }))
     }
+
+    fn answer<'a>(
+        &'a self,
+        run_id: &'a str,
+        request_id: &'a str,
+        answer: serde_json::Value,
+    ) -> BoxFuture<'a, Result<Answered, StoreError>> {
+        let (run_id, request_id) = (run_id.to_owned(), request_id.to_owned());
+        Box::pin(async move {
+            let text = crate::store::answer_text(&answer)?;
+            self.queue_write(move |tx, now| store_answer(tx, &run_id, &request_id, &text, now))
+                .await
+        })
+    }
+
+    fn answers<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(String, serde_json::Value)>, StoreError>> {
+        let run_id = run_id.to_owned();
+        Box::pin(self.read(move |conn| {
+            let tx = conn.transaction().map_err(db_error)?;
+            let answers = pending_answers(&tx, &run_id);
+            tx.finish().map_err(db_error)?;
+            answers
+        }))
+    }
+}
+
+/// The run's state and pending requests, or `None` for no such run.
+fn pending_requests(
+    tx: &Connection,
+    run_id: &str,
+) -> Result<Option<(RunState, Vec<serde_json::Value>)>, StoreError> {
+    let row: Option<(String, Option<String>)> = tx
+        .prepare_cached("SELECT state, pending FROM runs WHERE id = ?1")
+        .and_then(|mut s| {
+            s.query_row(params![run_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()
+        })
+        .map_err(db_error)?;
+    let Some((state, pending)) = row else {
+        return Ok(None);
+    };
+    let pending = pending_column(pending.as_deref())?;
+    Ok(Some((RunState::from_column(&state)?, pending)))
+}
+
+/// The run's stored answers (request id, answer text), in the order they were stored.
+fn answered(tx: &Connection, run_id: &str) -> Result<Vec<(String, String)>, StoreError> {
+    let mut stmt = tx
+        .prepare_cached("SELECT request_id, answer FROM answers WHERE run_id = ?1 ORDER BY rowid")
+        .map_err(db_error)?;
+    let rows = stmt
+        .query_map(params![run_id], |row| Ok((row.get(0)?, row.get(1)?)))
+        .map_err(db_error)?;
+    rows.map(|row| row.map_err(db_error)).collect()
+}
+
+/// The ids of the requests of the run that have a stored answer (without reading the
+/// answers, up to a MiB each).
+pub(super) fn answered_ids(tx: &Connection, run_id: &str) -> Result<Vec<String>, StoreError> {
+    let mut stmt = tx
+        .prepare_cached("SELECT request_id FROM answers WHERE run_id = ?1")
+        .map_err(db_error)?;
+    let rows = stmt
+        .query_map(params![run_id], |row| row.get(0))
+        .map_err(db_error)?;
+    rows.map(|row| row.map_err(db_error)).collect()
+}
+
+/// Sets the queue's `waiting` and `wake_at_ms` of run `run_id` (no row: not a queued
+/// run, nothing to do) for its `pending` requests and the answers stored.
+pub(super) fn store_wait_state(
+    tx: &Connection,
+    run_id: &str,
+    pending: &[serde_json::Value],
+    answered: &[String],
+) -> Result<(), StoreError> {
+    let (waiting, wake_at) = crate::store::wait_state(pending, answered);
+    tx.prepare_cached("UPDATE run_queue SET waiting = ?2, wake_at_ms = ?3 WHERE run_id = ?1")
+        .and_then(|mut s| s.execute(params![run_id, waiting, wake_at]))
+        .map_err(db_error)?;
+    Ok(())
+}
+
+/// [`RunJournal::answer`] in the writer's transaction: one answer per request, the first.
+fn store_answer(
+    tx: &Connection,
+    run_id: &str,
+    request_id: &str,
+    text: &str,
+    now: i64,
+) -> Result<Answered, StoreError> {
+    let Some((state, pending)) = pending_requests(tx, run_id)? else {
+        return Ok(Answered::UnknownRun);
+    };
+    if state == RunState::Finished {
+        return Ok(Answered::Finished);
+    }
+    let mut given = answered_ids(tx, run_id)?;
+    if given.iter().any(|id| id == request_id) {
+        return Ok(Answered::AlreadyAnswered);
+    }
+    let ids = crate::store::pending_ids(&pending);
+    if !ids.iter().any(|id| id == request_id) {
+        return Ok(Answered::UnknownRequest);
+    }
+    tx.prepare_cached(
+        "INSERT INTO answers (run_id, request_id, answer, stored_at_ms) VALUES (?1, ?2, ?3, ?4)",
+    )
+    .and_then(|mut s| s.execute(params![run_id, request_id, text, now]))
+    .map_err(db_error)?;
+    given.push(request_id.to_owned());
+    // With every request answered a service's worker may take the run again; else the
+    // next wake-up is the first timeout of those still open.
+    store_wait_state(tx, run_id, &pending, &given)?;
+    Ok(Answered::Accepted {
+        unanswered: ids.into_iter().filter(|id| !given.contains(id)).collect(),
+    })
+}
+
+/// The stored answers to the run's pending requests, in the order they were stored.
+fn pending_answers(
+    tx: &Connection,
+    run_id: &str,
+) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+    let Some((_, pending)) = pending_requests(tx, run_id)? else {
+        return Err(StoreError::NotFound(run_id.to_owned()));
+    };
+    let pending = crate::store::pending_ids(&pending);
+    answered(tx, run_id)?
+        .into_iter()
+        .filter(|(id, _)| pending.contains(id))
+        .map(|(id, text)| Ok((id, json_column(&text, "an answer")?)))
+        .collect()
 }
 
 /// The columns [`summary_row`] reads, in order.
 const SUMMARY_COLUMNS: &str = "id, agent, bundle_hash, state, steps, started_at_ms, updated_at_ms, \
-     input_count, event_count, outcome";
+     input_count, event_count, outcome, pending";
 
 fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<RunSummary, StoreError>> {
     let state: String = row.get(3)?;
@@ -141,6 +278,7 @@ fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<RunSummary, S
     let inputs: i64 = row.get(7)?;
     let events: i64 = row.get(8)?;
     let outcome: Option<String> = row.get(9)?;
+    let pending: Option<String> = row.get(10)?;
     let summary = (|| {
         Ok(RunSummary {
             id: row.get(0).map_err(db_error)?,
@@ -156,7 +294,7 @@ fn summary_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<RunSummary, S
                 .as_deref()
                 .map(|o| json_column(o, "the outcome"))
                 .transpose()?,
-            pending: Vec::new(),
+            pending: pending_column(pending.as_deref())?,
         })
     })();
     Ok(summary)

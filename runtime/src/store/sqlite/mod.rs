@@ -179,6 +179,7 @@ impl SqliteStore {
         blocking(move || {
             check_file(&path)?;
             let (reader, version) = retry_busy(|| connect_read_only(&path))?;
+            schema::read_as_current(&reader, version)?;
             Ok(SqliteStore {
                 holder: Arc::from("read-only"),
                 _holder_file: None,

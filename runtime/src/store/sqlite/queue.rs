@@ -51,12 +51,12 @@ impl RunQueue for SqliteStore {
             let order = claim_order(&self.takeover);
             let takeover = self.takeover.clone();
             let claimed = self
-                .queue_write(move |c, _| {
+                .queue_write(move |c, now| {
                     for scan in order {
                         if scan == Scan::Abandoned {
                             takeover.done();
                         }
-                        if let Some(run) = claim_run(c, &lessee, &claimant, scan)? {
+                        if let Some(run) = claim_run(c, &lessee, &claimant, scan, now)? {
                             return Ok(Some(run));
                         }
                     }
@@ -77,7 +77,10 @@ impl RunQueue for SqliteStore {
         let id = id.to_string();
         Box::pin(self.queue_write(move |c, _| {
             let changed = c
-                .prepare_cached("UPDATE run_queue SET cancel_requested = 1 WHERE run_id = ?1")
+                // A waiting run is woken: a worker takes it and ends it cancelled.
+                .prepare_cached(
+                    "UPDATE run_queue SET cancel_requested = 1, waiting = 0 WHERE run_id = ?1",
+                )
                 .and_then(|mut s| s.execute(params![id]))
                 .map_err(db_error)?;
             if changed == 0 {
@@ -101,7 +104,8 @@ impl RunQueue for SqliteStore {
         Box::pin(self.read(|conn| {
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT final_status, claimed, COUNT(*) FROM run_queue GROUP BY 1, 2",
+                    "SELECT final_status, claimed, waiting, COUNT(*) FROM run_queue
+                     GROUP BY 1, 2, 3",
                 )
                 .map_err(db_error)?;
             let rows = stmt
@@ -110,14 +114,16 @@ impl RunQueue for SqliteStore {
                         row.get::<_, Option<String>>(0)?,
                         row.get::<_, i64>(1)?,
                         row.get::<_, i64>(2)?,
+                        row.get::<_, i64>(3)?,
                     ))
                 })
                 .map_err(db_error)?;
             let mut counts = QueueCounts::default();
             for row in rows {
-                let (status, claimed, n) = row.map_err(db_error)?;
+                let (status, claimed, waiting, n) = row.map_err(db_error)?;
                 let status = match status {
                     Some(status) => QueueStatus::from_column(&status)?,
+                    None if waiting != 0 => QueueStatus::Waiting,
                     None => QueueStatus::of_claimed(claimed != 0),
                 };
                 let n = count(n, "run count")?;
@@ -193,6 +199,29 @@ struct Claimant {
     writer: Writer,
 }
 
+/// The new runs, oldest first: in the order of the index `run_queue_ready`, so the first
+/// row is the one taken (a run that waits for a person is always a claimed one).
+const CLAIM_NEW: &str = "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
+     FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+     WHERE q.final_status IS NULL AND q.waiting = 0 AND q.claimed = 0
+     ORDER BY q.enqueued_at_ms, q.run_id";
+
+/// The claimed runs, oldest first, for the holder test: those that do not wait for a
+/// person (running, or left by a dead worker), and those that wait but whose first
+/// request's timeout has passed (`?1`: now), woken for their worker to apply it
+/// (spec/human.md). The others wait for their answers, however many: each part reads
+/// an index of its own (`run_queue_ready`, `run_queue_wake`) and the sort is of the
+/// few rows found.
+const CLAIM_TAKEN: &str = "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
+     FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
+     WHERE q.rowid IN (
+         SELECT rowid FROM run_queue
+         WHERE final_status IS NULL AND waiting = 0 AND claimed = 1
+         UNION ALL
+         SELECT rowid FROM run_queue
+         WHERE final_status IS NULL AND waiting = 1 AND wake_at_ms <= ?1)
+     ORDER BY q.enqueued_at_ms, q.run_id";
+
 /// Takes the lease of the oldest open run `scan` looks for: new (never claimed), or
 /// claimed with its holder gone. New runs have no lease to look at, so that scan touches
 /// no holder file.
@@ -207,17 +236,18 @@ fn claim_run(
     lessee: &Lessee,
     claimant: &Claimant,
     scan: Scan,
+    now: i64,
 ) -> Result<Option<ClaimedRow>, StoreError> {
     let abandoned = scan == Scan::Abandoned;
     let mut stmt = tx
-        .prepare_cached(
-            "SELECT q.run_id, l.holder, q.agent, q.cancel_requested, q.traceparent
-             FROM run_queue q LEFT JOIN leases l ON l.run_id = q.run_id
-             WHERE q.final_status IS NULL AND q.claimed = ?1
-             ORDER BY q.enqueued_at_ms, q.run_id",
-        )
+        .prepare_cached(if abandoned { CLAIM_TAKEN } else { CLAIM_NEW })
         .map_err(db_error)?;
-    let mut rows = stmt.query(params![abandoned]).map_err(db_error)?;
+    let mut rows = if abandoned {
+        stmt.query(params![now])
+    } else {
+        stmt.query([])
+    }
+    .map_err(db_error)?;
     while let Some(row) = rows.next().map_err(db_error)? {
         let id: String = row.get(0).map_err(db_error)?;
         let holder: Option<String> = row.get(1).map_err(db_error)?;
@@ -288,6 +318,7 @@ fn read_queue_entry(conn: &Connection, id: &str) -> Result<QueueEntry, StoreErro
         .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
     let status = match &summary.outcome {
         Some(outcome) if summary.state == RunState::Finished => QueueStatus::of_outcome(outcome),
+        _ if !summary.pending.is_empty() => QueueStatus::Waiting,
         _ => QueueStatus::of_claimed(claimed != 0),
     };
     Ok(QueueEntry {

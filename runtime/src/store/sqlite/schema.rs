@@ -77,7 +77,53 @@ const MIGRATIONS: &[(i64, &str)] = &[
         "ALTER TABLE inputs ADD COLUMN n INTEGER NOT NULL DEFAULT 1;
      ALTER TABLE events ADD COLUMN n INTEGER NOT NULL DEFAULT 1;",
     ),
+    (
+        4,
+        // People in the loop (spec/human.md): the requests a run waits on, the answers
+        // given (the first per request wins: the primary key), and in the queue whether
+        // a run waits (not claimable) and when its first open request times out. The
+        // claims read two indexes (`queue.rs`), so that runs waiting for days, however
+        // many, are not walked by every claim.
+        "ALTER TABLE runs ADD COLUMN pending TEXT;
+     CREATE TABLE answers (
+         run_id TEXT NOT NULL,
+         request_id TEXT NOT NULL,
+         answer TEXT NOT NULL,
+         stored_at_ms INTEGER NOT NULL,
+         PRIMARY KEY (run_id, request_id)
+     );
+     ALTER TABLE run_queue ADD COLUMN waiting INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE run_queue ADD COLUMN wake_at_ms INTEGER;
+     CREATE INDEX run_queue_ready ON run_queue (waiting, claimed, enqueued_at_ms, run_id)
+         WHERE final_status IS NULL;
+     CREATE INDEX run_queue_wake ON run_queue (waiting, wake_at_ms)
+         WHERE final_status IS NULL;",
+    ),
 ];
+
+/// Lets a read-only connection to a store older than version 4 read as a new one: it
+/// cannot be migrated, so temporary objects stand in for what is missing (a temporary
+/// view shadows the table of the same name).
+pub(super) fn read_as_current(conn: &Connection, version: i64) -> Result<(), StoreError> {
+    if version >= 4 {
+        return Ok(());
+    }
+    conn.execute_batch(
+        "CREATE TEMP VIEW runs AS SELECT *, NULL AS pending FROM main.runs;
+         CREATE TEMP TABLE answers (run_id TEXT, request_id TEXT, answer TEXT,
+                                    stored_at_ms INTEGER);",
+    )
+    .map_err(db_error)?;
+    if version >= 2 {
+        // The queue came with version 2: its runs read as not waiting.
+        conn.execute_batch(
+            "CREATE TEMP VIEW run_queue AS
+             SELECT *, 0 AS waiting, NULL AS wake_at_ms FROM main.run_queue;",
+        )
+        .map_err(db_error)?;
+    }
+    Ok(())
+}
 
 /// Refuses a path that names something other than a regular file (a device such as
 /// `/dev/null`, a directory, a FIFO) before SQLite opens it: SQLite would create its

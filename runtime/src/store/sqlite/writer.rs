@@ -247,6 +247,9 @@ fn append_batch(tx: &Connection, id: &str, batch: &Batch, now: i64) -> Result<()
     let Some(first_event) = first_event else {
         return Err(refusal(tx, id, batch));
     };
+    if let Some(pending) = &batch.pending {
+        store_pending(tx, id, pending)?;
+    }
     if let Some(outcome) = &batch.outcome {
         // A queued run leaves the claimable set (no row for a run `create` made).
         let status = QueueStatus::of_outcome(outcome).as_str();
@@ -255,6 +258,27 @@ fn append_batch(tx: &Connection, id: &str, batch: &Batch, now: i64) -> Result<()
             .map_err(db_error)?;
     }
     append_rows(tx, id, batch, first_event)
+}
+
+/// Stores the requests the run waits on (none: it goes on), and in the queue whether it
+/// waits and when its first open request times out (`spec/human.md`). The answers are
+/// read in this transaction: one stored before (a run paused again after some of its
+/// requests were answered, or all of them while its worker was letting it go) counts.
+fn store_pending(
+    tx: &Connection,
+    id: &str,
+    pending: &[serde_json::Value],
+) -> Result<(), StoreError> {
+    let text = (!pending.is_empty()).then(|| serde_json::Value::from(pending.to_vec()).to_string());
+    tx.prepare_cached("UPDATE runs SET pending = ?2 WHERE id = ?1")
+        .and_then(|mut s| s.execute(params![id, text]))
+        .map_err(db_error)?;
+    let answered = if pending.is_empty() {
+        Vec::new()
+    } else {
+        super::journal::answered_ids(tx, id)?
+    };
+    super::journal::store_wait_state(tx, id, pending, &answered)
 }
 
 /// Why the run's row refused a batch: no such run, finished, or out of sequence.
