@@ -1,9 +1,8 @@
 """Durable runs in Python wait for a person (spec/human.md §4.3): a run with a store that
 asks pauses (``RunWaiting``), its requests are answered later through the same store
 (``aplc.answer``) and it goes on with ``aplc.resume``, ending as a run answered at once,
-with no provider call repeated and the approved tool run once. SQLite only: the Python
-tests have no PostgreSQL server to reach (the runtime's and the CLI's tests run the
-same driver on both stores)."""
+with no provider call repeated and the approved tool run once. Each test runs on a
+SQLite file and on a throwaway PostgreSQL server (``pg.py``)."""
 
 import asyncio
 import json
@@ -45,9 +44,11 @@ def tool_log(tmp_path, monkeypatch):
     return log
 
 
-@pytest.fixture
-def store(tmp_path):
-    return f"sqlite:{tmp_path / 'runs.db'}"
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:{tmp_path / 'runs.db'}"
+    return request.getfixturevalue("postgres").database("human")
 
 
 def options(model, **more):
