@@ -111,34 +111,15 @@ pub(crate) fn answer_request(
             })
         })
         .map_err(store_error)?;
-    let run = escape_control(&run_id).into_owned();
-    let request = escape_control(&request_id).into_owned();
+    let (run, request) = (shown_id(&run_id), shown_id(&request_id));
     if summary.state == RunState::Finished {
         return Err(finished(&run));
     }
     if stored.iter().any(|(id, _)| *id == request_id) {
         return Err(already_answered(&run, &request));
     }
-    let pending: Vec<Pending> = summary
-        .pending
-        .iter()
-        .filter_map(Pending::from_json)
-        .collect();
-    let Some(asked) = pending.iter().find(|p| p.request.id == request_id) else {
-        let ids: Vec<String> = pending
-            .iter()
-            .map(|p| escape_control(&p.request.id).into_owned())
-            .collect();
-        let waits = match ids.is_empty() {
-            true => "it waits for none".to_owned(),
-            false => format!("it waits for {}", ids.join(", ")),
-        };
-        return Err(PyValueError::new_err(format!(
-            "run `{run}` waits for no request `{request}` (answered already, or never asked); \
-             {waits}"
-        )));
-    };
-    let given = reply.call1((json_to_py(py, &shown(asked))?, answer))?;
+    let asked = pending_request(&summary.pending, &run, &request_id)?;
+    let given = reply.call1((json_to_py(py, &shown(&asked))?, answer))?;
     let given = py_to_json(&given).map_err(|e| bad_answer(&request, e))?;
     let given = reply_from_json(&given).map_err(|e| bad_answer(&request, e))?;
     asked.request.check(&given).map_err(PyValueError::new_err)?;
@@ -160,6 +141,28 @@ pub(crate) fn answer_request(
         Answered::AlreadyAnswered => Err(already_answered(&run, &request)),
         Answered::Finished => Err(finished(&run)),
     }
+}
+
+/// An id for a message (a control character shown escaped).
+fn shown_id(id: &str) -> String {
+    escape_control(id).into_owned()
+}
+
+/// The request `id` among a stored run's `pending` ones.
+fn pending_request(pending: &[Json], run: &str, id: &str) -> PyResult<Pending> {
+    let pending: Vec<Pending> = pending.iter().filter_map(Pending::from_json).collect();
+    if let Some(asked) = pending.iter().find(|p| p.request.id == id) {
+        return Ok(asked.clone());
+    }
+    let ids: Vec<String> = pending.iter().map(|p| shown_id(&p.request.id)).collect();
+    let waits = match ids.is_empty() {
+        true => "it waits for none".to_owned(),
+        false => format!("it waits for {}", ids.join(", ")),
+    };
+    Err(PyValueError::new_err(format!(
+        "run `{run}` waits for no request `{}` (answered already, or never asked); {waits}",
+        shown_id(id)
+    )))
 }
 
 fn finished(run: &str) -> PyErr {
@@ -186,32 +189,29 @@ fn shown(pending: &Pending) -> Json {
     json
 }
 
-/// A store's error for Python: what the caller can fix is a `ValueError`.
-fn store_error(error: StoreError) -> PyErr {
+/// A store's error for Python, with `message`: what the caller can fix (a URL, a run
+/// id, a run in use or finished) is a `ValueError`.
+fn store_error_with(error: &StoreError, message: String) -> PyErr {
     match error {
         StoreError::Url(_)
         | StoreError::NotFound(_)
         | StoreError::Exists(_)
         | StoreError::Finished(_)
         | StoreError::Locked(_)
-        | StoreError::Foreign(_) => PyValueError::new_err(error.to_string()),
-        _ => PyRuntimeError::new_err(error.to_string()),
+        | StoreError::Foreign(_)
+        | StoreError::TooLarge(_) => PyValueError::new_err(message),
+        _ => PyRuntimeError::new_err(message),
     }
+}
+
+fn store_error(error: StoreError) -> PyErr {
+    store_error_with(&error, error.to_string())
 }
 
 /// The durable driver's error for Python, redacted.
 fn durable_error(error: DurableError, redactor: &Redactor) -> PyErr {
     match error {
-        DurableError::Store(error) => {
-            let error = store_error(error);
-            Python::attach(|py| {
-                let message = redactor.redact(&error.value(py).to_string());
-                match error.is_instance_of::<PyValueError>(py) {
-                    true => PyValueError::new_err(message),
-                    false => PyRuntimeError::new_err(message),
-                }
-            })
-        }
+        DurableError::Store(error) => store_error_with(&error, redactor.redact(&error.to_string())),
         DurableError::Mismatch { id, message } if message.starts_with("the tools differ") => {
             PyValueError::new_err(format!(
                 "run `{id}` cannot resume with these tools: they differ from the ones it \
@@ -308,8 +308,9 @@ struct CancelOnDrop(Option<Py<PyAny>>);
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(task) = self.0.take() {
-            // A concurrent future: its cancel reaches the task on the loop.
-            Python::attach(|py| drop(task.bind(py).call_method0("cancel")));
+            // A concurrent future: its cancel reaches the task on the loop. (Nothing to
+            // cancel once the interpreter is shutting down.)
+            Python::try_attach(|py| drop(task.bind(py).call_method0("cancel")));
         }
     }
 }
