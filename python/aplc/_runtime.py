@@ -73,11 +73,16 @@ class RunWaiting(Exception):
     spec/human.md §2 shows them), ``store`` the store's URL as given."""
 
     def __init__(self, run_id: str, pending: List[Dict[str, Any]], store: str) -> None:
-        asked = ", ".join(f"{r['id']} ({r['kind']}: {r['prompt']})" for r in pending)
+        asked = ", ".join(_printable(f"{r['id']} ({r['kind']}: {r['prompt']})") for r in pending)
         super().__init__(f"run {run_id!r} waits for input: {asked}")
         self.run_id = run_id
         self.pending = pending
         self.store = store
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped: a prompt may hold what a model wrote."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class _Later:

@@ -246,3 +246,9 @@ def test_a_python_call_past_the_deadline_is_cancelled(store):
         await asyncio.wait_for(cancelled.wait(), 30)
 
     asyncio.run(main())
+
+
+def test_run_waiting_shows_a_prompt_with_its_control_characters_escaped():
+    waiting = aplc.RunWaiting("r", [{"id": "2-0", "kind": "input", "prompt": "ok?\x1b[2J\nsure"}], "sqlite:x")
+    assert str(waiting) == "run 'r' waits for input: 2-0 (input: ok?\\x1b[2J\\nsure)"
+    assert waiting.pending[0]["prompt"] == "ok?\x1b[2J\nsure"
