@@ -10,7 +10,7 @@ import json
 import pytest
 
 import aplc
-from conftest import response
+from conftest import response, tool_call
 from test_human import AGENT, HUMAN, first_turn
 
 #: The answers every test gives: the small refund approved, the large one denied, the
@@ -252,3 +252,29 @@ def test_run_waiting_shows_a_prompt_with_its_control_characters_escaped():
     waiting = aplc.RunWaiting("r", [{"id": "2-0", "kind": "input", "prompt": "ok?\x1b[2J\nsure"}], "sqlite:x")
     assert str(waiting) == "run 'r' waits for input: 2-0 (input: ok?\\x1b[2J\\nsure)"
     assert waiting.pending[0]["prompt"] == "ok?\x1b[2J\nsure"
+
+
+def test_python_tools_run_in_a_durable_run_once(store, tool_log):
+    noted = []
+
+    async def note(text: str) -> str:
+        """Notes something down."""
+        noted.append(text)
+        return f"noted {text}"
+
+    manifest = json.loads((HUMAN / "tools.json").read_text())
+    for entry in manifest.values():
+        if "cwd" in entry:
+            entry["cwd"] = str(HUMAN)
+    tools = {"mcpServers": {}, **manifest, "note": {"fn": note}}
+    model = Model()
+    model.answers = [response("noting", [tool_call("n1", "note", {"text": "A-17"})]), response("done"), response("sent")]
+    with pytest.raises(aplc.RunWaiting) as waiting:
+        aplc.start_sync(AGENT, {"with_providers": {"*": model}, "with_tools": tools, "store": store, "run_id": "r5"})
+    assert [r["id"] for r in waiting.value.pending] == ["2-0"]
+    assert noted == ["A-17"] and len(model.calls) == 2
+    assert aplc.answer(store, "r5", "2-0", False) == []
+    context = aplc.resume_sync(store, "r5", {"with_providers": {"*": model}, "with_tools": tools})
+    assert context["result_text"] == "sent" and context["human_input"] is False
+    assert context["context_history"][0]["result_tool_calls"][0]["content"] == "noted A-17"
+    assert noted == ["A-17"] and len(model.calls) == 3
