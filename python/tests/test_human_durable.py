@@ -6,6 +6,12 @@ SQLite file and on a throwaway PostgreSQL server (``pg.py``)."""
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +40,15 @@ class Model:
     def __call__(self, context):
         self.calls.append(context["prompts"])
         return self.answers.pop(0)
+
+    @staticmethod
+    def replay(log, context):
+        """The same script across processes: the calls so far are the lines of ``log``."""
+        with open(log, "a+") as f:
+            f.seek(0)
+            n = len(f.readlines())
+            f.write(json.dumps(context["prompts"]) + "\n")
+        return Model().answers[n]
 
 
 @pytest.fixture(autouse=True)
@@ -278,3 +293,65 @@ def test_python_tools_run_in_a_durable_run_once(store, tool_log):
     assert context["result_text"] == "sent" and context["human_input"] is False
     assert context["context_history"][0]["result_tool_calls"][0]["content"] == "noted A-17"
     assert noted == ["A-17"] and len(model.calls) == 3
+
+
+CHILD = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import aplc
+from test_human import AGENT, HUMAN
+from test_human_durable import Model
+
+store, calls, asked = sys.argv[2:5]
+
+
+def model(context):
+    return Model.replay(calls, context)
+
+
+def person(request):
+    with open(asked, "a") as f:
+        f.write(request["id"] + "\\n")
+    time.sleep(600)
+
+
+aplc.start_sync(AGENT, {"with_providers": {"*": model}, "with_tools": str(HUMAN / "tools.json"),
+                        "store": store, "run_id": "k1", "on_input": person})
+"""
+
+
+def test_a_run_killed_while_on_input_asks_is_answered_and_resumed_elsewhere(store, tool_log, tmp_path):
+    """SIGKILL while ``on_input`` thinks: the requests were committed before it was
+    asked, so another process answers them and goes on, repeating no call."""
+    calls, asked = tmp_path / "calls.log", tmp_path / "asked.log"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(Path(__file__).parent), store, str(calls), str(asked)])
+    try:
+        deadline = time.monotonic() + 120
+        while not (asked.exists() and asked.read_text()) and time.monotonic() < deadline:
+            assert child.poll() is None, "the child ended before it asked"
+            time.sleep(0.05)
+        assert asked.read_text().split() == ["1-1"]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(60)
+
+    def model(context):
+        return Model.replay(calls, context)
+
+    def go_on(opts):
+        # The dead process's lease is released by its store (a closed connection).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return aplc.resume_sync(store, "k1", opts)
+            except ValueError as e:
+                if "another process" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    assert aplc.answer(store, "k1", "1-1", True) == ["1-2"]
+    assert aplc.answer(store, "k1", "1-2", ANSWERS["1-2"]) == []
+    context = go_on(options(model, on_input=person))
+    assert context["result_text"] == "sent"
+    assert len(calls.read_text().splitlines()) == 3
+    assert ran(tool_log) == ["A-17"]
