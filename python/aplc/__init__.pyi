@@ -35,9 +35,12 @@ class Options(TypedDict, total=False):
     providers: Union[Mapping[str, Any], str]
     on_event: Callable[[Dict[str, Any]], None]
     # Answers a request for a person (spec/human.md): True/False or {"approve", "reason"}
-    # for an approval, the value for the others; sync or async.
+    # for an approval, the value for the others, or LATER; sync or async.
     on_input: Callable[[Dict[str, Any]], Any]
     dialect: Literal["spec", "defuss-1.1"]
+    # A durable run (spec/human.md §4.3): "sqlite:PATH" or "postgres://…", and its id.
+    store: str
+    run_id: str
 
 class ValidationError(ValueError):
     diagnostics: List[Diagnostic]
@@ -47,6 +50,15 @@ class RunError(RuntimeError):
     kind: str
     step: Optional[str]
 
+class RunWaiting(Exception):
+    run_id: str
+    pending: List[Dict[str, Any]]
+    store: str
+
+class _Later: ...
+
+LATER: _Later
+
 class SchemaValidationError(ValueError): ...
 
 Dialect = Literal["spec", "defuss-1.1"]
@@ -55,6 +67,9 @@ def check(source: str, relaxed: bool = ..., dialect: Dialect = ...) -> Literal[T
 def compile(source: str, relaxed: bool = ..., dialect: Dialect = ...) -> bytes: ...
 async def start(agent: Union[str, bytes], options: Optional[Options] = ...) -> Context: ...
 def start_sync(agent: Union[str, bytes], options: Optional[Options] = ...) -> Context: ...
+async def resume(store: str, run_id: str, options: Optional[Options] = ...) -> Context: ...
+def resume_sync(store: str, run_id: str, options: Optional[Options] = ...) -> Context: ...
+def answer(store: str, run_id: str, request_id: str, answer: Any, by: str = ...) -> List[str]: ...
 
 class Program:
     @classmethod

@@ -1,5 +1,6 @@
 """The runtime API (spec §6): ``check``, ``compile``, ``start``, ``start_sync`` and
-``Program``, over the native module."""
+``Program``, over the native module; durable runs (``store``), ``resume`` and ``answer``
+(spec/human.md §4.3)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,13 @@ OPTIONS = frozenset(
         "on_event",
         "on_input",
         "dialect",
+        "store",
+        "run_id",
     }
 )
+
+#: The options a durable run keeps from its start: a resume takes none of them.
+RUN_OWN = frozenset({"with_context", "timeout", "max_runs", "max_steps", "relaxed", "dialect", "store", "run_id"})
 
 DEFAULT_TIMEOUT_MS = _aplc.DEFAULT_TIMEOUT_MS
 DEFAULT_MAX_STEPS = _aplc.DEFAULT_MAX_STEPS
@@ -58,6 +64,39 @@ class RunError(RuntimeError):
         self.context = context
         self.kind = kind
         self.step = step
+
+
+class RunWaiting(Exception):
+    """A durable run waits for a person (spec/human.md): its requests are committed to
+    its store. Answer them with :func:`answer`, then go on with :func:`resume`.
+    ``run_id`` is the run's id, ``pending`` the requests still unanswered (dicts, as
+    spec/human.md §2 shows them), ``store`` the store's URL as given."""
+
+    def __init__(self, run_id: str, pending: List[Dict[str, Any]], store: str) -> None:
+        asked = ", ".join(_printable(f"{r['id']} ({r['kind']}: {r['prompt']})") for r in pending)
+        super().__init__(f"run {run_id!r} waits for input: {asked}")
+        self.run_id = run_id
+        self.pending = pending
+        self.store = store
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped: a prompt may hold what a model wrote."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+class _Later:
+    """The type of :data:`LATER`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "aplc.LATER"
+
+
+#: What ``on_input`` returns to leave a request unanswered: a durable run waits for it
+#: in its store (:class:`RunWaiting`); an in-memory run, which cannot wait, fails.
+LATER = _Later()
 
 
 def _diagnostics(rows: List[Tuple[str, str, str, int, int]]) -> List[Dict[str, Any]]:
@@ -136,7 +175,8 @@ class Program:
 async def start(agent: Union[str, bytes], options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Validates and runs ``agent`` (``.apl`` source, or bundle bytes) and returns the
     final context. Raises :class:`ValidationError` on invalid source and
-    :class:`RunError` when the run fails."""
+    :class:`RunError` when the run fails. With ``store``, the run is durable and raises
+    :class:`RunWaiting` when it waits for a person."""
     parsed = _Options(options)
     return await _Run(parsed).run(_program(agent, parsed)._native)
 
@@ -144,6 +184,46 @@ async def start(agent: Union[str, bytes], options: Optional[Mapping[str, Any]] =
 def start_sync(agent: Union[str, bytes], options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """:func:`start` for code that is not async: runs it on a new event loop."""
     return asyncio.run(start(agent, options))
+
+
+async def resume(store: str, run_id: str, options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Goes on with the durable run ``run_id`` of ``store`` (one that waits, or one whose
+    process died) with ``options``' providers, tools (the ones it started with),
+    ``on_input`` and ``on_event``; the run keeps its own context, limits and timeout.
+    Returns the final context, or raises :class:`RunWaiting` (requests still
+    unanswered) or :class:`RunError`."""
+    if not isinstance(store, str):
+        raise TypeError(f"resume takes the store's URL as str, found {type(store).__name__}")
+    if not isinstance(run_id, str):
+        raise TypeError(f"resume takes the run id as str, found {type(run_id).__name__}")
+    own = sorted(str(k) for k in (options or {}) if k in RUN_OWN)
+    if own:
+        raise ValueError(
+            f"option(s) {', '.join(map(repr, own))} belong to the run: it resumes with the ones it started with"
+        )
+    parsed = _Options(options)
+    return await _Run(parsed).resume(store, run_id)
+
+
+def resume_sync(store: str, run_id: str, options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """:func:`resume` for code that is not async: runs it on a new event loop."""
+    return asyncio.run(resume(store, run_id, options))
+
+
+def answer(store: str, run_id: str, request_id: str, answer: Any, by: str = "python") -> List[str]:
+    """Stores ``answer`` to request ``request_id`` of the durable run ``run_id`` waiting
+    in ``store``: ``True``/``False`` or ``{"approve", "reason"}`` for an approval, the
+    value for the others. It is checked against the request first (its kind, its
+    schema); anything wrong (an unknown run or request, one answered already, a finished
+    run) is a ``ValueError``, and nothing is stored. ``by`` is who answered, as the
+    journal records it. Returns the ids of the run's requests still unanswered: when
+    none are left, :func:`resume` goes on."""
+    for name, value in (("store", store), ("run_id", run_id), ("request_id", request_id), ("by", by)):
+        if not isinstance(value, str):
+            raise TypeError(f"answer takes {name} as str, found {type(value).__name__}")
+    return _aplc.answer_request(
+        store, run_id, request_id, answer, by, lambda request, given: _reply(request, given, "answer")
+    )
 
 
 def _program(agent: Any, options: "_Options") -> Program:
@@ -216,6 +296,11 @@ class _Options:
             raise TypeError("option 'on_input' must be callable")
         #: Answers a run's requests for a person (spec/human.md §4.3).
         self.on_input: Optional[Callable[[Dict[str, Any]], Any]] = on_input
+        #: A durable run's store (spec/durability.md) and run id.
+        self.store = _str_option(options, "store")
+        self.run_id = _str_option(options, "run_id")
+        if self.run_id is not None and self.store is None:
+            raise ValueError("option 'run_id' names a durable run: it needs option 'store'")
         dialect = options.get("dialect", "spec")
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}")
@@ -241,10 +326,10 @@ class _Run:
         self.options = options
         self.tool_table = ToolTable(options.raw_tools, options.tools)
 
-    async def run(self, native: Any) -> Dict[str, Any]:
+    def _config(self) -> Dict[str, Any]:
         o = self.options
         listening = o.on_event is not None or o.debug
-        config = {
+        return {
             "context": o.context,
             "timeout_ms": o.timeout,
             "max_runs": o.max_runs,
@@ -259,7 +344,13 @@ class _Run:
             "manifest": o.manifest,
             "on_input": o.on_input is not None,
         }
-        run = native.begin(config)
+
+    async def run(self, native: Any) -> Dict[str, Any]:
+        store = self.options.store
+        if store is not None:
+            ended = await _aplc.start_durable(native, self._config(), store, self.options.run_id, self)
+            return self._ended(ended, store)
+        run = native.begin(self._config())
         if inspect.isawaitable(run):  # the manifest's MCP servers start first
             run = await run
         try:
@@ -271,12 +362,23 @@ class _Run:
         _, events, context, error = action
         if events:
             self._deliver(events)
-        if native.dialect == "defuss-1.1":
-            _add_context_view(context)
+        return _finished(context, error, native.dialect)
+
+    async def resume(self, store: str, run_id: str) -> Dict[str, Any]:
+        return self._ended(await _aplc.resume_durable(self._config(), store, run_id, self), store)
+
+    @staticmethod
+    def _ended(ended: Tuple[Any, ...], store: str) -> Dict[str, Any]:
+        """A durable run's end: ``("done", context, error, dialect)`` or ``("waiting",
+        run_id, pending, error)``, ``error`` what ``on_input`` raised (the run waits in
+        its store all the same)."""
+        if ended[0] == "done":
+            _, context, error, dialect = ended
+            return _finished(context, error, dialect)
+        _, run_id, pending, error = ended
         if error is not None:
-            kind, message, step = error
-            raise RunError(message, context, kind, step)
-        return context
+            raise error
+        raise RunWaiting(run_id, pending, store)
 
     async def _drive(self, run: Any) -> Tuple[Any, ...]:
         """Performs the run's actions until it is done; returns the ``done`` action.
@@ -294,18 +396,26 @@ class _Run:
         answers to the run."""
         if action[1]:
             self._deliver(action[1])
+        answers = await self._answers(action[2])
+        if any(reply is None for _, reply in answers):
+            answers = []  # a request left for later: an in-memory run has nowhere to wait
+        return run.answer_input(answers)
+
+    async def _answers(self, requests: List[Dict[str, Any]]) -> List[Tuple[str, Optional[Dict[str, Any]]]]:
+        """``on_input``'s answers to ``requests``, as ``(id, reply)``; the reply is
+        ``None`` for a request it left for later (:data:`LATER`)."""
         on_input = self.options.on_input
         assert on_input is not None  # the native run asks only when it is given
-        answers = []
-        for request in action[2]:
+        answers: List[Tuple[str, Optional[Dict[str, Any]]]] = []
+        for request in requests:
             if inspect.iscoroutinefunction(on_input):
                 result = await on_input(request)
             else:
                 result = await asyncio.to_thread(on_input, request)
                 if inspect.isawaitable(result):
                     result = await result
-            answers.append((request["id"], _reply(request, result)))
-        return run.answer_input(answers)
+            answers.append((request["id"], None if result is LATER else _reply(request, result)))
+        return answers
 
     async def _drive_timed(self, run: Any, action: Tuple[Any, ...]) -> Tuple[Any, ...]:
         """Performs the run's actions under its timer until it is done or asks a
@@ -394,9 +504,20 @@ class _Run:
                 print(f"aplc: on_event raised {_exception_text(e)}", file=sys.stderr)
 
 
-def _reply(request: Dict[str, Any], result: Any) -> Dict[str, Any]:
-    """``on_input``'s return value as a reply: ``True``/``False`` or ``{"approve",
-    "reason"}`` for an approval, the value for the others."""
+def _finished(context: Dict[str, Any], error: Optional[Tuple[str, str, Optional[str]]], dialect: str) -> Dict[str, Any]:
+    """A finished run's context, or its :class:`RunError`."""
+    if dialect == "defuss-1.1":
+        _add_context_view(context)
+    if error is not None:
+        kind, message, step = error
+        raise RunError(message, context, kind, step)
+    return context
+
+
+def _reply(request: Dict[str, Any], result: Any, who: str = "on_input") -> Dict[str, Any]:
+    """``on_input``'s return value (or :func:`answer`'s ``answer``) as a reply:
+    ``True``/``False`` or ``{"approve", "reason"}`` for an approval, the value for the
+    others."""
     if request.get("kind") != "approval":
         return {"value": result}
     if isinstance(result, bool):
@@ -404,10 +525,10 @@ def _reply(request: Dict[str, Any], result: Any) -> Dict[str, Any]:
     if isinstance(result, Mapping) and isinstance(result.get("approve"), bool):
         reason = result.get("reason")
         if reason is not None and not isinstance(reason, str):
-            raise ValueError(f"on_input: the reason for request {request['id']!r} must be a str")
+            raise ValueError(f"{who}: the reason for request {request['id']!r} must be a str")
         return {"approve": result["approve"], "reason": reason}
     raise ValueError(
-        f"on_input: the answer to approval request {request['id']!r} must be True, False "
+        f"{who}: the answer to approval request {request['id']!r} must be True, False "
         f"or {{'approve': bool, 'reason': str}}, found {type(result).__name__}"
     )
 

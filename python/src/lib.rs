@@ -5,12 +5,14 @@
 //! The Python facade (`python/aplc/`) owns the public API, option parsing, descriptor
 //! inference and the exception classes; this module moves data across the boundary as
 //! Python objects built directly (`convert`), and polls the machine with the GIL
-//! released, on the loop's thread (`run`).
+//! released, on the loop's thread (`run`); durable runs go through the runtime's durable
+//! driver on the module's tokio runtime (`durable`).
 
 use pyo3::prelude::*;
 
 mod check;
 mod convert;
+mod durable;
 mod run;
 
 /// The module: functions for the facade, never called by users directly.
@@ -19,6 +21,9 @@ fn _aplc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check::check_source, m)?)?;
     m.add_function(wrap_pyfunction!(check::build_bundle, m)?)?;
     m.add_function(wrap_pyfunction!(check::schema_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(durable::start_durable, m)?)?;
+    m.add_function(wrap_pyfunction!(durable::resume_durable, m)?)?;
+    m.add_function(wrap_pyfunction!(durable::answer_request, m)?)?;
     m.add_class::<run::NativeProgram>()?;
     m.add_class::<run::NativeRun>()?;
     m.add_class::<run::RustAnswer>()?;

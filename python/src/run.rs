@@ -37,14 +37,14 @@ use crate::convert::{json_to_py, py_to_json, value_to_py};
 /// A loaded program: compiled once, run any number of times, from any thread.
 #[pyclass(frozen, name = "NativeProgram", module = "aplc._aplc")]
 pub(crate) struct NativeProgram {
-    program: Arc<Program>,
+    pub(crate) program: Arc<Program>,
 }
 
 /// What the facade passes to [`NativeProgram::begin`]: the options, already checked
 /// (a dict with exactly these keys).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
-struct RunConfig {
+pub(crate) struct RunConfig {
     /// `with_context`: a dict of JSON values.
     context: Py<PyAny>,
     timeout_ms: u64,
@@ -133,17 +133,14 @@ impl NativeProgram {
     /// runtime, which runs their calls), then it gives the run. They stop when the run
     /// ends (spec/python.md, "Tool manifests").
     fn begin<'py>(&self, py: Python<'py>, config: RunConfig) -> PyResult<Bound<'py, PyAny>> {
-        let mut prepared = Prepared::new(py, self.program.clone(), config)?;
+        let mut prepared = Prepared::new(py, config)?;
+        let program = self.program.clone();
         if prepared.toolbox.pending_mcp_servers().is_empty() {
-            return Ok(Bound::new(py, prepared.finish()?)?.into_any());
+            return Ok(Bound::new(py, prepared.finish(program)?)?.into_any());
         }
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            prepared
-                .toolbox
-                .start_mcp()
-                .await
-                .map_err(|e| PyValueError::new_err(prepared.redactor.redact(&e.to_string())))?;
-            prepared.finish()
+            prepared.start_mcp().await?;
+            prepared.finish(program)
         })
     }
 }
@@ -198,22 +195,24 @@ enum Waiting {
 /// How many deltas of a Rust provider wait for the loop before the provider waits.
 const DELTA_QUEUE: usize = 32;
 
-/// A run built but not started: what [`NativeRun`] needs, once the manifest's MCP
-/// servers (if any) have started.
-struct Prepared {
-    program: Arc<Program>,
-    options: RunOptions,
-    toolbox: Toolbox,
+/// A run built but not started: what [`NativeRun`] (or a durable run, `crate::durable`)
+/// needs, once the manifest's MCP servers (if any) have started.
+pub(crate) struct Prepared {
+    /// The options; `tools` holds `with_tools`' descriptors.
+    pub(crate) options: RunOptions,
+    /// The manifest's tools.
+    pub(crate) toolbox: Toolbox,
     events: bool,
-    models: Vec<String>,
-    fallback: Fallback,
-    redactor: Redactor,
-    on_delta: Option<Py<PyAny>>,
-    on_input: bool,
+    pub(crate) models: Vec<String>,
+    pub(crate) fallback: Fallback,
+    pub(crate) redactor: Redactor,
+    /// `on_event` (when someone listens).
+    pub(crate) on_delta: Option<Py<PyAny>>,
+    pub(crate) on_input: bool,
 }
 
 impl Prepared {
-    fn new(py: Python<'_>, program: Arc<Program>, config: RunConfig) -> PyResult<Prepared> {
+    pub(crate) fn new(py: Python<'_>, config: RunConfig) -> PyResult<Prepared> {
         let context = py_to_json(config.context.bind(py)).map_err(|e| {
             PyTypeError::new_err(format!("with_context must hold JSON values only: {e}"))
         })?;
@@ -268,7 +267,6 @@ impl Prepared {
             .build(&ProcessEnvironment)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Prepared {
-            program,
             options,
             toolbox: equipment.toolbox,
             events: config.events,
@@ -280,8 +278,15 @@ impl Prepared {
         })
     }
 
-    /// The run, with the manifest's tools offered after `with_tools`' own.
-    fn finish(mut self) -> PyResult<NativeRun> {
+    /// Starts the manifest's MCP servers, on the module's tokio runtime (which runs
+    /// their calls).
+    pub(crate) async fn start_mcp(&mut self) -> PyResult<()> {
+        let started = self.toolbox.start_mcp().await;
+        started.map_err(|e| PyValueError::new_err(self.redactor.redact(&e.to_string())))
+    }
+
+    /// The run of `program`, with the manifest's tools offered after `with_tools`' own.
+    fn finish(mut self, program: Arc<Program>) -> PyResult<NativeRun> {
         let registry = self.toolbox.registry();
         let tools = Arc::make_mut(&mut self.options.tools);
         for name in registry.names() {
@@ -289,9 +294,7 @@ impl Prepared {
                 continue;
             };
             if tools.get(name).is_some() {
-                return Err(PyValueError::new_err(format!(
-                    "two tools are named `{name}`: one in with_tools, one in the manifest"
-                )));
+                return Err(duplicate_tool(name));
             }
             tools
                 .register(spec.clone())
@@ -300,7 +303,7 @@ impl Prepared {
         let toolbox = (!self.toolbox.is_empty()).then(|| Arc::new(self.toolbox));
         let redactor = self.redactor;
         let interrupt = self.options.interrupt.clone();
-        let machine = Machine::new(self.program, self.options);
+        let machine = Machine::new(program, self.options);
         // The session hands its events to the buffer, redacted; `next` turns them into
         // Python objects with each action.
         let events = self.events.then(|| Arc::new(Mutex::new(Vec::new())));
@@ -326,6 +329,13 @@ impl Prepared {
             interrupt,
         })
     }
+}
+
+/// Two tools with one name: one of `with_tools`, one of the manifest.
+pub(crate) fn duplicate_tool(name: &str) -> PyErr {
+    PyValueError::new_err(format!(
+        "two tools are named `{name}`: one in with_tools, one in the manifest"
+    ))
 }
 
 impl NativeRun {
@@ -406,7 +416,9 @@ impl NativeRun {
     /// Hands the run a person's answers (`on_input`'s): `(request id, reply)` pairs, the
     /// reply `{"approve", "reason"?}` or `{"value"}`; then runs to the next action. An
     /// answer that does not fit its request (a wrong kind, a schema violation) is a
-    /// `ValueError` naming the request, and the run takes none of them.
+    /// `ValueError` naming the request, and the run takes none of them. No answers: a
+    /// request was left for later (`aplc.LATER`), and the run fails as one without
+    /// `on_input` (an in-memory run has nowhere to wait).
     fn answer_input<'py>(
         &self,
         py: Python<'py>,
@@ -418,6 +430,12 @@ impl NativeRun {
             return Err(PyRuntimeError::new_err("the run is not waiting for input"));
         }
         let session = state.session.as_mut().ok_or_else(finished)?;
+        if answers.is_empty() {
+            // `on_input` left a request for later: an in-memory run cannot wait.
+            state.waiting = Waiting::Nothing;
+            abandon_input(session);
+            return state.next(py);
+        }
         let mut checked = Vec::new();
         for (id, reply) in answers {
             let reply = py_to_json(&reply)
@@ -473,6 +491,52 @@ impl Drop for NativeRun {
     }
 }
 
+/// Ends a run that asks with nobody to answer: the error a run without a store gets
+/// (spec/human.md §4.1).
+fn abandon_input(session: &mut RunSession<'static>) {
+    let pending: Vec<aplc_runtime::human::Pending> = session
+        .machine()
+        .pending_requests()
+        .into_iter()
+        .map(|request| aplc_runtime::human::Pending {
+            request: request.clone(),
+            requested_at_ms: aplc_runtime::human::now_ms(),
+        })
+        .collect();
+    session.abandon_input(aplc_runtime::human::nobody_message(&pending));
+}
+
+/// True if a Python provider answers for `model`: its own, or `"*"`, which answers for
+/// every model without one, as in a routing config.
+pub(crate) fn answers_for(models: &HashSet<String>, model: &str) -> bool {
+    models.contains(model) || models.contains("*")
+}
+
+/// The context a Python provider receives: the request's variables, as Python objects.
+pub(crate) fn provider_context<'py>(
+    py: Python<'py>,
+    request: &ProviderRequest,
+) -> PyResult<Bound<'py, PyDict>> {
+    let context = PyDict::new(py);
+    let plain = Redactor::default();
+    for (name, value) in request.context.iter() {
+        context.set_item(name, value_to_py(py, value, &plain)?)?;
+    }
+    Ok(context)
+}
+
+/// Calls `callback` with `event` on the loop of `locals` (`call_soon_threadsafe`: in
+/// the order of the calls, and before a result the loop gets after it).
+pub(crate) fn schedule(py: Python<'_>, locals: &TaskLocals, callback: &Py<PyAny>, event: &Json) {
+    let sent = json_to_py(py, event).and_then(|event| {
+        locals
+            .event_loop(py)
+            .call_method1("call_soon_threadsafe", (callback.bind(py), event))
+    });
+    // The loop is closed: nobody is left to tell.
+    drop(sent);
+}
+
 fn finished() -> PyErr {
     PyRuntimeError::new_err("the run has finished")
 }
@@ -518,18 +582,7 @@ impl State {
                     );
                 }
                 Action::AwaitInput => {
-                    // Nobody to ask: the run ends with the error a run without a store
-                    // gets (spec/human.md §4.1).
-                    let pending: Vec<aplc_runtime::human::Pending> = session
-                        .machine()
-                        .pending_requests()
-                        .into_iter()
-                        .map(|request| aplc_runtime::human::Pending {
-                            request: request.clone(),
-                            requested_at_ms: aplc_runtime::human::now_ms(),
-                        })
-                        .collect();
-                    session.abandon_input(aplc_runtime::human::nobody_message(&pending));
+                    abandon_input(session);
                     continue;
                 }
                 Action::Done => {
@@ -540,16 +593,7 @@ impl State {
                     // The run is over: its MCP servers stop (their process groups killed).
                     self.toolbox = None;
                     let context = outcome_to_py(py, &outcome, &self.redactor)?;
-                    let error = match &outcome.error {
-                        Some(error) => (
-                            error.kind.as_str(),
-                            self.redactor.redact(&error.message),
-                            error.step.clone(),
-                        )
-                            .into_pyobject(py)?
-                            .into_any(),
-                        None => py.None().into_bound(py),
-                    };
+                    let error = error_to_py(py, &outcome, &self.redactor)?;
                     return PyTuple::new(
                         py,
                         [
@@ -563,12 +607,8 @@ impl State {
                 Action::CallProvider(request) => {
                     // `"*"` answers for every model without a provider of its own, as
                     // in a routing config.
-                    if self.models.contains(&request.model) || self.models.contains("*") {
-                        let context = PyDict::new(py);
-                        let plain = Redactor::default();
-                        for (name, value) in request.context.iter() {
-                            context.set_item(name, value_to_py(py, value, &plain)?)?;
-                        }
+                    if answers_for(&self.models, &request.model) {
+                        let context = provider_context(py, &request)?;
                         self.waiting = Waiting::Provider;
                         return PyTuple::new(
                             py,
@@ -782,13 +822,7 @@ impl Relay {
 
     /// Calls the facade's callback with `event` on the loop of `locals`.
     fn schedule(&self, py: Python<'_>, locals: &TaskLocals, event: &Json) {
-        let sent = json_to_py(py, event).and_then(|event| {
-            locals
-                .event_loop(py)
-                .call_method1("call_soon_threadsafe", (self.callback.bind(py), event))
-        });
-        // The loop is closed: nobody is left to tell.
-        drop(sent);
+        schedule(py, locals, &self.callback, event);
     }
 }
 
@@ -823,7 +857,7 @@ async fn complete(
 }
 
 /// A Python provider's answer as the machine takes it.
-fn provider_result(
+pub(crate) fn provider_result(
     kind: &str,
     payload: &Bound<'_, PyAny>,
     redactor: &Redactor,
@@ -849,7 +883,7 @@ fn provider_result(
 }
 
 /// A Python tool's answer as the machine takes it, redacted.
-fn tool_result(
+pub(crate) fn tool_result(
     kind: &str,
     payload: &Bound<'_, PyAny>,
     redactor: &Redactor,
@@ -865,7 +899,7 @@ fn tool_result(
 
 /// The final context, as `RunOutcome::context_json` has it: every variable and
 /// `context_history`, keys sorted, every string redacted.
-fn outcome_to_py<'py>(
+pub(crate) fn outcome_to_py<'py>(
     py: Python<'py>,
     outcome: &RunOutcome,
     redactor: &Redactor,
@@ -895,12 +929,30 @@ fn outcome_to_py<'py>(
     Ok(dict.into_any())
 }
 
+/// The run's error as the facade raises it: `(kind, message, step)`, or `None`.
+pub(crate) fn error_to_py<'py>(
+    py: Python<'py>,
+    outcome: &RunOutcome,
+    redactor: &Redactor,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match &outcome.error {
+        Some(error) => (
+            error.kind.as_str(),
+            redactor.redact(&error.message),
+            error.step.clone(),
+        )
+            .into_pyobject(py)?
+            .into_any(),
+        None => py.None().into_bound(py),
+    })
+}
+
 /// The provider for models without a Python callable: the `providers` router, or the
 /// OpenAI-compatible HTTP provider (`base_url`, `api_key`), built on its first call.
-struct Fallback(Arc<dyn Provider>);
+pub(crate) struct Fallback(Arc<dyn Provider>);
 
 impl Fallback {
-    fn provider(&self) -> Result<Arc<dyn Provider>, ProviderError> {
+    pub(crate) fn provider(&self) -> Result<Arc<dyn Provider>, ProviderError> {
         Ok(self.0.clone())
     }
 }

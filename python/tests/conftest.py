@@ -69,3 +69,13 @@ def fake_model():
     yield start
     for model in models:
         model.close()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL server for the session (``pg.py``)."""
+    from pg import Cluster
+
+    cluster = Cluster()
+    yield cluster
+    cluster.stop()

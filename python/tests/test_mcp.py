@@ -49,7 +49,7 @@ def counter(python, tmp_path):
     }
 
 
-def run(with_tools, calls, allowed):
+def run(with_tools, calls, allowed, **more):
     """Answers "done" with ``calls``."""
 
     async def provider(context):
@@ -59,6 +59,7 @@ def run(with_tools, calls, allowed):
         "with_providers": {"gpt-4o": provider},
         "with_tools": with_tools,
         "with_context": {"allowed": list(allowed)},
+        **more,
     })
 
 
@@ -111,12 +112,15 @@ def test_the_parsed_manifest_runs_next_to_python_tools(mcp_python, tmp_path):
     with_tools = {"mcpServers": {"counter": counter(mcp_python, tmp_path)}, "mul": {"fn": mul}}
     calls = [tool_call("1", "mul", {"a": 6, "b": 7}), tool_call("2", "c_greet", {"name": "Ada"}),
              tool_call("3", "c_fail", {"reason": "testing"})]
-    status = run(with_tools, calls, allowed=("mul", "c_greet", "c_fail"))
-    first, second, third = results(status)
-    assert first == (42, False)
-    assert second == ("Hello, Ada!", False)
-    assert third[1] is True and "failed on purpose: testing" in json.dumps(third[0])
-    assert_gone(tmp_path / "pid")
+    allowed = ("mul", "c_greet", "c_fail")
+    # In memory, and as a durable run (one toolbox for the driver, spec/python.md).
+    for more in ({}, {"store": f"sqlite:{tmp_path / 'runs.db'}"}):
+        status = run(with_tools, calls, allowed, **more)
+        first, second, third = results(status)
+        assert first == (42, False)
+        assert second == ("Hello, Ada!", False)
+        assert third[1] is True and "failed on purpose: testing" in json.dumps(third[0])
+        assert_gone(tmp_path / "pid")
 
 
 def test_a_server_that_does_not_start_is_a_clear_error(mcp_python, tmp_path):
@@ -131,6 +135,7 @@ def test_two_tools_with_one_name_are_refused(mcp_python, tmp_path):
         return a + b
 
     with_tools = {"mcpServers": {"counter": counter(mcp_python, tmp_path)}, "c_add": {"fn": c_add}}
-    with pytest.raises(ValueError, match="two tools are named `c_add`"):
-        run(with_tools, [], allowed=())
-    assert_gone(tmp_path / "pid")
+    for more in ({}, {"store": f"sqlite:{tmp_path / 'runs.db'}"}):
+        with pytest.raises(ValueError, match="two tools are named `c_add`"):
+            run(with_tools, [], allowed=(), **more)
+        assert_gone(tmp_path / "pid")
