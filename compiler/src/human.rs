@@ -167,7 +167,7 @@ mod tests {
     use super::named_steps;
     use crate::{Code, Options, compile};
 
-    /// The APL0025 warnings of `source`, as (message, note about why) pairs.
+    /// The messages of the APL0025 warnings of `source`, which must have no errors.
     fn warnings(source: &str, options: &Options) -> Vec<String> {
         let c = compile(source, "a.apl", options);
         assert!(!c.has_errors(), "{:?}", c.diagnostics);
