@@ -400,3 +400,33 @@ fn no_api_key_warning_only_when_the_run_needs_it() {
         stderr(&o)
     );
 }
+
+/// `await_input` and `human_input` are known names (no APL0018), and APL0025, where no
+/// ask can precede a read of `human_input`, is a warning: the file still builds.
+#[test]
+fn human_input_warnings_do_not_block_a_build() {
+    let clean = aplc(&["check", &fixture("check/human_input_after_await.apl")]);
+    assert_eq!(clean.status.code(), Some(0), "{}", stderr(&clean));
+    assert_eq!(stderr(&clean), "ok: 2 steps, 4 templates\n");
+
+    let apl = fixture("check/warn_human_input_without_await.apl");
+    let warned = aplc(&["check", "--format", "json", &apl]);
+    assert_eq!(warned.status.code(), Some(0), "{}", stderr(&warned));
+    let codes: Vec<String> = stdout(&warned)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["code"].to_string())
+        .collect();
+    assert_eq!(codes, ["\"APL0025\""]);
+
+    let dir = scratch("human-input");
+    let out = dir.join("agent.aplb");
+    let build = aplc(&["build", &apl, "-o", &out.to_string_lossy()]);
+    assert_eq!(build.status.code(), Some(0), "{}", stderr(&build));
+    assert!(
+        stderr(&build).contains("[APL0025] Warning"),
+        "{}",
+        stderr(&build)
+    );
+    assert!(out.is_file());
+    std::fs::remove_dir_all(&dir).ok();
+}

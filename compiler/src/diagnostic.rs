@@ -124,6 +124,9 @@ pub enum Code {
     UnknownFilter,
     /// APL0024: a template expression nested deeper than the VM loads.
     ExpressionTooDeep,
+    /// APL0025: `human_input` read in a step that no step setting `await_input` can
+    /// precede.
+    HumanInputWithoutAwait,
 }
 
 impl Code {
@@ -154,11 +157,12 @@ impl Code {
             Code::UnknownFunction => "APL0022",
             Code::UnknownFilter => "APL0023",
             Code::ExpressionTooDeep => "APL0024",
+            Code::HumanInputWithoutAwait => "APL0025",
         }
     }
 
     /// Every code, in numeric order.
-    pub const ALL: [Code; 24] = [
+    pub const ALL: [Code; 25] = [
         Code::InvalidStepHeading,
         Code::DuplicateStep,
         Code::ReservedStep,
@@ -183,6 +187,7 @@ impl Code {
         Code::UnknownFunction,
         Code::UnknownFilter,
         Code::ExpressionTooDeep,
+        Code::HumanInputWithoutAwait,
     ];
 }
 

@@ -9,9 +9,10 @@
 //! | check §1 rules and templates, build the IR | `lower.rs` | `lower` |
 //! | … then check the step graph | `graph.rs` | `check` |
 //! | … and that every variable read is defined | `variables.rs` | `check` |
+//! | … and that `human_input` is read after an `await_input` | `human.rs` | `check` |
 //! | lay out instructions, build the bundle | `codegen.rs` | `encode` |
 //!
-//! `lower` runs the two file-level checks at its end, on the IR it built. `graph.rs`
+//! `lower` runs the three file-level checks at its end, on the IR it built. `graph.rs`
 //! also holds the public [`StepGraph`], built from a bundle for `aplc graph` and
 //! `aplc inspect`.
 //!
@@ -26,6 +27,7 @@ mod codegen;
 pub mod diagnostic;
 pub mod graph;
 mod heading;
+mod human;
 mod ir;
 mod lexer;
 mod lower;

@@ -8,7 +8,8 @@
 //! Once every step is lowered, the file-level checks run: `next_step` writes outside
 //! post phases, unknown jump targets, and, when the file has no errors so far (a file
 //! with errors has an incomplete step table, so these would only add noise), the
-//! step-graph checks of `graph.rs` and the undefined-variable check of `variables.rs`.
+//! step-graph checks of `graph.rs`, the undefined-variable check of `variables.rs` and
+//! the `human_input` check of `human.rs`.
 
 use std::collections::HashMap;
 
@@ -26,7 +27,7 @@ use crate::heading::indented_phase_heading;
 use crate::ir::{Edge, EdgeTo, Ir, Step, Template};
 use crate::parser::{find_jinja, suggest};
 use crate::relaxed::{self, TemplateMap};
-use crate::{names, variables};
+use crate::{human, names, variables};
 
 /// Lowers a parsed file, appending diagnostics.
 pub(crate) fn lower(
@@ -114,6 +115,15 @@ pub(crate) fn lower(
             .collect();
         graph::check(&checked, lowerer.diags);
         variables::check(&lowerer.templates, &inputs, &globals, lowerer.diags);
+        // defuss-apl keeps a jump set in pre or prompt, which `flows` does not see.
+        let jumps_outside_post = options.dialect == aplc_vm::Dialect::Defuss11
+            && lowerer
+                .templates
+                .iter()
+                .any(|t| t.kind != TemplateKind::Post && !t.facts.next_steps.is_empty());
+        if !jumps_outside_post {
+            human::check(&checked, &lowerer.templates, &inputs, lowerer.diags);
+        }
     }
     let edges = edges(&flows);
     Ir {
