@@ -70,34 +70,13 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// `ms` since the epoch as RFC 3339 UTC with milliseconds.
+/// `ms` since the epoch as RFC 3339 UTC with milliseconds (`requested_at`), formatted as
+/// `aplc runs` formats its times (humantime).
 pub fn rfc3339(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rest = secs.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
-
-/// The proleptic Gregorian date of a day number since 1970-01-01 (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    let since = u64::try_from(ms)
+        .map(std::time::Duration::from_millis)
+        .unwrap_or_default();
+    humantime::format_rfc3339_millis(UNIX_EPOCH + since).to_string()
 }
 
 /// An answer as stores keep it and the service takes it: `{"approve", "reason"?}`,

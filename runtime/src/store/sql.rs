@@ -11,12 +11,9 @@ pub(super) const SCHEMA_VERSION: i64 = 4;
 /// The value of the `magic` row in `aplc_meta`: what marks a database as an aplc store.
 pub(super) const MAGIC: &str = "aplc-run-store";
 
-/// Milliseconds since the Unix epoch, for `updated_at_ms`.
-pub(super) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
+/// Milliseconds since the Unix epoch, for `updated_at_ms`: the runtime's one wall clock
+/// reading of that kind.
+pub(super) use crate::human::now_ms;
 
 /// A count from the database (never negative when the store is ours).
 pub(super) fn count(value: i64, what: &str) -> Result<u64, StoreError> {
