@@ -545,16 +545,8 @@ pub async fn reopen<'s>(
 ) -> Result<Reopened<'s>, DurableError> {
     let lease = store.acquire(id).await?;
     let loaded = store.load(id).await?;
-    reopen_leased(
-        store,
-        lease,
-        loaded,
-        expected,
-        toolbox,
-        config,
-        Interrupt::new(),
-    )
-    .await
+    let restored = restore(id, &loaded, expected, toolbox, config, Interrupt::new())?;
+    Ok(restored.leased(store, lease, config, &loaded.summary.pending))
 }
 
 /// [`reopen`] for a run a service's worker claimed
@@ -564,6 +556,9 @@ pub async fn reopen<'s>(
 /// ([`Claim::loaded`](crate::store::Claim::loaded)); otherwise it is loaded here.
 /// `interrupt` becomes the run's cancel flag: set it only once this returns, since a
 /// flag set during the replay would stop the replay itself.
+///
+/// A run that can never resume here (a corrupt row or journal, another bundle, other
+/// tools) is ended failed under the lease before the error is returned.
 pub async fn reopen_claimed<'s>(
     store: &'s dyn RunJournal,
     lease: Box<dyn Lease>,
@@ -572,24 +567,77 @@ pub async fn reopen_claimed<'s>(
     config: &DurableOptions,
     interrupt: Interrupt,
 ) -> Result<Reopened<'s>, DurableError> {
-    let loaded = match loaded {
-        Some(loaded) => loaded,
-        None => store.load(lease.run_id()).await?,
-    };
-    reopen_leased(store, lease, loaded, None, toolbox, config, interrupt).await
+    let id = lease.run_id().to_owned();
+    let restored = match loaded {
+        Some(loaded) => Ok(loaded),
+        None => store.load(&id).await.map_err(DurableError::from),
+    }
+    .and_then(|loaded| {
+        let restored = restore(&id, &loaded, None, toolbox, config, interrupt)?;
+        Ok((restored, loaded.summary.pending))
+    });
+    match restored {
+        Ok((restored, pending)) => Ok(restored.leased(store, lease, config, &pending)),
+        Err(e) => {
+            // A run that cannot resume here ends failed, once, while this worker still
+            // holds its lease: left unfinished (or released first), it would be claimed
+            // and dropped again and again.
+            if matches!(
+                e,
+                DurableError::Journal { .. }
+                    | DurableError::Mismatch { .. }
+                    | DurableError::Store(StoreError::Corrupt(_))
+            ) {
+                abandon(store, lease.as_ref(), &id, &e.to_string()).await?;
+            }
+            Err(e)
+        }
+    }
 }
 
-async fn reopen_leased<'s>(
-    store: &'s dyn RunJournal,
-    lease: Box<dyn Lease>,
-    loaded: LoadedRun,
+/// A run's state rebuilt from its stored journal, before anything commits for it.
+struct Restored {
+    program: Arc<Program>,
+    machine: Machine,
+    recorder: Recorder,
+    at: Duration,
+    pending: Option<Action>,
+    last_event: Option<Event>,
+    replayed_provider_calls: u64,
+}
+
+impl Restored {
+    /// The run, going on under `lease`.
+    fn leased<'s>(
+        self,
+        store: &'s dyn RunJournal,
+        lease: Box<dyn Lease>,
+        config: &DurableOptions,
+        pending: &[Json],
+    ) -> Reopened<'s> {
+        Reopened {
+            program: self.program,
+            machine: self.machine,
+            recorder: self.recorder,
+            committer: Committer::leased(store, lease, config, pending),
+            at: self.at,
+            pending: self.pending,
+            last_event: self.last_event,
+            replayed_provider_calls: self.replayed_provider_calls,
+        }
+    }
+}
+
+/// Rebuilds run `id` from `loaded`: checks its bundle (against `expected`, if given) and
+/// its tools, restores its newest checkpoint and replays the journal after it.
+fn restore(
+    id: &str,
+    loaded: &LoadedRun,
     expected: Option<&Program>,
     toolbox: &Toolbox,
     config: &DurableOptions,
     interrupt: Interrupt,
-) -> Result<Reopened<'s>, DurableError> {
-    let id = lease.run_id().to_owned();
-    let id = id.as_str();
+) -> Result<Restored, DurableError> {
     let corrupt = |message: String| DurableError::Journal {
         id: id.to_owned(),
         message,
@@ -609,7 +657,7 @@ async fn reopen_leased<'s>(
             )));
         }
     }
-    let program = stored_program(id, &loaded)?;
+    let program = stored_program(id, loaded)?;
     let mut options = options_from_json(id, &loaded.options)?;
     let stored_tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
     if stored_tools != tools_fingerprint(toolbox) {
@@ -619,7 +667,7 @@ async fn reopen_leased<'s>(
     }
     options.tools = toolbox.registry();
     options.interrupt = interrupt;
-    let replayed = replay(id, program.clone(), options, &loaded)?;
+    let replayed = replay(id, program.clone(), options, loaded)?;
     let mut recorder = Recorder::new(
         config.checkpoint_every,
         config.redactor.clone(),
@@ -628,11 +676,10 @@ async fn reopen_leased<'s>(
     );
     recorder.steps_at_checkpoint = replayed.machine.steps();
     recorder.history_start = replayed.history_start;
-    Ok(Reopened {
+    Ok(Restored {
         program,
         machine: replayed.machine,
         recorder,
-        committer: Committer::leased(store, lease, config, &loaded.summary.pending),
         at: replayed.at,
         pending: replayed.pending,
         last_event: replayed.last_event,
@@ -640,12 +687,16 @@ async fn reopen_leased<'s>(
     })
 }
 
-/// Ends the unfinished run `id` as failed with `message`, without running it: for a
-/// service whose worker cannot resume a run (its journal does not replay on this build,
-/// or the tools it started with are gone), so that the run is not claimed again and
-/// again. Takes the run's lease; the outcome's error kind is `Resume`.
-pub async fn abandon(store: &dyn RunJournal, id: &str, message: &str) -> Result<(), DurableError> {
-    let lease = store.acquire(id).await?;
+/// Ends the unfinished run `id`, whose lease is held, as failed with `message`, without
+/// running it: for a claimed run that cannot resume here (its journal does not replay on
+/// this build, or the tools it started with are gone), so that it is not claimed again
+/// and again. The outcome's error kind is `Resume`.
+async fn abandon(
+    store: &dyn RunJournal,
+    lease: &dyn Lease,
+    id: &str,
+    message: &str,
+) -> Result<(), DurableError> {
     let summary = store.summary(id).await?;
     let outcome = json!({
         "status": "failed",
@@ -660,7 +711,7 @@ pub async fn abandon(store: &dyn RunJournal, id: &str, message: &str) -> Result<
         outcome: Some(outcome),
         ..Batch::default()
     };
-    store.append(lease.as_ref(), batch).await?;
+    store.append(lease, batch).await?;
     Ok(())
 }
 

@@ -23,10 +23,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use aplc_runtime::durable::{self, DurableError};
-use aplc_runtime::store::{
-    Claim, Lease, LoadedRun, QueueStatus, RunQueue, StoreError, TimedJournal,
-};
+use aplc_runtime::durable;
+use aplc_runtime::store::{Claim, Lease, LoadedRun, QueueStatus, RunQueue, TimedJournal};
 use aplc_runtime::telemetry::{Parent, RunDetails, RunTrace};
 use aplc_runtime::{DeltaRedactor, Redactor};
 use aplc_vm::{Event, EventKind, Interrupt};
@@ -225,18 +223,8 @@ async fn drive(
     let reopened = match reopened {
         Ok(reopened) => reopened,
         Err(e) => {
+            // `reopen_claimed` has ended the run failed if it can never resume here.
             tracing::error!(run_id = %id, error = %e, "cannot resume the run");
-            // A run that cannot resume here ends failed, once: left unfinished, it would be
-            // claimed and dropped again and again.
-            if matches!(
-                e,
-                DurableError::Journal { .. }
-                    | DurableError::Mismatch { .. }
-                    | DurableError::Store(StoreError::Corrupt(_))
-            ) && let Err(e) = durable::abandon(store, id, &e.to_string()).await
-            {
-                tracing::error!(run_id = %id, error = %e, "cannot mark the run failed");
-            }
             return;
         }
     };
