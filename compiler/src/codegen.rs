@@ -117,6 +117,8 @@ pub(crate) fn encode(ir: &Ir, source: &str, file_name: &str) -> Bundle {
         // `compile` sets the dialect it compiled in.
         dialect: aplc_vm::Dialect::Spec,
         description: ir.description.clone(),
+        // The linker (`aplc build`) adds the agents the program calls.
+        agents: Vec::new(),
     }
 }
 

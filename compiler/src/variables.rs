@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use aplc_vm::names::{PAUSE_VARIABLES, RESERVED_VARIABLES, VARIABLES, VIEWS};
+use aplc_vm::names::{AGENT_VARIABLES, PAUSE_VARIABLES, RESERVED_VARIABLES, VARIABLES, VIEWS};
 
 use crate::diagnostic::{Code, Diagnostic, Span};
 use crate::ir::Template;
@@ -43,6 +43,7 @@ pub(crate) fn check(
     known.extend(VARIABLES.iter().map(|v| v.name));
     known.extend(VIEWS);
     known.extend(PAUSE_VARIABLES);
+    known.extend(AGENT_VARIABLES);
     known.extend(globals.iter().map(String::as_str));
     known.extend(inputs.iter().map(String::as_str));
     known.extend(written.iter().copied());
@@ -67,6 +68,7 @@ pub(crate) fn check(
         .map(|v| v.name)
         .chain(VIEWS)
         .chain(PAUSE_VARIABLES)
+        .chain(AGENT_VARIABLES)
         .chain(inputs.iter().map(String::as_str))
         .chain(written.iter().copied())
         .collect();

@@ -243,12 +243,7 @@ fn agent_name(path: &Path) -> Option<String> {
         return None;
     }
     let stem = path.file_stem()?.to_str()?;
-    let valid = !stem.is_empty()
-        && stem.len() <= 128
-        && stem
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    valid.then(|| stem.to_string())
+    aplc_vm::names::is_agent_name(stem).then(|| stem.to_string())
 }
 
 /// Loads a bundle or compiles source; the error is the message to log (with the

@@ -197,6 +197,29 @@ pub const HUMAN_INPUT: &str = "human_input";
 /// warning) and read by the machine by name, but absent from a run until it uses them.
 pub const PAUSE_VARIABLES: [&str; 2] = [AWAIT_INPUT, HUMAN_INPUT];
 
+/// `call_agent`: a phase sets it to `{'agent': name, 'context': {…}}` to run that agent
+/// when the step ends; the run resets it to none (`spec/agents.md`). Not a store slot,
+/// as [`AWAIT_INPUT`] is not.
+pub const CALL_AGENT: &str = "call_agent";
+/// `agent_result`: the final context of the last agent `call_agent` ran, with its
+/// `status` and `error` (`spec/agents.md`).
+pub const AGENT_RESULT: &str = "agent_result";
+/// The variables of sub-agents: known to the compiler, absent from a run until it uses
+/// them.
+pub const AGENT_VARIABLES: [&str; 2] = [CALL_AGENT, AGENT_RESULT];
+
+/// True if `name` can name an agent: 1 to 128 ASCII letters, digits, `-`, `_` and `.`,
+/// so that it is a file stem (`<name>.apl`) and a URL path segment as it is.
+pub fn is_agent_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
 /// The number of variables kept in store slots.
 pub(crate) const SLOTS: usize = VARIABLES.len();
 

@@ -30,6 +30,9 @@ pub struct Program {
     /// O(1) copy, and the executor's resets (the `result_*` defaults before each call,
     /// `errors` after each post phase) clone these values instead of allocating new ones.
     initial_vars: Vars,
+    /// The agents linked into the bundle ([`Bundle::agents`]), loaded: the root's table
+    /// serves every run of the tree (`spec/agents.md`).
+    agents: std::collections::BTreeMap<String, std::sync::Arc<Program>>,
 }
 
 /// The most templates a program may have. minijinja allocates about 12 KiB for every
@@ -63,6 +66,14 @@ pub enum LoadError {
         count: usize,
         /// [`MAX_STEPS`], [`MAX_TEMPLATES`] or [`MAX_TEMPLATE_BYTES`].
         limit: usize,
+    },
+    /// A linked agent does not load.
+    #[error("linked agent `{name}`: {message}")]
+    Agent {
+        /// The agent's name.
+        name: String,
+        /// Why it does not load.
+        message: String,
     },
     /// A template in the bundle does not compile.
     #[error("template {index} ({what}) does not compile: {message}")]
@@ -111,10 +122,22 @@ impl Program {
         // stored bundle, `Program::bundle`).
         bundle.dialect = dialect;
         bundle.validate()?;
-        check_size(
-            bundle.steps.len(),
-            bundle.templates.iter().map(|t| t.source.as_str()),
-        )?;
+        // The limits bound the bundle as a whole: its linked agents count with it.
+        let all = || std::iter::once(&bundle).chain(bundle.agents.iter().map(|a| &a.bundle));
+        let templates: Vec<&str> = all()
+            .flat_map(|b| b.templates.iter().map(|t| t.source.as_str()))
+            .collect();
+        check_size(all().map(|b| b.steps.len()).sum(), templates.into_iter())?;
+        let mut agents = std::collections::BTreeMap::new();
+        for agent in &bundle.agents {
+            // A linked agent runs in its own recorded dialect, as a bundle of its own.
+            let program = Program::from_bundle_in(agent.bundle.clone(), limits, Dialect::Spec)
+                .map_err(|e| LoadError::Agent {
+                    name: agent.name.clone(),
+                    message: e.to_string(),
+                })?;
+            agents.insert(agent.name.clone(), std::sync::Arc::new(program));
+        }
         let mut env = template_env_for(&limits, dialect);
         let mut names = Vec::with_capacity(bundle.templates.len());
         for (index, template) in bundle.templates.iter().enumerate() {
@@ -144,6 +167,7 @@ impl Program {
             steps_by_name,
             limits,
             initial_vars: initial_vars(),
+            agents,
         })
     }
 
@@ -171,6 +195,18 @@ impl Program {
     /// The identifier of a step.
     pub fn step_name(&self, step: StepId) -> &str {
         &self.bundle.steps[step.index()].name
+    }
+
+    /// The agent linked into this program's bundle under `name`.
+    pub fn agent(&self, name: &str) -> Option<&std::sync::Arc<Program>> {
+        self.agents.get(name)
+    }
+
+    /// The agents linked into this program's bundle, by name.
+    pub fn agents(&self) -> impl ExactSizeIterator<Item = (&str, &std::sync::Arc<Program>)> {
+        self.agents
+            .iter()
+            .map(|(name, program)| (name.as_str(), program))
     }
 
     /// The limits every render of this program runs under.

@@ -274,5 +274,6 @@ fn build_bundle(
             .collect(),
         dialect: Default::default(),
         description: None,
+        agents: Vec::new(),
     }
 }

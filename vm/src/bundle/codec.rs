@@ -25,6 +25,15 @@ pub const FORMAT_VERSION: u16 = 2;
 /// [`Bundle::description`] after the bundle value. Earlier readers refuse every flag in
 /// the high byte, so none of them misreads such a bundle.
 pub const DESCRIBED: u16 = 0x0100;
+/// The header flag (high byte) of a bundle whose payload carries linked agents
+/// ([`Bundle::agents`]) after the bundle value and its description: a postcard sequence
+/// of `(name, encoded bundle)` pairs, each bundle a complete one with its own header and
+/// checksum, decoded as any other.
+pub const LINKED: u16 = 0x0200;
+/// The most agents one bundle links.
+pub const MAX_LINKED_AGENTS: usize = 1024;
+/// The flags of the high byte this version defines.
+const CONTENT_FLAGS: u16 = DESCRIBED | LINKED;
 /// The largest payload, in bytes, that [`encode`] writes and [`decode`] accepts.
 pub const MAX_PAYLOAD_LEN: u64 = 64 * 1024 * 1024;
 
@@ -57,8 +66,8 @@ pub enum BundleError {
     /// The header sets flags this version does not define.
     #[error(
         "unknown bundle flags {found:#06x} (format version {} defines the dialect, in the \
-         low byte: 0x0000 spec, 0x0001 defuss-1.1, and 0x0100, a description follows the \
-         bundle value)",
+         low byte: 0x0000 spec, 0x0001 defuss-1.1; in the high byte, 0x0100, a description \
+         follows the bundle value, and 0x0200, linked agents follow it)",
         FORMAT_VERSION
     )]
     UnknownFlags {
@@ -158,6 +167,20 @@ pub fn encode(bundle: &Bundle) -> Result<Vec<u8>, BundleError> {
         flags |= DESCRIBED;
         bytes = postcard::to_extend(description, bytes).expect("postcard serializes every string");
     }
+    if !bundle.agents.is_empty() {
+        flags |= LINKED;
+        let mut linked = Vec::with_capacity(bundle.agents.len());
+        for agent in &bundle.agents {
+            if !agent.bundle.agents.is_empty() {
+                return Err(BundleError::Malformed(format!(
+                    "linked agent `{}` links agents of its own: the root bundle holds them all",
+                    agent.name
+                )));
+            }
+            linked.push((agent.name.as_str(), encode(&agent.bundle)?));
+        }
+        bytes = postcard::to_extend(&linked, bytes).expect("postcard serializes strings and bytes");
+    }
     let (header, payload) = bytes.split_at_mut(HEADER_LEN);
     let declared = payload.len() as u64;
     let Some(payload_len) = u32::try_from(payload.len())
@@ -212,6 +235,12 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
         bundle.description = Some(description);
         rest = after;
     }
+    if header.flags & LINKED != 0 {
+        let (linked, after) = postcard::take_from_bytes::<Vec<(String, Vec<u8>)>>(rest)
+            .map_err(|err| BundleError::Malformed(format!("the linked agents: {err}")))?;
+        bundle.agents = decode_linked(linked)?;
+        rest = after;
+    }
     if !rest.is_empty() {
         return Err(BundleError::Malformed(format!(
             "{} unused bytes after the bundle value",
@@ -220,8 +249,44 @@ pub fn decode(bytes: &[u8]) -> Result<Bundle, BundleError> {
     }
     bundle.validate()?;
     // `split_header` checked the flags name a dialect.
-    bundle.dialect = Dialect::from_bundle_flags(header.flags & !DESCRIBED).unwrap_or_default();
+    bundle.dialect = Dialect::from_bundle_flags(header.flags & !CONTENT_FLAGS).unwrap_or_default();
     Ok(bundle)
+}
+
+/// The linked agents of a payload, each decoded (and validated) as a bundle of its own:
+/// named as agents are (`a-z`, digits, `_`, `-`), sorted, unique, at most
+/// [`MAX_LINKED_AGENTS`], none linking agents of its own.
+fn decode_linked(linked: Vec<(String, Vec<u8>)>) -> Result<Vec<super::LinkedAgent>, BundleError> {
+    if linked.len() > MAX_LINKED_AGENTS {
+        return Err(BundleError::Malformed(format!(
+            "{} linked agents, more than {MAX_LINKED_AGENTS}",
+            linked.len()
+        )));
+    }
+    let mut agents: Vec<super::LinkedAgent> = Vec::with_capacity(linked.len());
+    for (name, bytes) in linked {
+        if !crate::names::is_agent_name(&name) {
+            return Err(BundleError::Malformed(format!(
+                "linked agent {name:?}: not an agent name"
+            )));
+        }
+        if let Some(last) = agents.last()
+            && last.name >= name
+        {
+            return Err(BundleError::Malformed(format!(
+                "linked agent `{name}`: the agents are not sorted by name, or one repeats"
+            )));
+        }
+        let bundle = decode(&bytes)
+            .map_err(|err| BundleError::Malformed(format!("linked agent `{name}`: {err}")))?;
+        if !bundle.agents.is_empty() {
+            return Err(BundleError::Malformed(format!(
+                "linked agent `{name}` links agents of its own"
+            )));
+        }
+        agents.push(super::LinkedAgent { name, bundle });
+    }
+    Ok(agents)
 }
 
 /// The fields of a bundle's 24-byte header, as [`Bundle::read_header`] returns them.
@@ -230,7 +295,8 @@ pub struct HeaderFields {
     /// The bundle format version.
     pub version: u16,
     /// Format flags: the low byte is the program's dialect (0 spec, 1 defuss-1.1); the
-    /// high byte is 0, or [`DESCRIBED`] when a description follows the bundle value.
+    /// high byte holds [`DESCRIBED`] when a description follows the bundle value and
+    /// [`LINKED`] when linked agents follow it.
     pub flags: u16,
     /// The length of the postcard payload that follows the header, in bytes.
     pub payload_len: u32,
@@ -275,7 +341,7 @@ fn split_header(bytes: &[u8]) -> Result<(Header, &[u8]), BundleError> {
         .split_first_chunk::<HEADER_LEN>()
         .ok_or_else(truncated)?;
     let header = Header::from_bytes(header);
-    if Dialect::from_bundle_flags(header.flags & !DESCRIBED).is_none() {
+    if Dialect::from_bundle_flags(header.flags & !CONTENT_FLAGS).is_none() {
         return Err(BundleError::UnknownFlags {
             found: header.flags,
         });
@@ -340,8 +406,8 @@ impl Header {
 mod tests {
     use super::*;
     use crate::bundle::{
-        Edge, EdgeTarget, Instr, MessageEntry, Role, SourceSpan, StepEntry, StepId, TemplateEntry,
-        TemplateId, TemplateKind,
+        Edge, EdgeTarget, Instr, LinkedAgent, MessageEntry, Role, SourceSpan, StepEntry, StepId,
+        TemplateEntry, TemplateId, TemplateKind,
     };
 
     /// Two steps, `start` and `finish`, each with a system and a user message and a
@@ -443,6 +509,7 @@ mod tests {
             ],
             dialect: Dialect::Spec,
             description: None,
+            agents: Vec::new(),
         }
     }
 
@@ -516,11 +583,69 @@ mod tests {
         assert!(matches!(decode(&cut), Err(BundleError::Malformed(_))));
         // Any other high-byte flag is still unknown.
         let mut other = plain.clone();
-        other[10..12].copy_from_slice(&0x0200u16.to_le_bytes());
+        other[10..12].copy_from_slice(&0x0400u16.to_le_bytes());
         assert_eq!(
             decode(&other),
-            Err(BundleError::UnknownFlags { found: 0x0200 })
+            Err(BundleError::UnknownFlags { found: 0x0400 })
         );
+    }
+
+    #[test]
+    fn linked_agents_follow_the_bundle_value_under_their_flag() {
+        let mut bundle = sample();
+        let plain = encode(&bundle).expect("encodes");
+        let mut child = sample();
+        child.source_name = "translator.apl".to_owned();
+        child.description = Some("Translates.".to_owned());
+        bundle.agents = vec![
+            LinkedAgent {
+                name: "a-child".to_owned(),
+                bundle: sample(),
+            },
+            LinkedAgent {
+                name: "translator".to_owned(),
+                bundle: child.clone(),
+            },
+        ];
+        let bytes = encode(&bundle).expect("encodes");
+        assert_eq!(bytes[10..12], LINKED.to_le_bytes());
+        assert_eq!(decode(&bytes), Ok(bundle.clone()));
+        // Without agents, the bytes are what earlier builds wrote.
+        bundle.agents.clear();
+        assert_eq!(encode(&bundle).expect("encodes"), plain);
+
+        // Unsorted or repeated names, bad names, nested links and damaged children are
+        // malformed bundles, never panics.
+        let linked = |agents: Vec<(&str, Vec<u8>)>| {
+            let mut payload = plain[HEADER_LEN..].to_vec();
+            payload = postcard::to_extend(&agents, payload).unwrap();
+            let mut bytes = with_header(&payload);
+            bytes[10..12].copy_from_slice(&LINKED.to_le_bytes());
+            decode(&bytes)
+        };
+        let child_bytes = encode(&child).unwrap();
+        assert!(linked(vec![("b", child_bytes.clone()), ("a", child_bytes.clone())]).is_err());
+        assert!(linked(vec![("a", child_bytes.clone()), ("a", child_bytes.clone())]).is_err());
+        assert!(linked(vec![("../x", child_bytes.clone())]).is_err());
+        assert!(linked(vec![("a", child_bytes[..child_bytes.len() - 1].to_vec())]).is_err());
+        let mut nested = child.clone();
+        nested.agents = vec![LinkedAgent {
+            name: "z".to_owned(),
+            bundle: sample(),
+        }];
+        let nested_bytes = encode(&nested).unwrap();
+        let err = linked(vec![("a", nested_bytes)]).unwrap_err();
+        assert!(err.to_string().contains("links agents of its own"), "{err}");
+        assert!(matches!(
+            linked(vec![("a", child_bytes)]),
+            Ok(Bundle { ref agents, .. }) if agents.len() == 1
+        ));
+        let mut outer = sample();
+        outer.agents = vec![LinkedAgent {
+            name: "x".to_owned(),
+            bundle: nested,
+        }];
+        assert!(encode(&outer).is_err());
     }
 
     #[test]
@@ -628,14 +753,14 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "unknown bundle flags 0x0004 (format version 2 defines the dialect, in the low \
-             byte: 0x0000 spec, 0x0001 defuss-1.1, and 0x0100, a description follows the \
-             bundle value)"
+             byte: 0x0000 spec, 0x0001 defuss-1.1; in the high byte, 0x0100, a description \
+             follows the bundle value, and 0x0200, linked agents follow it)"
         );
         bytes[10] = 0;
-        bytes[11] = 0x02;
+        bytes[11] = 0x04;
         assert_eq!(
             decode(&bytes).unwrap_err(),
-            BundleError::UnknownFlags { found: 0x0200 }
+            BundleError::UnknownFlags { found: 0x0400 }
         );
     }
 

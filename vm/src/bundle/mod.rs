@@ -15,8 +15,8 @@ mod validate;
 use serde::{Deserialize, Serialize};
 
 pub use codec::{
-    BundleError, DESCRIBED, FORMAT_VERSION, HeaderFields, MAGIC, MAX_PAYLOAD_LEN, decode, encode,
-    is_bundle,
+    BundleError, DESCRIBED, FORMAT_VERSION, HeaderFields, LINKED, MAGIC, MAX_LINKED_AGENTS,
+    MAX_PAYLOAD_LEN, decode, encode, is_bundle,
 };
 pub use instr::{Instr, StepId, TemplateId};
 pub use listing::listing;
@@ -65,6 +65,25 @@ pub struct Bundle {
     /// (`spec/bundle-format.md`).
     #[serde(skip)]
     pub description: Option<String>,
+    /// The agents linked into this bundle (`spec/agents.md`): every agent the program (or
+    /// one of them) calls by a name known at build time, flat and sorted by name, so one
+    /// bundle is one artifact to ship. A linked agent has no agents of its own: the root's
+    /// table serves the whole tree. Not in the bundle value: when present, the list
+    /// follows it (and the description) in the payload, each agent as its name and its
+    /// own encoded bundle, and the header's [`LINKED`](crate::bundle::LINKED) flag says
+    /// so (`spec/bundle-format.md`).
+    #[serde(skip)]
+    pub agents: Vec<LinkedAgent>,
+}
+
+/// An agent linked into a bundle: its name (the file stem it was found under) and its
+/// program.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkedAgent {
+    /// The name calls use (`call_agent`'s `agent`, a manifest's `{"agent": …}`).
+    pub name: String,
+    /// Its program; its own `agents` list is empty.
+    pub bundle: Bundle,
 }
 
 /// One step in the step table.
