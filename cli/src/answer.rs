@@ -434,6 +434,7 @@ mod tests {
             arguments: Some(json!({"n": 1})),
             schema,
             timeout_ms: None,
+            agent: None,
         }
     }
 

@@ -193,7 +193,12 @@ mod tests {
     use aplc_vm::{EventError, TokenUsage, Totals};
 
     fn event(t_ms: f64, kind: EventKind) -> Event {
-        Event { seq: 0, t_ms, kind }
+        Event {
+            seq: 0,
+            t_ms,
+            kind,
+            path: None,
+        }
     }
 
     #[test]

@@ -241,6 +241,7 @@ mod tests {
                 arguments: None,
                 schema: None,
                 timeout_ms: Some(1000),
+                agent: None,
             },
             requested_at_ms: 10,
         };

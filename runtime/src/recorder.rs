@@ -241,6 +241,7 @@ mod tests {
             seq,
             t_ms: 0.125 * seq as f64,
             kind,
+            path: None,
         };
         vec![
             Event::provider_delta(

@@ -427,6 +427,7 @@ mod tests {
         let next = Event {
             seq: 4,
             t_ms: 1.0,
+            path: None,
             kind: EventKind::StepFinished {
                 step: "a".into(),
                 duration_ms: 1.0,

@@ -56,7 +56,10 @@ pub use run::events::{
 pub use run::machine::{
     Action, Expecting, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,
 };
-pub use run::{DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError, RunErrorKind, RunOptions};
+pub use run::{
+    AgentTable, DEFAULT_MAX_AGENT_DEPTH, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError,
+    RunErrorKind, RunOptions,
+};
 pub use template::check::{
     MAX_EXPRESSION_DEPTH, TemplateFault, check_depth, check_statements, check_template,
 };

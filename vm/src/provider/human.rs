@@ -64,6 +64,10 @@ pub struct InputRequest {
     /// How long the request waits before it is answered by its timeout (wall clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// The child run that asks (`spec/agents.md`), as its events' `path`; none for the
+    /// root run. Its id starts with it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// What a person replied.
@@ -192,6 +196,7 @@ mod tests {
             arguments: None,
             schema,
             timeout_ms: None,
+            agent: None,
         }
     }
 

@@ -36,6 +36,8 @@ pub struct ToolSpec {
     approval: Option<Approval>,
     /// A person gives each call's result (`spec/human.md` §1.2).
     human: Option<HumanTool>,
+    /// An agent runs for each call, its arguments as its context (`spec/agents.md` §1.2).
+    agent: Option<String>,
 }
 
 impl std::fmt::Debug for ToolSpec {
@@ -47,6 +49,7 @@ impl std::fmt::Debug for ToolSpec {
             .field("origin", &self.origin)
             .field("approval", &self.approval)
             .field("human", &self.human)
+            .field("agent", &self.agent)
             .finish_non_exhaustive()
     }
 }
@@ -206,7 +209,25 @@ impl ToolSpec {
             origin: None,
             approval: None,
             human: None,
+            agent: None,
         })
+    }
+
+    /// Makes each call of the tool a run of the agent `name`, with the call's arguments as
+    /// its initial context (`spec/agents.md` §1.2). The child's own tools, approvals and
+    /// people are its business: the call itself is never idempotent and needs no
+    /// approval, so both are dropped.
+    pub fn agent(mut self, name: impl Into<String>) -> ToolSpec {
+        self.agent = Some(name.into());
+        self.idempotency = None;
+        self.approval = None;
+        self.human = None;
+        self
+    }
+
+    /// The agent each call runs, for an agent tool.
+    pub fn agent_tool(&self) -> Option<&str> {
+        self.agent.as_deref()
     }
 
     /// Makes every call of the tool wait for a person's approval.

@@ -35,6 +35,11 @@ pub struct Event {
     /// What happened; its JSON form has the event's name in `type`.
     #[serde(flatten)]
     pub kind: EventKind,
+    /// For an event of a child run (`spec/agents.md`), the agents from the root run's
+    /// child down to the one that made it, joined by `/` (`"refund/translator"`); none
+    /// for the root run's own events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 impl Event {
@@ -49,6 +54,7 @@ impl Event {
                 index,
                 text,
             },
+            path: None,
         }
     }
 
@@ -71,6 +77,7 @@ impl Event {
                 total: progress.total,
                 message: progress.message,
             },
+            path: None,
         }
     }
 
@@ -268,6 +275,33 @@ pub enum EventKind {
         step: String,
         /// From `step_started` to this event.
         duration_ms: f64,
+    },
+    /// A step's `call_agent`, or an agent tool's call, starts a child run
+    /// (`spec/agents.md`); the child's events follow, with their `path`.
+    AgentStarted {
+        /// The step that calls.
+        step: String,
+        /// The agent it runs.
+        agent: String,
+        /// The tool call, for an agent tool.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+    },
+    /// The child run is over (its last event).
+    AgentFinished {
+        /// The step that called.
+        step: String,
+        /// The agent that ran.
+        agent: String,
+        /// The tool call, for an agent tool.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        /// How it ended.
+        outcome: RunStatus,
+        /// Why it failed, if it did.
+        error: Option<EventError>,
+        /// What it consumed (they count towards the calling run's totals too).
+        totals: Totals,
     },
     /// The run is over (always the last event).
     RunFinished {
@@ -494,8 +528,75 @@ impl Recorder {
             seq: self.seq,
             t_ms: ms(self.now),
             kind,
+            path: None,
         });
         self.seq += 1;
+    }
+
+    /// `agent_started`: the running step (or its tool call `call_id`) starts a child run
+    /// of `agent`.
+    pub(crate) fn agent_started(&mut self, step: &str, agent: &str, call_id: Option<&str>) {
+        if !self.on {
+            return;
+        }
+        self.push(EventKind::AgentStarted {
+            step: step.to_owned(),
+            agent: agent.to_owned(),
+            call_id: call_id.map(str::to_owned),
+        });
+    }
+
+    /// Takes the events a child run of `agent`, started at `offset`, made since the last
+    /// call into this run's sequence: each gets the next `seq`, the time since this run
+    /// started, and its path under `agent`. The child's `run_started` is dropped (this
+    /// run's `agent_started` says it), and its `run_finished` becomes `agent_finished`,
+    /// whose totals count towards this run's.
+    pub(crate) fn adopt(
+        &mut self,
+        events: impl Iterator<Item = Event>,
+        offset: Duration,
+        agent: &str,
+        step: &str,
+        call_id: Option<&str>,
+    ) {
+        if !self.on {
+            return;
+        }
+        for event in events {
+            let kind = match event.kind {
+                EventKind::RunStarted { .. } => continue,
+                EventKind::RunFinished {
+                    outcome,
+                    error,
+                    totals,
+                } => {
+                    self.provider_calls += totals.provider_calls;
+                    self.input_tokens += totals.input_tokens;
+                    self.output_tokens += totals.output_tokens;
+                    self.push(EventKind::AgentFinished {
+                        step: step.to_owned(),
+                        agent: agent.to_owned(),
+                        call_id: call_id.map(str::to_owned),
+                        outcome,
+                        error,
+                        totals,
+                    });
+                    continue;
+                }
+                kind => kind,
+            };
+            let path = match event.path {
+                Some(below) => format!("{agent}/{below}"),
+                None => agent.to_owned(),
+            };
+            self.buffer.push(Event {
+                seq: self.seq,
+                t_ms: event.t_ms + ms(offset),
+                kind,
+                path: Some(path),
+            });
+            self.seq += 1;
+        }
     }
 
     pub(crate) fn run_started(&mut self, bundle: &Bundle, options: &RunOptions) {
@@ -825,6 +926,7 @@ mod tests {
         let event = Event {
             seq: 3,
             t_ms: 1.5,
+            path: None,
             kind: EventKind::Jump {
                 from: "a".into(),
                 to: "b".into(),

@@ -44,6 +44,7 @@
 //! Pure drivers such as [`run_scripted`] set neither.
 
 mod checkpoint;
+mod child;
 mod door;
 
 pub use door::Expecting;
@@ -334,6 +335,8 @@ pub struct Machine {
     namespaces: checkpoint::Namespaces,
     /// What the run asks a person, while it waits ([`State::AwaitingInput`]).
     asking: Option<Asking>,
+    /// The agents it may call, the child running now, and its depth (`child.rs`).
+    nest: child::Nest,
 }
 
 impl Machine {
@@ -355,6 +358,7 @@ impl Machine {
         }
         let error = options_error(&program, &options);
         let steps = program.bundle().steps.len();
+        let nest = child::Nest::root(&program, &options);
         Machine {
             program,
             store,
@@ -386,6 +390,7 @@ impl Machine {
             events,
             namespaces: Default::default(),
             asking: None,
+            nest,
         }
     }
 
@@ -488,6 +493,13 @@ impl Machine {
                 }
                 State::Running | State::PromptFailed | State::Responded(_) => {}
             }
+            // A running child takes the polls until it ends (`child.rs`).
+            if self.has_child() {
+                if let Some(action) = self.poll_child(now) {
+                    return action;
+                }
+                continue;
+            }
             if now >= self.deadline {
                 self.fail_timeout();
                 return Action::Done;
@@ -549,6 +561,12 @@ impl Machine {
                     (self.store).update(|vars| vars.set_slot(slot_of!(NEXT_STEP), Value::from(())))
                 }
                 Instr::Snapshot => {
+                    // `call_agent` runs its child when the step ends (`spec/agents.md`):
+                    // the snapshot runs once the child's result is in `agent_result`.
+                    if self.call_agent(now) {
+                        self.pc -= 1;
+                        continue;
+                    }
                     // `await_input` pauses the run at the end of the step that set it:
                     // the snapshot runs once the answer is in `human_input`, so the
                     // step's `context_history` entry has it.
@@ -569,6 +587,12 @@ impl Machine {
 
     /// `Input::Provider`: the result of the provider call the machine asked for.
     fn take_provider_response(&mut self, now: Duration, result: Result<Completion, ProviderError>) {
+        if self.has_child() {
+            self.give_child(now, move |child, at| {
+                child.take_provider_response(at, result)
+            });
+            return;
+        }
         self.events.at(now);
         if !matches!(self.state, State::AwaitingProvider) {
             self.fail(
@@ -588,6 +612,10 @@ impl Machine {
 
     /// `Input::Tool`: the result of the tool call the machine asked for.
     fn take_tool_result(&mut self, now: Duration, result: Result<serde_json::Value, String>) {
+        if self.has_child() {
+            self.give_child(now, move |child, at| child.take_tool_result(at, result));
+            return;
+        }
         self.events.at(now);
         let key = match std::mem::replace(&mut self.state, State::Running) {
             State::AwaitingTool { key } => key,
@@ -650,6 +678,9 @@ impl Machine {
 
     /// `Input::Timeout`: the deadline passed while the machine waited for the driver.
     fn take_timeout(&mut self, now: Duration) {
+        if self.give_child(now, Machine::take_timeout) {
+            return;
+        }
         self.events.at(now);
         if !matches!(self.state, State::Done) && now >= self.deadline {
             if matches!(self.state, State::AwaitingProvider) {
@@ -681,9 +712,9 @@ impl Machine {
         }
     }
 
-    /// Steps entered so far.
+    /// Steps entered so far, by the run and the children it runs.
     pub fn steps(&self) -> u64 {
-        self.steps
+        self.total_steps()
     }
 
     /// Entries in `context_history` so far.
@@ -697,6 +728,10 @@ impl Machine {
     /// checkpoints. Fails with [`JournalError::Unencodable`] when a variable holds a value
     /// with no durable form; the caller then skips this checkpoint.
     pub fn checkpoint(&self, history_start: u64) -> Result<Checkpoint, JournalError> {
+        if self.has_child() {
+            // A resume replays the child from the checkpoint before it.
+            return Err(JournalError::NotAtRest("a child run is going on"));
+        }
         checkpoint::checkpoint(self, history_start)
     }
 
@@ -1083,9 +1118,27 @@ impl Machine {
                     arguments: Some(args),
                     schema: human.result_schema.clone(),
                     timeout_ms: human.timeout.map(millis),
+                    agent: None,
                 };
                 self.ask(vec![request], Purpose::HumanTool, Vec::new());
                 return Some(Action::AwaitInput);
+            }
+            if let Some(agent) = spec.agent_tool() {
+                let agent = agent.to_owned();
+                let call_id = call.id.clone();
+                let context = match args {
+                    serde_json::Value::Object(map) => map
+                        .iter()
+                        .map(|(k, v)| (k.clone(), value_from_json(v)))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                if let Err(message) = self.start_child(&agent, context, Some(call_id), now) {
+                    // The child's end would record the call's result: record it here.
+                    self.finish_tool_call(now, Err(message), None);
+                }
+                // The loop polls the child until it ends.
+                return None;
             }
             let key = Ledger::key(spec, &args);
             if let Some(cached) = key.as_ref().and_then(|k| self.ledger.get(spec, k, now)) {
@@ -1145,6 +1198,7 @@ impl Machine {
                 arguments: Some(arguments),
                 schema: None,
                 timeout_ms: approval.timeout.map(millis),
+                agent: None,
             });
             calls.push(index);
         }
@@ -1157,7 +1211,8 @@ impl Machine {
     }
 
     /// Starts waiting for answers to `requests`.
-    fn ask(&mut self, requests: Vec<InputRequest>, purpose: Purpose, calls: Vec<usize>) {
+    fn ask(&mut self, mut requests: Vec<InputRequest>, purpose: Purpose, calls: Vec<usize>) {
+        self.mark_requests(&mut requests);
         for request in &requests {
             self.events.input_requested(request);
         }
@@ -1198,6 +1253,7 @@ impl Machine {
             arguments: None,
             schema: asked.schema,
             timeout_ms: asked.timeout_ms,
+            agent: None,
         };
         self.ask(vec![request], Purpose::AwaitInput, Vec::new());
         true
@@ -1206,6 +1262,9 @@ impl Machine {
     /// The requests the run waits on that have no answer yet (none unless the last
     /// action was [`Action::AwaitInput`]).
     pub fn pending_requests(&self) -> Vec<&InputRequest> {
+        if let Some(child) = self.child() {
+            return child.pending_requests();
+        }
         match (&self.state, &self.asking) {
             (State::AwaitingInput, Some(asking)) => asking
                 .requests
@@ -1222,6 +1281,9 @@ impl Machine {
     /// answered yet, the right kind, a value valid against its schema. A driver checks
     /// an answer here before it journals it; the message is for the person.
     pub fn check_answer(&self, answer: &HumanAnswer) -> Result<(), String> {
+        if let Some(child) = self.child() {
+            return child.check_answer(answer);
+        }
         let Some(request) = self
             .pending_requests()
             .into_iter()
@@ -1239,6 +1301,12 @@ impl Machine {
     /// ask): it fails with [`RunErrorKind::InputUnavailable`] and `message`. Not an input:
     /// a durable run pauses instead.
     pub fn abandon_input(&mut self, message: String) {
+        // A child that asks pauses the whole tree, so nobody to ask ends it all.
+        if self.has_child() {
+            self.abandon_child(&message);
+            self.fail(RunErrorKind::InputUnavailable, message);
+            return;
+        }
         if matches!(self.state, State::AwaitingInput) {
             self.fail(RunErrorKind::InputUnavailable, message);
         }
@@ -1246,6 +1314,10 @@ impl Machine {
 
     /// `Input::Answer`: a person's answer to one of the requests the run waits on.
     fn take_answer(&mut self, now: Duration, answer: HumanAnswer) {
+        if self.has_child() {
+            self.give_child(now, move |child, at| child.take_answer(at, answer));
+            return;
+        }
         self.events.at(now);
         if let Err(message) = self.check_answer(&answer) {
             self.fail(RunErrorKind::Protocol, format!("answer refused: {message}"));
@@ -1331,11 +1403,17 @@ impl Machine {
         self.store.snapshot();
         self.last_errors_step = self.step;
         self.last_step_errors = self.current_errors();
+        // A failed agent call (after the post phase) is the next step's to see.
+        let carried = std::mem::take(&mut self.nest.carried);
+        self.last_step_errors.extend(carried.iter().cloned());
         if self.post_ran {
             let empty = self.program.initial_vars().slot(slot_of!(ERRORS)).clone();
             self.store
                 .update(|vars| vars.set_slot(slot_of!(ERRORS), empty));
             self.events.errors_reset();
+        }
+        for error in carried {
+            self.store.push_error(error);
         }
     }
 

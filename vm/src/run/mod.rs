@@ -9,4 +9,7 @@ pub mod journal;
 pub(crate) mod machine;
 mod options;
 
-pub use options::{DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError, RunErrorKind, RunOptions};
+pub use options::{
+    AgentTable, DEFAULT_MAX_AGENT_DEPTH, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError,
+    RunErrorKind, RunOptions,
+};

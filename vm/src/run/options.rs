@@ -23,6 +23,14 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(120_000);
 /// second or two at a few megabytes; runs that need more raise the budget explicitly.
 pub const DEFAULT_MAX_STEPS: u64 = 1_000;
 
+/// The default cap on how deeply agents call agents (`max_agent_depth`): the root run is
+/// depth 0, its children 1 (`spec/agents.md`).
+pub const DEFAULT_MAX_AGENT_DEPTH: u32 = 8;
+
+/// Agents a run may call by a name its bundle does not link (a name computed at run
+/// time): the served directory's, or `--agents DIR`'s.
+pub type AgentTable = std::collections::BTreeMap<String, Arc<crate::Program>>;
+
 /// Options of one run (§6.1).
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -44,6 +52,11 @@ pub struct RunOptions {
     /// Record [`Event`](crate::Event)s for [`Machine::drain_events`](crate::Machine::drain_events). Off by default: a run nobody
     /// listens to builds no event.
     pub events: bool,
+    /// Agents the run may call besides the ones its bundle links (which come first):
+    /// for names computed at run time (`spec/agents.md`).
+    pub agents: Arc<AgentTable>,
+    /// How deeply agents may call agents; a call past it fails like a failed child.
+    pub max_agent_depth: u32,
 }
 
 impl Default for RunOptions {
@@ -56,6 +69,8 @@ impl Default for RunOptions {
             tools: Arc::new(ToolRegistry::new()),
             interrupt: Interrupt::new(),
             events: false,
+            agents: Arc::new(AgentTable::new()),
+            max_agent_depth: DEFAULT_MAX_AGENT_DEPTH,
         }
     }
 }

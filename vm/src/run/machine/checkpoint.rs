@@ -355,6 +355,7 @@ pub(super) fn restore(
     let recorder = r.recorder()?;
     let vars = r.vars(0)?;
     r.end()?;
+    let nest = super::child::Nest::root(&program, &options);
     Ok(Machine {
         program,
         store: Store::from_parts(vars, history),
@@ -382,6 +383,7 @@ pub(super) fn restore(
         asking: None,
         events: Recorder::restored(options.events, recorder),
         namespaces: Namespaces::new(table),
+        nest,
     })
 }
 

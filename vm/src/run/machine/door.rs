@@ -68,6 +68,9 @@ impl Machine {
 
     /// The kind of input the machine waits for.
     pub fn expecting(&self) -> Expecting {
+        if let Some(expecting) = self.child_expecting() {
+            return expecting;
+        }
         match self.state {
             State::AwaitingProvider => Expecting::Provider,
             State::AwaitingTool { .. } => Expecting::Tool,
@@ -83,7 +86,7 @@ impl Machine {
     pub fn position(&self) -> Position {
         Position {
             events: self.events.next_seq(),
-            steps: self.steps,
+            steps: self.total_steps(),
         }
     }
 
