@@ -34,6 +34,10 @@ pub(crate) struct RunArgs {
     /// Wall-clock timeout for the whole run, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 120_000)]
     timeout: u64,
+    /// How deeply agents may call agents (the run is depth 0): a call past it fails like
+    /// a failed child.
+    #[arg(long, value_name = "N", default_value_t = aplc_vm::DEFAULT_MAX_AGENT_DEPTH)]
+    max_agent_depth: u32,
     #[command(flatten)]
     compile: CompileArgs,
     #[command(flatten)]
@@ -54,6 +58,7 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         timeout: Duration::from_millis(args.timeout),
         max_runs: args.max_runs,
         max_steps: args.max_steps,
+        max_agent_depth: args.max_agent_depth,
         ..RunOptions::default()
     };
     let options = run::context_options(options, args.context.as_deref())?;

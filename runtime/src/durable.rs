@@ -324,6 +324,7 @@ fn options_json(options: &RunOptions, toolbox: &Toolbox, config: &DurableOptions
         "timeout_ms": u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
         "max_runs": options.max_runs,
         "max_steps": options.max_steps,
+        "max_agent_depth": options.max_agent_depth,
         "checkpoint_every": config.checkpoint_every,
         "tools": tools_fingerprint(toolbox),
     })
@@ -352,10 +353,19 @@ fn options_from_json(id: &str, json: &Json) -> Result<RunOptions, DurableError> 
         None | Some(Json::Null) => None,
         Some(value) => Some(value.as_u64().ok_or_else(|| bad("bad max_runs"))?),
     };
+    // Runs stored before sub-agents have none: the default.
+    let max_agent_depth = match object.get("max_agent_depth") {
+        None | Some(Json::Null) => aplc_vm::DEFAULT_MAX_AGENT_DEPTH,
+        Some(value) => value
+            .as_u64()
+            .and_then(|depth| u32::try_from(depth).ok())
+            .ok_or_else(|| bad("bad max_agent_depth"))?,
+    };
     Ok(RunOptions {
         timeout: Duration::from_millis(timeout),
         max_runs,
         max_steps,
+        max_agent_depth,
         ..RunOptions::default()
     }
     .with_context_json(context))

@@ -47,7 +47,8 @@ struct Entry {
     command: Option<Vec<String>>,
     cwd: Option<PathBuf>,
     url: Option<String>,
-    descriptor: Json,
+    /// Required, but for an `agent` tool (its agent's declared inputs stand in).
+    descriptor: Option<Json>,
     #[serde(default)]
     with_context: bool,
     timeout_ms: Option<u64>,
@@ -57,6 +58,8 @@ struct Entry {
     approval_timeout_ms: Option<u64>,
     /// A tool whose result a person gives (`spec/human.md` §1.2).
     human: Option<HumanEntry>,
+    /// A tool that runs this agent (`spec/agents.md` §1.2).
+    agent: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -185,6 +188,15 @@ pub enum EntryError {
     /// A timeout of 0 ms.
     #[error("`{0}` must be a positive number of milliseconds")]
     ZeroTimeout(&'static str),
+    /// No `descriptor`, on a tool that is not an `agent` tool.
+    #[error("missing field `descriptor`")]
+    NoDescriptor,
+    /// An `agent` tool with a `command`, a `url` or other keys that run a program.
+    #[error("an `agent` tool runs its agent: it takes no `{0}`")]
+    AgentWith(&'static str),
+    /// `agent` is not an agent's name.
+    #[error("`agent` must name an agent (letters, digits, `-`, `_`, `.`), found {0:?}")]
+    AgentName(String),
 }
 
 /// Builds a toolbox from a JSON manifest: an object from tool name to entry. `base` is the
@@ -255,21 +267,11 @@ fn entry_tool(
     client: &mut Option<HttpClient>,
     hidden_env: &[String],
 ) -> Result<(ToolSpec, Arc<dyn Tool>), EntryError> {
-    let mut descriptor = entry.descriptor;
-    match descriptor.get("name") {
-        None => {
-            if let Json::Object(map) = &mut descriptor {
-                map.insert("name".into(), Json::String(name.to_string()));
-            }
-        }
-        Some(Json::String(n)) if n == name => {}
-        Some(other) => {
-            return Err(EntryError::NameMismatch {
-                found: other.clone(),
-                name: name.to_owned(),
-            });
-        }
+    if let Some(agent) = entry.agent.clone() {
+        return agent_tool(name, agent, entry);
     }
+    let mut descriptor = entry.descriptor.ok_or(EntryError::NoDescriptor)?;
+    name_descriptor(name, &mut descriptor)?;
     let mut spec = ToolSpec::new(descriptor)
         .map_err(EntryError::Descriptor)?
         .with_context(entry.with_context);
@@ -319,6 +321,74 @@ fn entry_tool(
         _ => return Err(EntryError::CommandOrUrl),
     };
     Ok((spec, tool))
+}
+
+/// Names `descriptor` after its manifest key, or checks the name it has.
+fn name_descriptor(name: &str, descriptor: &mut Json) -> Result<(), EntryError> {
+    match descriptor.get("name") {
+        None => {
+            if let Json::Object(map) = descriptor {
+                map.insert("name".into(), Json::String(name.to_string()));
+            }
+            Ok(())
+        }
+        Some(Json::String(n)) if n == name => Ok(()),
+        Some(other) => Err(EntryError::NameMismatch {
+            found: other.clone(),
+            name: name.to_owned(),
+        }),
+    }
+}
+
+/// An agent tool: the machine runs its agent for each call (`spec/agents.md` §1.2), so
+/// its implementation is never called.
+fn agent_tool(
+    name: &str,
+    agent: String,
+    entry: Entry,
+) -> Result<(ToolSpec, Arc<dyn Tool>), EntryError> {
+    let given = [
+        ("command", entry.command.is_some()),
+        ("url", entry.url.is_some()),
+        ("cwd", entry.cwd.is_some()),
+        ("timeout_ms", entry.timeout_ms.is_some()),
+        ("idempotent", entry.idempotent.is_some()),
+        ("approval", entry.approval.is_some()),
+        ("approval_timeout_ms", entry.approval_timeout_ms.is_some()),
+        ("human", entry.human.is_some()),
+        ("with_context", entry.with_context),
+    ];
+    if let Some((key, _)) = given.iter().find(|(_, given)| *given) {
+        return Err(EntryError::AgentWith(key));
+    }
+    if !aplc_vm::names::is_agent_name(&agent) {
+        return Err(EntryError::AgentName(agent));
+    }
+    let spec = match entry.descriptor {
+        Some(mut descriptor) => {
+            name_descriptor(name, &mut descriptor)?;
+            ToolSpec::new(descriptor)
+                .map_err(EntryError::Descriptor)?
+                .agent(agent.as_str())
+        }
+        None => ToolSpec::for_agent(name, &agent).map_err(EntryError::Descriptor)?,
+    };
+    let tool: Arc<dyn Tool> = Arc::new(AgentRun(agent));
+    Ok((spec, tool))
+}
+
+/// The implementation an agent tool registers: the machine runs the agent instead.
+struct AgentRun(String);
+
+impl Tool for AgentRun {
+    fn call<'a>(&'a self, _invocation: &'a ToolInvocation) -> BoxFuture<'a, Result<Json, String>> {
+        Box::pin(async move {
+            Err(format!(
+                "the agent `{}` runs inside the run, not as a tool",
+                self.0
+            ))
+        })
+    }
 }
 
 /// Makes `spec` wait for a person's approval if `approval` says so.

@@ -38,6 +38,9 @@ pub struct ToolSpec {
     human: Option<HumanTool>,
     /// An agent runs for each call, its arguments as its context (`spec/agents.md` §1.2).
     agent: Option<String>,
+    /// The descriptor was left out: the parameters come from the agent's declared
+    /// inputs once the run knows the agent ([`ToolRegistry::with_agent_inputs`]).
+    agent_inputs: bool,
 }
 
 impl std::fmt::Debug for ToolSpec {
@@ -210,7 +213,22 @@ impl ToolSpec {
             approval: None,
             human: None,
             agent: None,
+            agent_inputs: false,
         })
+    }
+
+    /// An agent tool (see [`ToolSpec::agent`]) whose manifest entry has no descriptor:
+    /// until a run knows the agent, it takes any object; then its parameters are the
+    /// agent's declared inputs, all required, and its description the agent's.
+    pub fn for_agent(name: &str, agent: &str) -> Result<ToolSpec, ToolSpecError> {
+        let descriptor = serde_json::json!({
+            "name": name,
+            "description": format!("Runs the agent `{agent}`."),
+            "parameters": {"type": "object"},
+        });
+        let mut spec = ToolSpec::new(descriptor)?.agent(agent);
+        spec.agent_inputs = true;
+        Ok(spec)
     }
 
     /// Makes each call of the tool a run of the agent `name`, with the call's arguments as
@@ -228,6 +246,33 @@ impl ToolSpec {
     /// The agent each call runs, for an agent tool.
     pub fn agent_tool(&self) -> Option<&str> {
         self.agent.as_deref()
+    }
+
+    /// This agent tool with its parameters made from `inputs`, the agent's declared
+    /// inputs, and the agent's `description` if it has one.
+    fn with_inputs(&self, inputs: &[String], description: Option<&str>) -> ToolSpec {
+        let properties: serde_json::Map<String, Json> = inputs
+            .iter()
+            .map(|input| (input.clone(), serde_json::json!({})))
+            .collect();
+        let descriptor = serde_json::json!({
+            "name": self.name,
+            "description": description
+                .map(str::to_owned)
+                .unwrap_or_else(|| format!("Runs the agent `{}`.", self.agent.as_deref().unwrap_or(""))),
+            "parameters": {"type": "object", "properties": properties, "required": inputs},
+        });
+        match ToolSpec::new(descriptor) {
+            Ok(mut spec) => {
+                spec.agent = self.agent.clone();
+                spec.with_context = self.with_context;
+                spec.origin = self.origin.clone();
+                spec
+            }
+            // The descriptor is made here, valid by construction; keep the tool as it was
+            // rather than lose it.
+            Err(_) => self.clone(),
+        }
     }
 
     /// Makes every call of the tool wait for a person's approval.
@@ -332,6 +377,29 @@ impl ToolRegistry {
         self.tools.push(spec);
         self.definitions = self.tools.iter().map(|t| t.definition.clone()).collect();
         Ok(())
+    }
+
+    /// This registry with the agent tools that left out their descriptor given the
+    /// declared inputs of their agent (`inputs` looks an agent up: its inputs and its
+    /// description); `None` if there is none to change, so a run without such tools
+    /// shares the registry as it is.
+    pub fn with_agent_inputs<'a>(
+        &self,
+        inputs: impl Fn(&str) -> Option<(&'a [String], Option<&'a str>)>,
+    ) -> Option<ToolRegistry> {
+        if !self.tools.iter().any(|t| t.agent_inputs) {
+            return None;
+        }
+        let mut registry = ToolRegistry::new();
+        for spec in &self.tools {
+            let spec = match (spec.agent_inputs, spec.agent.as_deref().and_then(&inputs)) {
+                (true, Some((inputs, description))) => spec.with_inputs(inputs, description),
+                _ => spec.clone(),
+            };
+            // The names were unique in `self`.
+            let _ = registry.register(spec);
+        }
+        Some(registry)
     }
 
     /// The tool called `name`.

@@ -359,6 +359,7 @@ impl Machine {
         let error = options_error(&program, &options);
         let steps = program.bundle().steps.len();
         let nest = child::Nest::root(&program, &options);
+        let tools = nest.agents.tools(&options.tools);
         Machine {
             program,
             store,
@@ -378,7 +379,7 @@ impl Machine {
             timeout: options.timeout,
             messages: Arc::new([]),
             tool_calls: Vec::new(),
-            tools: options.tools,
+            tools,
             tool_round: None,
             ledger: Ledger::default(),
             post_ran: false,

@@ -356,6 +356,7 @@ pub(super) fn restore(
     let vars = r.vars(0)?;
     r.end()?;
     let nest = super::child::Nest::root(&program, &options);
+    let tools = nest.agents.tools(&options.tools);
     Ok(Machine {
         program,
         store: Store::from_parts(vars, history),
@@ -371,7 +372,7 @@ pub(super) fn restore(
         timeout: options.timeout,
         messages: messages.into(),
         tool_calls,
-        tools: options.tools,
+        tools,
         tool_round,
         ledger,
         post_ran,

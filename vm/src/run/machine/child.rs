@@ -17,6 +17,7 @@ use super::{Machine, step_name};
 use crate::human::InputRequest;
 use crate::names;
 use crate::program::Program;
+use crate::provider::tools::ToolRegistry;
 use crate::run::{AgentTable, RunOptions};
 use crate::template::store::value_from_json;
 
@@ -41,6 +42,22 @@ impl Agents {
             .agent(name)
             .or_else(|| self.host.get(name))
             .cloned()
+    }
+}
+
+impl Agents {
+    /// The run's tools: `tools`, with the agent tools whose manifest left out their
+    /// descriptor given their agent's declared inputs.
+    pub(super) fn tools(&self, tools: &Arc<ToolRegistry>) -> Arc<ToolRegistry> {
+        let lookup = |name: &str| {
+            let program = self.root.agent(name).or_else(|| self.host.get(name))?;
+            let bundle = program.bundle();
+            Some((bundle.inputs.as_slice(), bundle.description.as_deref()))
+        };
+        match tools.with_agent_inputs(lookup) {
+            Some(registry) => Arc::new(registry),
+            None => Arc::clone(tools),
+        }
     }
 }
 
