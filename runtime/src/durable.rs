@@ -426,11 +426,19 @@ pub fn new_run_record(
     toolbox: &Toolbox,
     config: &DurableOptions,
 ) -> Result<NewRun, DurableError> {
-    let bundle =
-        aplc_vm::bundle::encode(run.program.bundle()).map_err(|e| DurableError::Journal {
-            id: run.id.clone(),
-            message: format!("cannot encode the bundle: {e}"),
-        })?;
+    // The agents its host gives it by name are linked into the stored bundle: the run's
+    // agents are fixed when it starts, and a resume (anywhere) runs the same ones.
+    let encoded = match run.options.agents.is_empty() {
+        true => aplc_vm::bundle::encode(run.program.bundle()),
+        false => {
+            let agents = (run.options.agents.iter()).map(|(name, p)| (name.as_str(), p.bundle()));
+            aplc_vm::bundle::encode(&run.program.bundle().linking(agents))
+        }
+    };
+    let bundle = encoded.map_err(|e| DurableError::Journal {
+        id: run.id.clone(),
+        message: format!("cannot encode the bundle: {e}"),
+    })?;
     let started_at_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

@@ -114,6 +114,18 @@ impl Agents {
             .cloned()
     }
 
+    /// Every agent's program, by name: the agents a run may call by a name computed at
+    /// run time (`spec/agents.md` §2), as the directory serves them now.
+    pub(crate) fn table(&self) -> Arc<aplc_vm::AgentTable> {
+        let by_name = self.by_name.read().unwrap_or_else(|e| e.into_inner());
+        Arc::new(
+            by_name
+                .iter()
+                .map(|(name, agent)| (name.clone(), agent.program.clone()))
+                .collect(),
+        )
+    }
+
     /// Every agent, by name.
     pub(crate) fn list(&self) -> Vec<Arc<Agent>> {
         self.by_name

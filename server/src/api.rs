@@ -257,6 +257,7 @@ fn run_record(
         timeout: Duration::from_millis(request.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)),
         max_runs: request.max_runs,
         max_steps: request.max_steps.unwrap_or(aplc_vm::DEFAULT_MAX_STEPS),
+        agents: served_agents(state, agent),
         ..RunOptions::default()
     }
     .with_context_json(context);
@@ -268,6 +269,26 @@ fn run_record(
     let equipment = &state.equipment;
     durable::new_run_record(&run, &equipment.toolbox, &equipment.durable)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
+/// The agents a run of `agent` may call by a name its bundle does not link: the served
+/// directory's, as they are now (its stored bundle links them, `spec/agents.md` §2); none
+/// for an agent that calls none (it stores only its own bundle).
+fn served_agents(state: &AppState, agent: &Agent) -> std::sync::Arc<aplc_vm::AgentTable> {
+    served_agents_of(&state.agents, &state.equipment, agent)
+}
+
+/// [`served_agents`], from the directory and the equipment (`aplc mcp` has no state).
+pub(crate) fn served_agents_of(
+    agents: &crate::agents::Agents,
+    equipment: &crate::equip::Equipment,
+    agent: &Agent,
+) -> std::sync::Arc<aplc_vm::AgentTable> {
+    if agent.program.may_call_agents() || equipment.toolbox.registry().has_agent_tools() {
+        agents.table()
+    } else {
+        std::sync::Arc::default()
+    }
 }
 
 /// The W3C trace context the request carries, if it is plausible (at most 256 bytes).

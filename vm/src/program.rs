@@ -33,6 +33,8 @@ pub struct Program {
     /// The agents linked into the bundle ([`Bundle::agents`]), loaded: the root's table
     /// serves every run of the tree (`spec/agents.md`).
     agents: std::collections::BTreeMap<String, std::sync::Arc<Program>>,
+    /// A template of the program or of an agent it links mentions `call_agent`.
+    mentions_call_agent: bool,
 }
 
 /// The most templates a program may have. minijinja allocates about 12 KiB for every
@@ -128,6 +130,8 @@ impl Program {
             .flat_map(|b| b.templates.iter().map(|t| t.source.as_str()))
             .collect();
         check_size(all().map(|b| b.steps.len()).sum(), templates.into_iter())?;
+        let mentions_call_agent = all()
+            .any(|b| (b.templates.iter()).any(|t| t.source.contains(crate::names::CALL_AGENT)));
         let mut agents = std::collections::BTreeMap::new();
         for agent in &bundle.agents {
             // A linked agent runs in its own recorded dialect, as a bundle of its own.
@@ -168,6 +172,7 @@ impl Program {
             limits,
             initial_vars: initial_vars(),
             agents,
+            mentions_call_agent,
         })
     }
 
@@ -200,6 +205,14 @@ impl Program {
     /// The agent linked into this program's bundle under `name`.
     pub fn agent(&self, name: &str) -> Option<&std::sync::Arc<Program>> {
         self.agents.get(name)
+    }
+
+    /// False if no run of this program can call an agent by `call_agent`: no template of
+    /// it or of an agent it links mentions the name. A host skips giving such a run its
+    /// agents by name ([`RunOptions::agents`](crate::RunOptions::agents)); agent tools
+    /// still need them.
+    pub fn may_call_agents(&self) -> bool {
+        self.mentions_call_agent
     }
 
     /// The agents linked into this program's bundle, by name.

@@ -54,6 +54,7 @@ impl AgentTools {
         }
         let options = RunOptions {
             timeout: Duration::from_millis(crate::api::DEFAULT_TIMEOUT_MS),
+            agents: crate::api::served_agents_of(&self.agents, &self.equipment, agent),
             ..RunOptions::default()
         }
         .with_context_json(&arguments);

@@ -122,6 +122,32 @@ pub enum TemplateKind {
 }
 
 impl Bundle {
+    /// This bundle with `agents` linked as well: each one whose name is not linked yet
+    /// (the linked ones come first, as a run looks them up), with the agents it links
+    /// itself, flat and sorted. For a durable run whose host gives it agents by name
+    /// (`spec/agents.md` §2): its stored bundle holds them, so a resume runs the same.
+    pub fn linking<'a>(&self, agents: impl IntoIterator<Item = (&'a str, &'a Bundle)>) -> Bundle {
+        let mut linked = self.clone();
+        let mut add = |name: &str, bundle: &Bundle| {
+            if !linked.agents.iter().any(|a| a.name == name) {
+                let mut bundle = bundle.clone();
+                bundle.agents.clear();
+                linked.agents.push(LinkedAgent {
+                    name: name.to_owned(),
+                    bundle,
+                });
+            }
+        };
+        for (name, bundle) in agents {
+            add(name, bundle);
+            for agent in &bundle.agents {
+                add(&agent.name, &agent.bundle);
+            }
+        }
+        linked.agents.sort_by(|a, b| a.name.cmp(&b.name));
+        linked
+    }
+
     /// [`Bundle::source_hash`] in lowercase hex, as listings and run events show it.
     pub fn source_hash_hex(&self) -> String {
         self.source_hash

@@ -402,6 +402,11 @@ impl ToolRegistry {
         Some(registry)
     }
 
+    /// True if a tool of the registry runs an agent ([`ToolSpec::agent`]).
+    pub fn has_agent_tools(&self) -> bool {
+        self.tools.iter().any(|t| t.agent.is_some())
+    }
+
     /// The tool called `name`.
     pub fn get(&self, name: &str) -> Option<&ToolSpec> {
         self.by_name.get(name).map(|&i| &self.tools[i])
