@@ -7,6 +7,10 @@
 //!   the order the run renders them, against a store holding the run's variables. This
 //!   is the physical floor: the executor can only add overhead on top of it.
 //!
+//! * `agents/{inline,delegated}`: 20 rounds of two steps each, the second inlined in
+//!   the loop or run as a child agent by `call_agent`: the difference over 20 is the
+//!   overhead of one child run (`spec/agents.md`).
+//!
 //! Criterion prints each agent's executor and floor side by side; `benches/README.md`
 //! records the numbers and the budgets.
 
@@ -16,7 +20,7 @@ use std::time::Instant;
 
 use aplc_benches::{agent, agent_context, generated_agent};
 use aplc_compiler::{Options, compile};
-use aplc_vm::bundle::{Bundle, TemplateKind, decode, encode};
+use aplc_vm::bundle::{Bundle, LinkedAgent, TemplateKind, decode, encode};
 use aplc_vm::{Limits, Program, RunOptions, ScriptedProvider, Store, run_scripted, template_env};
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -132,5 +136,50 @@ fn bench_run(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_compile, bench_load, bench_run);
+/// Rounds of `agents/*`.
+const ROUNDS: usize = 20;
+
+/// Two steps per round, `work` inlined: `a` goes to `work`, which goes back to `a`.
+const INLINE: &str = "# prompt: a\n## user\nRound {{ i | default(0) }}\n\n\
+# post: a\n{{ set_context('i', (i | default(0)) + 1) }}{{ set_context('next_step', 'work') }}\n\n\
+# prompt: work\n## user\nWork on {{ i }}\n\n\
+# post: work\n{% if i < 20 %}{{ set_context('next_step', 'a') }}{% endif %}\n";
+
+/// The same rounds with `work` a child agent that `a` delegates to.
+const DELEGATED: &str = "# prompt: a\n## user\nRound {{ i | default(0) }}\n\n\
+# post: a\n{{ set_context('i', (i | default(0)) + 1) }}\
+{{ set_context('call_agent', {'agent': 'work', 'context': {'i': i}}) }}\
+{% if i < 20 %}{{ set_context('next_step', 'a') }}{% endif %}\n";
+
+const WORK: &str = "{# inputs: i #}\n# prompt: work\n## user\nWork on {{ i }}\n";
+
+fn bench_agents(c: &mut Criterion) {
+    let inline = Arc::new(Program::from_bundle(bundle(INLINE), Limits::default()).unwrap());
+    let mut delegated = bundle(DELEGATED);
+    delegated.agents = vec![LinkedAgent {
+        name: "work".into(),
+        bundle: bundle(WORK),
+    }];
+    let delegated = Arc::new(Program::from_bundle(delegated, Limits::default()).unwrap());
+    let answers = serde_json::to_string(&vec!["ok"; 2 * ROUNDS]).unwrap();
+    let script = ScriptedProvider::from_json(&answers).unwrap();
+    let mut group = c.benchmark_group("agents");
+    for (name, program) in [("inline", inline), ("delegated", delegated)] {
+        let run_once = || {
+            let mut script = script.clone();
+            script.rewind();
+            let start = Instant::now();
+            run_scripted(program.clone(), RunOptions::default(), &mut script, || {
+                start.elapsed()
+            })
+        };
+        let outcome = run_once();
+        assert!(outcome.error.is_none(), "{name}: {:?}", outcome.error);
+        assert_eq!(outcome.steps, 2 * ROUNDS as u64, "{name}");
+        group.bench_function(name, |b| b.iter(|| black_box(run_once())));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_compile, bench_load, bench_run, bench_agents);
 criterion_main!(benches);

@@ -283,33 +283,30 @@ impl Machine {
         let outcome = machine.into_outcome();
         self.steps += outcome.steps;
         let error = outcome.error.as_ref().map(|e| e.message.clone());
-        let variables = outcome.variables_json();
         if call_id.is_some() {
             let result = match error {
                 Some(message) => Err(format!("agent `{agent}` failed: {message}")),
-                None => Ok(tool_result(&variables)),
+                None => Ok(tool_result(&outcome)),
             };
             self.finish_tool_call(now, result, None);
             return;
         }
-        let mut result = match variables {
-            serde_json::Value::Object(map) => map,
-            _ => serde_json::Map::new(),
-        };
+        // The child's values as they are (shared, not copied), without its history.
+        let mut result: std::collections::BTreeMap<&str, Value> =
+            outcome.vars.iter().map(|(k, v)| (k, v.clone())).collect();
         let status = if error.is_some() {
             "failed"
         } else {
             "completed"
         };
-        result.insert("status".into(), status.into());
+        result.insert("status", Value::from(status));
         if let Some(message) = &error {
-            result.insert("error".into(), message.as_str().into());
+            result.insert("error", Value::from(message.as_str()));
             (self.nest.carried).push(format!("agent `{agent}` failed: {message}"));
         }
-        self.store.set(
-            names::AGENT_RESULT,
-            value_from_json(&serde_json::Value::Object(result)),
-        );
+        let result: std::collections::BTreeMap<String, Value> =
+            result.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        self.store.set(names::AGENT_RESULT, Value::from(result));
     }
 
     /// Ends the running children with this run: `message` is why (a person nobody can
@@ -351,13 +348,16 @@ impl Machine {
 
 /// An agent tool call's result: the child's `result_json` if it has one, else its
 /// `result_text`.
-fn tool_result(variables: &serde_json::Value) -> serde_json::Value {
-    match variables.get(names::RESULT_JSON) {
-        Some(json) if !json.is_null() => json.clone(),
-        _ => variables
-            .get(names::RESULT_TEXT)
-            .cloned()
-            .unwrap_or(serde_json::Value::Null),
+fn tool_result(outcome: &crate::RunOutcome) -> serde_json::Value {
+    let value = |name| {
+        outcome
+            .vars
+            .get(name)
+            .filter(|v| !v.is_none() && !v.is_undefined())
+    };
+    match value(names::RESULT_JSON).or_else(|| value(names::RESULT_TEXT)) {
+        Some(value) => super::to_json(value),
+        None => serde_json::Value::Null,
     }
 }
 
