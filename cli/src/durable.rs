@@ -424,6 +424,8 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
                 let _ = writeln!(out);
             } else {
                 let _ = write_summary(&mut out, &summary);
+                let tree = runtime.block_on(agent_tree(store.as_ref(), &run_id))?;
+                let _ = tree.write(&mut out);
             }
             let _ = out.flush();
             Ok(ExitCode::SUCCESS)
@@ -455,6 +457,28 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
             let _ = out.flush();
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// The agents run `id` called, from its journaled events, a page at a time.
+async fn agent_tree(
+    store: &dyn aplc_runtime::store::RunJournal,
+    id: &str,
+) -> Result<crate::agent_tree::AgentTree, Failure> {
+    const PAGE: u64 = 1_000;
+    let mut tree = crate::agent_tree::AgentTree::default();
+    let mut from = 0;
+    loop {
+        let page = store.events(id, from, PAGE).await.map_err(store_failure)?;
+        for event in &page {
+            if let Ok(event) = serde_json::from_str::<serde_json::Value>(event) {
+                tree.see(&event);
+            }
+        }
+        if (page.len() as u64) < PAGE {
+            return Ok(tree);
+        }
+        from += PAGE;
     }
 }
 

@@ -11,6 +11,7 @@
 //! when every case passed, 1 when one failed, 2 for an invalid test file.
 
 mod agent_test;
+mod agent_tree;
 mod answer;
 mod bench;
 mod compile;
