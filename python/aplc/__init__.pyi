@@ -41,6 +41,9 @@ class Options(TypedDict, total=False):
     # A durable run (spec/human.md §4.3): "sqlite:PATH" or "postgres://…", and its id.
     store: str
     run_id: str
+    # Agents a run may call by a name its bundle does not link (spec/agents.md).
+    agents: Mapping[str, "Program"]
+    max_agent_depth: int
 
 class ValidationError(ValueError):
     diagnostics: List[Diagnostic]

@@ -32,14 +32,30 @@ OPTIONS = frozenset(
         "dialect",
         "store",
         "run_id",
+        "agents",
+        "max_agent_depth",
     }
 )
 
 #: The options a durable run keeps from its start: a resume takes none of them.
-RUN_OWN = frozenset({"with_context", "timeout", "max_runs", "max_steps", "relaxed", "dialect", "store", "run_id"})
+RUN_OWN = frozenset(
+    {
+        "with_context",
+        "timeout",
+        "max_runs",
+        "max_steps",
+        "relaxed",
+        "dialect",
+        "store",
+        "run_id",
+        "agents",
+        "max_agent_depth",
+    }
+)
 
 DEFAULT_TIMEOUT_MS = _aplc.DEFAULT_TIMEOUT_MS
 DEFAULT_MAX_STEPS = _aplc.DEFAULT_MAX_STEPS
+DEFAULT_MAX_AGENT_DEPTH = _aplc.DEFAULT_MAX_AGENT_DEPTH
 DIALECTS = ("spec", "defuss-1.1")
 
 
@@ -276,6 +292,14 @@ class _Options:
         self.timeout = _int_option(options, "timeout", DEFAULT_TIMEOUT_MS, 0)
         self.max_runs = _int_option(options, "max_runs", None, 0)
         self.max_steps = _int_option(options, "max_steps", DEFAULT_MAX_STEPS, 1)
+        self.max_agent_depth = _int_option(options, "max_agent_depth", DEFAULT_MAX_AGENT_DEPTH, 0)
+        agents = options.get("agents") or {}
+        if not isinstance(agents, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, Program) for k, v in agents.items()
+        ):
+            raise TypeError("option 'agents' must be a dict of agent name to aplc.Program")
+        #: The agents a run may call by a name its bundle does not link (spec/agents.md).
+        self.agents: Dict[str, "Program"] = dict(agents)
         self.relaxed = bool(options.get("relaxed", False))
         self.debug = bool(options.get("debug", False))
         self.base_url = _str_option(options, "base_url")
@@ -343,6 +367,8 @@ class _Run:
             "providers_json": o.providers_json,
             "manifest": o.manifest,
             "on_input": o.on_input is not None,
+            "agents": [(name, program._native) for name, program in o.agents.items()],
+            "max_agent_depth": o.max_agent_depth,
         }
 
     async def run(self, native: Any) -> Dict[str, Any]:

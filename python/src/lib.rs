@@ -30,6 +30,7 @@ fn _aplc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::RustToolAnswer>()?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_MAX_STEPS", aplc_vm::DEFAULT_MAX_STEPS)?;
+    m.add("DEFAULT_MAX_AGENT_DEPTH", aplc_vm::DEFAULT_MAX_AGENT_DEPTH)?;
     m.add(
         "DEFAULT_TIMEOUT_MS",
         u64::try_from(aplc_vm::DEFAULT_TIMEOUT.as_millis()).unwrap_or(u64::MAX),

@@ -69,6 +69,10 @@ pub(crate) struct RunConfig {
     /// The facade has an `on_input` callback: a run that asks a person hands its
     /// requests to it (`spec/human.md` §4.3); without one such a run fails.
     on_input: bool,
+    /// `agents`: the programs the run may call by a name its bundle does not link
+    /// (`spec/agents.md` §2).
+    agents: Vec<(String, Py<NativeProgram>)>,
+    max_agent_depth: u32,
 }
 
 #[pymethods]
@@ -239,6 +243,12 @@ impl Prepared {
             max_steps: config.max_steps,
             tools: Arc::new(tools),
             events: config.events,
+            agents: Arc::new(
+                (config.agents.iter())
+                    .map(|(name, program)| (name.clone(), program.get().program.clone()))
+                    .collect(),
+            ),
+            max_agent_depth: config.max_agent_depth,
             ..RunOptions::default()
         }
         .with_context_json(&context);
