@@ -784,4 +784,39 @@ mod tests {
             Ok(Json::String("HOME=unset PATH=set".into()))
         );
     }
+
+    #[test]
+    fn agent_entries_take_no_program_and_may_leave_out_the_descriptor() {
+        let build = |text: &str| toolbox_from_manifest(text, Path::new("."), &[]);
+        let toolbox = build(
+            r#"{"translate": {"agent": "translator"},
+                "summarize": {"agent": "summarizer", "descriptor": {"parameters": {"type": "object"}}}}"#,
+        )
+        .unwrap();
+        let registry = toolbox.registry();
+        assert!(registry.has_agent_tools());
+        assert_eq!(
+            registry.get("translate").unwrap().agent_tool(),
+            Some("translator")
+        );
+        assert_eq!(
+            registry.get("summarize").unwrap().agent_tool(),
+            Some("summarizer")
+        );
+        for (text, says) in [
+            (
+                r#"{"t": {"agent": "a", "command": ["x"]}}"#,
+                "takes no `command`",
+            ),
+            (
+                r#"{"t": {"agent": "a", "idempotent": {"key": "auto"}}}"#,
+                "takes no `idempotent`",
+            ),
+            (r#"{"t": {"agent": "../a"}}"#, "`agent` must name an agent"),
+            (r#"{"t": {"command": ["x"]}}"#, "missing field `descriptor`"),
+        ] {
+            let error = build(text).err().expect(text).to_string();
+            assert!(error.contains(says), "{text}: {error}");
+        }
+    }
 }
