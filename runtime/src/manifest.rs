@@ -815,7 +815,10 @@ mod tests {
             (r#"{"t": {"agent": "../a"}}"#, "`agent` must name an agent"),
             (r#"{"t": {"command": ["x"]}}"#, "missing field `descriptor`"),
         ] {
-            let error = build(text).err().expect(text).to_string();
+            let Err(error) = build(text) else {
+                panic!("{text} is refused")
+            };
+            let error = error.to_string();
             assert!(error.contains(says), "{text}: {error}");
         }
     }
