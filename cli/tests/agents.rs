@@ -1,0 +1,277 @@
+//! Agents that call agents from the command line (`spec/agents.md`): `aplc build` links
+//! the tree (`fixtures/agents/tree/`: root → mid → leaf) into one bundle, `aplc run` runs
+//! it with `--mock` answers taken in call order across the tree, the PPE seed's chain
+//! runs from source, budgets and the depth limit hold across levels, and a durable run
+//! SIGKILLed inside the grandchild resumes there on SQLite and on PostgreSQL without
+//! asking a journaled call again.
+
+mod serving;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use aplc_test_support::pg;
+use aplc_test_support::process::succeed;
+use aplc_test_support::{aplc, scratch_in};
+use serde_json::{Value as Json, json};
+use serving::{Model, root};
+
+fn scratch(name: &str) -> PathBuf {
+    scratch_in!("agents", name)
+}
+
+/// `dir/root.aplb`: the tree, linked by `aplc build`, and the context it needs.
+fn build_tree(dir: &Path) -> PathBuf {
+    let source = root().join("fixtures/agents/tree/root.apl");
+    let bundle = dir.join("root.aplb");
+    succeed(&mut aplc!(
+        dir,
+        &["build", source.to_str().unwrap(), "-o", bundle.to_str().unwrap()],
+    ));
+    std::fs::write(dir.join("context.json"), json!({"topic": "refunds"}).to_string()).unwrap();
+    bundle
+}
+
+/// The prompts of the tree's calls, in call order across its three levels.
+fn tree_prompts() -> Vec<String> {
+    let leaf = |turn: u64| format!("Leaf turn {turn} on refunds (detail)");
+    vec![
+        "Root asks about refunds".into(),
+        "Mid asks about refunds".into(),
+        leaf(0),
+        leaf(1),
+        leaf(2),
+        format!("Mid done: answer to: {}", leaf(2)),
+        format!("Root done: answer to: Mid done: answer to: {} (completed)", leaf(2)),
+    ]
+}
+
+/// The final context of `--json`, without the fields that measure time.
+fn context(output: &Output) -> Json {
+    let mut json: Json = serde_json::from_slice(&output.stdout).expect("--json prints JSON");
+    strip_times(&mut json);
+    json
+}
+
+fn strip_times(json: &mut Json) {
+    match json {
+        Json::Object(map) => {
+            map.remove("time_elapsed");
+            map.remove("time_elapsed_global");
+            map.values_mut().for_each(strip_times);
+        }
+        Json::Array(items) => items.iter_mut().for_each(strip_times),
+        _ => {}
+    }
+}
+
+fn read_events(path: &Path) -> Vec<Json> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_linked_tree_runs_with_mock_answers_in_call_order() {
+    let dir = scratch("tree-mock");
+    let bundle = build_tree(&dir);
+    // Each mock answer names its place, so the context shows which call took which.
+    let answers: Vec<String> = (1..=7).map(|n| format!("answer {n}")).collect();
+    std::fs::write(dir.join("mock.json"), json!(answers).to_string()).unwrap();
+    let output = succeed(&mut aplc!(
+        &dir,
+        &[
+            "run",
+            bundle.to_str().unwrap(),
+            "--context",
+            "context.json",
+            "--mock",
+            "mock.json",
+            "--json",
+            "--events",
+            "events.jsonl",
+        ],
+    ));
+    let context = context(&output);
+    assert_eq!(context["result_text"], "answer 7");
+    let mid = &context["agent_result"];
+    assert_eq!(mid["status"], "completed", "{mid}");
+    assert_eq!(mid["result_text"], "answer 6");
+    assert_eq!(mid["agent_result"]["result_text"], "answer 5");
+    let prompts: Vec<String> = context["context_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|snapshot| snapshot["prompts"][0]["content"].as_str().unwrap().trim().to_string())
+        .collect();
+    assert_eq!(prompts[0], "Root asks about refunds");
+    assert_eq!(prompts[1], "Root done: answer 6 (completed)");
+    let events = read_events(&dir.join("events.jsonl"));
+    let calls: Vec<Option<&str>> = events
+        .iter()
+        .filter(|e| e["type"] == "provider_call")
+        .map(|e| e["path"].as_str())
+        .collect();
+    assert_eq!(
+        calls,
+        [None, Some("mid"), Some("mid/leaf"), Some("mid/leaf"), Some("mid/leaf"), Some("mid"), None]
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run_finished");
+    assert_eq!(last["totals"]["steps"], 7);
+    assert_eq!(last["totals"]["provider_calls"], 7);
+}
+
+#[test]
+fn the_ppe_chain_runs_from_source() {
+    let dir = scratch("ppe");
+    let agent = root().join("fixtures/agents/ppe/list-expression.apl");
+    let mock = root().join("fixtures/agents/ppe/list-expression.mock.json");
+    let output = succeed(&mut aplc!(
+        &dir,
+        &["run", agent.to_str().unwrap(), "--mock", mock.to_str().unwrap(), "--json"],
+    ));
+    let context = context(&output);
+    assert_eq!(context["agent_result"]["result_json"], 8, "{context}");
+    assert_eq!(context["agent_result"]["content"], "3 + 5");
+    assert_eq!(context["result_text"], "A total of 8 pieces of candy.");
+    let last_prompt = context["prompts"][0]["content"].as_str().unwrap();
+    assert!(last_prompt.contains("A total of 8 pieces"), "{last_prompt}");
+}
+
+#[test]
+fn budgets_and_the_depth_limit_hold_across_levels() {
+    let dir = scratch("budgets");
+    let bundle = build_tree(&dir);
+    let answers: Vec<String> = (1..=7).map(|n| format!("answer {n}")).collect();
+    std::fs::write(dir.join("mock.json"), json!(answers).to_string()).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            bundle.to_str().unwrap(),
+            "--context",
+            "context.json",
+            "--mock",
+            "mock.json",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        aplc!(&dir, &args).output().unwrap()
+    };
+    // Depth 1 may run `mid`, not its `leaf`: mid goes on with the failure.
+    let output = run(&["--max-agent-depth", "1"]);
+    let context = context(&output);
+    let leaf = &context["agent_result"]["agent_result"];
+    assert_eq!(leaf["status"], "failed", "{context}");
+    assert!(
+        leaf["error"].as_str().unwrap().contains("past the limit of 1"),
+        "{leaf}"
+    );
+    // The tree needs 7 steps: with 5, the leaf spends the last and fails, and so does
+    // every level above it when it would enter its next step.
+    let output = run(&["--max-steps", "5"]);
+    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("Step budget exceeded"), "{stderr}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Durable: a SIGKILL inside the grandchild.
+
+fn run_durable(dir: &Path, bundle: &Path, model: &Model, store: &str) -> std::process::Command {
+    aplc!(
+        dir,
+        &[
+            "run",
+            bundle.to_str().unwrap(),
+            "--context",
+            "context.json",
+            "--json",
+            "--quiet",
+            "--base-url",
+            &model.url,
+            "--store",
+            store,
+            "--run-id",
+            "tree",
+        ],
+    )
+}
+
+fn kill9(mut child: Child) {
+    child.kill().expect("SIGKILL aplc");
+    let status = child.wait().expect("reap aplc");
+    assert!(!status.success(), "aplc was killed, yet it succeeded");
+}
+
+fn crash_inside_the_grandchild(name: &str, store: &str) {
+    let dir = scratch(name);
+    let bundle = build_tree(&dir);
+    let model = Model::start();
+    model.delay(400);
+    let child = run_durable(&dir, &bundle, &model, store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn aplc");
+    let in_flight = "Leaf turn 1 on refunds (detail)";
+    let start = Instant::now();
+    while !model.prompts().iter().any(|p| p == in_flight) {
+        assert!(start.elapsed() < Duration::from_secs(60), "the leaf's second call");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kill9(child);
+    model.delay(0);
+    let output = succeed(&mut aplc!(
+        &dir,
+        &["resume", "tree", "--store", store, "--json", "--quiet", "--base-url", &model.url],
+    ));
+    let resumed = context(&output);
+    assert_eq!(resumed["agent_result"]["status"], "completed", "{resumed}");
+    assert_eq!(
+        resumed["result_text"],
+        format!("answer to: {}", tree_prompts()[6])
+    );
+    // Every call asked, each once, but the one in flight at the kill.
+    let prompts = model.prompts();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for prompt in &prompts {
+        *counts.entry(prompt.as_str()).or_default() += 1;
+    }
+    let mut distinct: Vec<&str> = counts.keys().copied().collect();
+    distinct.sort();
+    let mut expected = tree_prompts();
+    expected.sort();
+    assert_eq!(distinct, expected, "{prompts:?}");
+    let repeated: Vec<(&str, usize)> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(p, n)| (*p, *n))
+        .collect();
+    assert_eq!(repeated, [(in_flight, 2)], "{prompts:?}");
+
+    // `aplc runs show` shows the tree.
+    let show = succeed(&mut aplc!(&dir, &["runs", "show", "tree", "--store", store]));
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(show.contains("status:   completed"), "{show}");
+    assert!(
+        show.contains("agents:\n  - mid (step `root`): completed, 5 steps\n    - leaf (step `mid`): completed, 3 steps\n"),
+        "{show}"
+    );
+}
+
+#[test]
+fn sqlite_a_kill_inside_the_grandchild_resumes_there() {
+    let store = format!("sqlite:{}", scratch("tree-sqlite-db").join("runs.db").display());
+    crash_inside_the_grandchild("tree-sqlite", &store);
+}
+
+#[test]
+fn postgres_a_kill_inside_the_grandchild_resumes_there() {
+    let store = pg::shared().database("cli_agents");
+    crash_inside_the_grandchild("tree-postgres", &store);
+}
