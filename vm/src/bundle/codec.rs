@@ -168,6 +168,13 @@ pub fn encode(bundle: &Bundle) -> Result<Vec<u8>, BundleError> {
         bytes = postcard::to_extend(description, bytes).expect("postcard serializes every string");
     }
     if !bundle.agents.is_empty() {
+        // What `decode` would refuse is not written.
+        if bundle.agents.len() > MAX_LINKED_AGENTS {
+            return Err(BundleError::Malformed(format!(
+                "{} linked agents, more than {MAX_LINKED_AGENTS}",
+                bundle.agents.len()
+            )));
+        }
         flags |= LINKED;
         let mut linked = Vec::with_capacity(bundle.agents.len());
         for agent in &bundle.agents {
