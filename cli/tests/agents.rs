@@ -28,9 +28,18 @@ fn build_tree(dir: &Path) -> PathBuf {
     let bundle = dir.join("root.aplb");
     succeed(&mut aplc!(
         dir,
-        &["build", source.to_str().unwrap(), "-o", bundle.to_str().unwrap()],
+        &[
+            "build",
+            source.to_str().unwrap(),
+            "-o",
+            bundle.to_str().unwrap()
+        ],
     ));
-    std::fs::write(dir.join("context.json"), json!({"topic": "refunds"}).to_string()).unwrap();
+    std::fs::write(
+        dir.join("context.json"),
+        json!({"topic": "refunds"}).to_string(),
+    )
+    .unwrap();
     bundle
 }
 
@@ -44,7 +53,10 @@ fn tree_prompts() -> Vec<String> {
         leaf(1),
         leaf(2),
         format!("Mid done: answer to: {}", leaf(2)),
-        format!("Root done: answer to: Mid done: answer to: {} (completed)", leaf(2)),
+        format!(
+            "Root done: answer to: Mid done: answer to: {} (completed)",
+            leaf(2)
+        ),
     ]
 }
 
@@ -106,7 +118,13 @@ fn a_linked_tree_runs_with_mock_answers_in_call_order() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|snapshot| snapshot["prompts"][0]["content"].as_str().unwrap().trim().to_string())
+        .map(|snapshot| {
+            snapshot["prompts"][0]["content"]
+                .as_str()
+                .unwrap()
+                .trim()
+                .to_string()
+        })
         .collect();
     assert_eq!(prompts[0], "Root asks about refunds");
     assert_eq!(prompts[1], "Root done: answer 6 (completed)");
@@ -118,7 +136,15 @@ fn a_linked_tree_runs_with_mock_answers_in_call_order() {
         .collect();
     assert_eq!(
         calls,
-        [None, Some("mid"), Some("mid/leaf"), Some("mid/leaf"), Some("mid/leaf"), Some("mid"), None]
+        [
+            None,
+            Some("mid"),
+            Some("mid/leaf"),
+            Some("mid/leaf"),
+            Some("mid/leaf"),
+            Some("mid"),
+            None
+        ]
     );
     let last = events.last().unwrap();
     assert_eq!(last["type"], "run_finished");
@@ -133,7 +159,13 @@ fn the_ppe_chain_runs_from_source() {
     let mock = root().join("fixtures/agents/ppe/list-expression.mock.json");
     let output = succeed(&mut aplc!(
         &dir,
-        &["run", agent.to_str().unwrap(), "--mock", mock.to_str().unwrap(), "--json"],
+        &[
+            "run",
+            agent.to_str().unwrap(),
+            "--mock",
+            mock.to_str().unwrap(),
+            "--json"
+        ],
     ));
     let context = context(&output);
     assert_eq!(context["agent_result"]["result_json"], 8, "{context}");
@@ -168,13 +200,21 @@ fn budgets_and_the_depth_limit_hold_across_levels() {
     let leaf = &context["agent_result"]["agent_result"];
     assert_eq!(leaf["status"], "failed", "{context}");
     assert!(
-        leaf["error"].as_str().unwrap().contains("past the limit of 1"),
+        leaf["error"]
+            .as_str()
+            .unwrap()
+            .contains("past the limit of 1"),
         "{leaf}"
     );
     // The tree needs 7 steps: with 5, the leaf spends the last and fails, and so does
     // every level above it when it would enter its next step.
     let output = run(&["--max-steps", "5"]);
-    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("Step budget exceeded"), "{stderr}");
 }
@@ -221,14 +261,26 @@ fn crash_inside_the_grandchild(name: &str, store: &str) {
     let in_flight = "Leaf turn 1 on refunds (detail)";
     let start = Instant::now();
     while !model.prompts().iter().any(|p| p == in_flight) {
-        assert!(start.elapsed() < Duration::from_secs(60), "the leaf's second call");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the leaf's second call"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     kill9(child);
     model.delay(0);
     let output = succeed(&mut aplc!(
         &dir,
-        &["resume", "tree", "--store", store, "--json", "--quiet", "--base-url", &model.url],
+        &[
+            "resume",
+            "tree",
+            "--store",
+            store,
+            "--json",
+            "--quiet",
+            "--base-url",
+            &model.url
+        ],
     ));
     let resumed = context(&output);
     assert_eq!(resumed["agent_result"]["status"], "completed", "{resumed}");
@@ -255,7 +307,10 @@ fn crash_inside_the_grandchild(name: &str, store: &str) {
     assert_eq!(repeated, [(in_flight, 2)], "{prompts:?}");
 
     // `aplc runs show` shows the tree.
-    let show = succeed(&mut aplc!(&dir, &["runs", "show", "tree", "--store", store]));
+    let show = succeed(&mut aplc!(
+        &dir,
+        &["runs", "show", "tree", "--store", store]
+    ));
     let show = String::from_utf8_lossy(&show.stdout);
     assert!(show.contains("status:   completed"), "{show}");
     assert!(
@@ -266,7 +321,10 @@ fn crash_inside_the_grandchild(name: &str, store: &str) {
 
 #[test]
 fn sqlite_a_kill_inside_the_grandchild_resumes_there() {
-    let store = format!("sqlite:{}", scratch("tree-sqlite-db").join("runs.db").display());
+    let store = format!(
+        "sqlite:{}",
+        scratch("tree-sqlite-db").join("runs.db").display()
+    );
     crash_inside_the_grandchild("tree-sqlite", &store);
 }
 
