@@ -2,12 +2,14 @@
 //! a linked root → mid → leaf bundle (built here, not by `aplc build`), with `call_agent`
 //! and an agent tool, run against `--mock` with `--events`, `--stream` and `--verbose`;
 //! then `aplc trace` of its events file. A child's lines go under its `agent_started`
-//! with its path; its streamed text reaches stdout; its deltas carry its path.
+//! with its path; its streamed text reaches stdout; its deltas carry its path. With
+//! OpenTelemetry export, its spans nest under the step or tool call that ran it.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 use aplc_compiler::{Options, compile};
+use aplc_test_support::otlp::{Receiver, string};
 use aplc_vm::bundle::{Bundle, LinkedAgent};
 use serde_json::{Value as Json, json};
 
@@ -68,13 +70,26 @@ fn files(dir: &Path) {
 }
 
 fn aplc(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_aplc"))
+    aplc_with(dir, args, None)
+}
+
+/// `aplc` exporting to the OTLP endpoint `otlp`, if given.
+fn aplc_with(dir: &Path, args: &[&str], otlp: Option<&str>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_aplc"));
+    command
         .current_dir(dir)
         .args(args)
         .env("NO_COLOR", "1")
-        .env_remove("OPENAI_API_KEY")
-        .output()
-        .expect("aplc runs")
+        .env_remove("OPENAI_API_KEY");
+    for (name, _) in std::env::vars() {
+        if name.starts_with("OTEL_") || name.starts_with("TRACE") {
+            command.env_remove(name);
+        }
+    }
+    if let Some(endpoint) = otlp {
+        command.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+    }
+    command.output().expect("aplc runs")
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -189,4 +204,58 @@ fn child_runs_in_verbose_stream_events_and_trace() {
     let trace = aplc(dir.path(), &["trace", "events.jsonl"]);
     assert_eq!(trace.status.code(), Some(0), "{}", text(&trace.stderr));
     insta::assert_snapshot!(without_times(&text(&trace.stdout)));
+}
+
+#[test]
+fn aplc_run_exports_child_runs_under_their_callers_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    files(dir.path());
+    let receiver = Receiver::start(200);
+    let args = [
+        "run",
+        "root.aplb",
+        "--mock",
+        "mock.json",
+        "--tools",
+        "tools.json",
+        "--quiet",
+    ];
+    let out = aplc_with(dir.path(), &args, Some(&receiver.endpoint()));
+    let stderr = text(&out.stderr);
+    assert!(matches!(out.status.code(), Some(0 | 3)), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    let spans = receiver.spans();
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    let find = |name: &str, parent: &[u8]| {
+        let found: Vec<_> = spans
+            .iter()
+            .filter(|s| s.name == name && s.parent_span_id == parent)
+            .collect();
+        assert_eq!(found.len(), 1, "{name}: {names:?}");
+        found[0]
+    };
+    let root = find("invoke_workflow root.apl", &[]);
+    let a = find("step a", &root.span_id);
+    let mid = find("invoke_workflow mid", &a.span_id);
+    let m = find("step m", &mid.span_id);
+    let grandchild = find("invoke_workflow leaf", &m.span_id);
+    assert_eq!(
+        string(grandchild, "aplc.agent.path").as_deref(),
+        Some("mid/leaf")
+    );
+    find("chat gpt-4o", &find("step l", &grandchild.span_id).span_id);
+    let b = find("step b", &root.span_id);
+    let tools: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "execute_tool ask")
+        .collect();
+    assert_eq!(tools.len(), 2, "{names:?}");
+    for tool in tools {
+        assert_eq!(tool.parent_span_id, b.span_id);
+        find("invoke_workflow leaf", &tool.span_id);
+    }
+    // Every span opened was ended (only ended spans are exported): 3 runs of the leaf,
+    // 2 of whose ran a step with a call, mid with one, the root with two.
+    assert_eq!(names.len(), 17, "{names:?}");
 }
