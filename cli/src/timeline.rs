@@ -2,9 +2,11 @@
 //! run goes, `aplc trace FILE` prints them from an events file, then the totals.
 //!
 //! One line per step boundary, provider call, tool call, error and jump, indented by
-//! nesting, each with its time since the run started. Lines are built from the events'
-//! raw strings; the caller redacts (if it has secrets) and then escapes control
-//! characters over the whole line, so a secret is matched as the run saw it.
+//! nesting, each with its time since the run started. A child run (`spec/agents.md`)
+//! has a line where it starts and one where it ends, and its own lines are indented
+//! under them and begin with its path (`mid/leaf > step l (runs 0)`). Lines are built
+//! from the events' raw strings; the caller redacts (if it has secrets) and then escapes
+//! control characters over the whole line, so a secret is matched as the run saw it.
 
 use std::fmt::Write as _;
 
@@ -147,23 +149,62 @@ impl Timeline {
                 totals,
             } => {
                 t.finished = Some((*outcome, totals.elapsed_ms));
-                let mut text = format!("run {} in {}", status(*outcome), ms(totals.elapsed_ms));
-                if let Some(error) = error {
-                    let _ = write!(text, " ({}): {}", error.kind, error.message);
-                }
-                (0, text)
+                (0, ended("run", *outcome, error.as_ref(), totals))
             }
+            EventKind::AgentStarted { agent, call_id, .. } => {
+                let mut text = format!("agent {agent} started");
+                if let Some(id) = call_id {
+                    let _ = write!(text, " [{id}]");
+                }
+                (1, text)
+            }
+            EventKind::AgentFinished {
+                agent,
+                outcome,
+                error,
+                totals,
+                ..
+            } => (
+                1,
+                ended(&format!("agent {agent}"), *outcome, error.as_ref(), totals),
+            ),
             // A newer event type this aplc does not know yet.
             _ => return None,
         };
+        // A child's lines go under its `agent_started`, two levels a generation.
+        let (nesting, by) = match &event.path {
+            // Capped: an events file may hold any path.
+            Some(path) => (
+                path.split('/').count().min(MAX_NESTING) * 2,
+                format!("{path} > "),
+            ),
+            None => (0, String::new()),
+        };
         Some(format!(
-            "{:>10.3} ms  {:indent$}{text}",
+            "{:>10.3} ms  {:indent$}{by}{text}",
             event.t_ms,
             "",
-            indent = depth * 2
+            indent = (depth + nesting) * 2
         ))
     }
 }
+
+/// How `what` (`run`, `agent NAME`) ended: `run failed in 5.000 ms (timeout): Timeout`.
+fn ended(
+    what: &str,
+    outcome: RunStatus,
+    error: Option<&aplc_vm::EventError>,
+    totals: &aplc_vm::Totals,
+) -> String {
+    let mut text = format!("{what} {} in {}", status(outcome), ms(totals.elapsed_ms));
+    if let Some(error) = error {
+        let _ = write!(text, " ({}): {}", error.kind, error.message);
+    }
+    text
+}
+
+/// The deepest child run whose lines are indented further than its caller's.
+const MAX_NESTING: usize = 16;
 
 /// An outcome as `run_finished` spells it.
 pub(crate) fn status(outcome: RunStatus) -> &'static str {
@@ -279,6 +320,60 @@ mod tests {
             "{line}"
         );
         assert_eq!(timeline.totals.finished, Some((RunStatus::Failed, 5.0)));
+    }
+
+    #[test]
+    fn a_childs_lines_go_under_its_start_with_its_path() {
+        let mut timeline = Timeline::new(false);
+        let mut line = |path: Option<&str>, kind| {
+            let mut event = event(1.0, kind);
+            event.path = path.map(str::to_owned);
+            timeline.line(&event).unwrap_or_default()
+        };
+        let started = line(
+            Some("mid"),
+            EventKind::AgentStarted {
+                step: "m".into(),
+                agent: "leaf".into(),
+                call_id: Some("c1".into()),
+            },
+        );
+        assert_eq!(
+            started,
+            "     1.000 ms        mid > agent leaf started [c1]"
+        );
+        let step = EventKind::StepStarted {
+            step: "l".into(),
+            runs: 0,
+        };
+        assert_eq!(
+            line(Some("mid/leaf"), step),
+            "     1.000 ms          mid/leaf > step l (runs 0)"
+        );
+        let finished = EventKind::AgentFinished {
+            step: "m".into(),
+            agent: "leaf".into(),
+            call_id: None,
+            outcome: RunStatus::Failed,
+            error: Some(EventError {
+                kind: "missing_input".into(),
+                message: "missing input: word".into(),
+            }),
+            totals: Totals {
+                steps: 0,
+                provider_calls: 0,
+                input_tokens: 0,
+                output_tokens: 0,
+                elapsed_ms: 0.5,
+            },
+        };
+        assert_eq!(
+            line(Some("mid"), finished),
+            "     1.000 ms        mid > agent leaf failed in 0.500 ms (missing_input): \
+             missing input: word"
+        );
+        assert_eq!(timeline.totals.steps, 1);
+        assert_eq!(timeline.totals.finished, None);
     }
 
     #[test]

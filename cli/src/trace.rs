@@ -36,6 +36,8 @@ const KNOWN_TYPES: &[&str] = &[
     "jump",
     "step_finished",
     "run_finished",
+    "agent_started",
+    "agent_finished",
 ];
 
 #[derive(Args, Debug)]

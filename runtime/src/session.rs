@@ -366,12 +366,9 @@ impl<'l> RunSession<'l> {
         };
         let emit = |mut progress: Progress| {
             progress.message = progress.message.map(|m| toolbox.progress_message(&m));
-            observer(&Event::tool_progress(
-                stamp.tool_seq,
-                clock.now(),
-                &call,
-                progress,
-            ));
+            let mut event = Event::tool_progress(stamp.tool_seq, clock.now(), &call, progress);
+            event.path.clone_from(&stamp.tool_path);
+            observer(&event);
         };
         let answer = toolbox.run(invocation, clock, Some(&sink));
         relay_deltas(answer, &mut receiver, emit).await
@@ -457,15 +454,18 @@ pub(crate) trait ToolRunner {
     fn progress_message(&self, message: &str) -> String;
 }
 
-/// Which provider call a streaming provider's deltas belong to: the `seq` and step of
-/// the last `provider_call` event (`spec/events.md`, "Streaming deltas"); and which
-/// tool call a tool's progress belongs to: those of the last `tool_call`.
+/// Which provider call a streaming provider's deltas belong to: the `seq`, step and
+/// path (a child run's, `spec/agents.md`) of the last `provider_call` event
+/// (`spec/events.md`, "Streaming deltas"); and which tool call a tool's progress belongs
+/// to: those of the last `tool_call`.
 #[derive(Debug, Clone, Default)]
 pub struct DeltaStamp {
     seq: u64,
     step: String,
+    path: Option<String>,
     tool_seq: u64,
     tool_step: String,
+    tool_path: Option<String>,
 }
 
 impl DeltaStamp {
@@ -476,10 +476,12 @@ impl DeltaStamp {
             EventKind::ProviderCall { step, .. } => {
                 self.seq = event.seq;
                 self.step.clone_from(step);
+                self.path.clone_from(&event.path);
             }
             EventKind::ToolCall { step, .. } => {
                 self.tool_seq = event.seq;
                 self.tool_step.clone_from(step);
+                self.tool_path.clone_from(&event.path);
             }
             _ => {}
         }
@@ -487,7 +489,9 @@ impl DeltaStamp {
 
     /// Delta number `index` of the call, which arrived at `at`.
     pub fn event(&self, at: Duration, index: u64, text: String) -> Event {
-        Event::provider_delta(self.seq, at, &self.step, index, text)
+        let mut event = Event::provider_delta(self.seq, at, &self.step, index, text);
+        event.path.clone_from(&self.path);
+        event
     }
 }
 

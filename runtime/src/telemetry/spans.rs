@@ -7,7 +7,6 @@
 //! notes as it sees the call, in a slot the listener reads at the call's
 //! `provider_result`. One run makes one provider call at a time, so one slot suffices.
 
-use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -24,6 +23,9 @@ use crate::Redactor;
 use crate::future::BoxFuture;
 use crate::provider::{CallContext, Provider};
 use aplc_vm::{Completion, Content, Event, EventKind, Part, ProviderError, ProviderRequest};
+use nesting::Frame;
+
+mod nesting;
 
 /// A W3C trace context a run joins: its spans go into that trace, under that span.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,16 +144,12 @@ impl RunTrace {
                 tracer,
                 instruments,
                 capture_content,
-                parent,
                 details,
                 anchor: None,
-                run: None,
-                step: None,
-                chat: None,
-                tool: None,
+                frame: Frame::root(parent),
+                outer: Vec::new(),
                 call: None,
                 trace_id: None,
-                run_start: None,
             })),
         }
     }
@@ -243,26 +241,24 @@ struct RunSpans {
     tracer: SdkTracer,
     instruments: Arc<Instruments>,
     capture_content: bool,
-    /// The context the run span starts in.
-    parent: Context,
     details: RunDetails,
     /// The wall-clock time of the run's `t_ms` 0.
     anchor: Option<SystemTime>,
-    run: Option<Span>,
-    step: Option<Span>,
-    chat: Option<Span>,
-    tool: Option<Span>,
-    /// What the [`Traced`] provider noted about the current call.
+    /// The spans of the run the events come from now: the root's, or a child's.
+    frame: Frame,
+    /// The runs that called it, the root first (`spec/agents.md`): empty for the root.
+    outer: Vec<Frame>,
+    /// What the [`Traced`] provider noted about the current call (one call at a time in
+    /// the whole tree of runs).
     call: Option<CallNotes>,
     /// The run span's trace id, kept after the span ends.
     trace_id: Option<TraceId>,
-    /// When the run span started.
-    run_start: Option<SystemTime>,
 }
 
 impl RunSpans {
     fn on_event(&mut self, event: &Event) {
         let at = self.time_of(event.t_ms);
+        self.enter(event, at);
         match &event.kind {
             EventKind::RunStarted {
                 agent, bundle_hash, ..
@@ -279,7 +275,7 @@ impl RunSpans {
                     aplc_vm::Phase::Prompt => "aplc.phase.prompt",
                     aplc_vm::Phase::Post => "aplc.phase.post",
                 };
-                if let Some(step) = self.step.as_mut() {
+                if let Some(step) = self.frame.step.as_mut() {
                     let duration = vec![KeyValue::new("aplc.duration_ms", *duration_ms)];
                     step.add_event_with_timestamp(name, at, duration);
                 }
@@ -299,7 +295,7 @@ impl RunSpans {
                 self.ensure_step(step, at);
                 // A resumed run's call that was in flight is sent again without a
                 // `provider_call` event: its span starts when the provider sent it.
-                if self.chat.is_none()
+                if self.frame.chat.is_none()
                     && let Some(model) = self.call.as_ref().and_then(|c| c.request_model.clone())
                 {
                     let start = self.resumed_start(at);
@@ -330,9 +326,9 @@ impl RunSpans {
                 reused,
             } => {
                 self.ensure_step(step, at);
-                if self.tool.is_none() {
+                if self.frame.tool.is_none() {
                     let start = earlier(at, *duration_ms);
-                    let start = self.run_start.map_or(start, |run| start.max(run));
+                    let start = self.frame.run_start.map_or(start, |run| start.max(run));
                     self.open_tool(tool, call_id, None, start);
                 }
                 self.tool_result(*with_error, *reused, at);
@@ -383,6 +379,17 @@ impl RunSpans {
                 self.step_event("aplc.input.received", attributes, at);
             }
             EventKind::StepFinished { .. } => self.end_step(at),
+            EventKind::AgentStarted {
+                step,
+                agent,
+                call_id,
+            } => self.agent_started(step, agent, call_id.as_deref(), at),
+            EventKind::AgentFinished {
+                outcome,
+                error,
+                totals,
+                ..
+            } => self.agent_finished(*outcome, error.as_ref(), totals, at),
             EventKind::RunFinished {
                 outcome,
                 error,
@@ -414,12 +421,18 @@ impl RunSpans {
             KeyValue::new("aplc.step.runs", count(runs)),
         ];
         let name = format!("step {step}");
-        let span = self.child(self.run.as_ref(), name, SpanKind::Internal, attributes, at);
-        self.step = Some(span);
+        let span = self.child(
+            self.frame.run.as_ref(),
+            name,
+            SpanKind::Internal,
+            attributes,
+            at,
+        );
+        self.frame.step = Some(span);
     }
 
     fn tool_result(&mut self, with_error: bool, reused: bool, at: SystemTime) {
-        if let Some(mut span) = self.tool.take() {
+        if let Some(mut span) = self.frame.tool.take() {
             span.set_attribute(KeyValue::new("aplc.tool.reused", reused));
             if with_error {
                 span.set_attribute(KeyValue::new("error.type", "tool_error"));
@@ -431,7 +444,7 @@ impl RunSpans {
 
     /// A span event on the step (or the run, before the first step).
     fn step_event(&mut self, name: &'static str, attributes: Vec<KeyValue>, at: SystemTime) {
-        if let Some(span) = self.step.as_mut().or(self.run.as_mut()) {
+        if let Some(span) = self.frame.step.as_mut().or(self.frame.run.as_mut()) {
             span.add_event_with_timestamp(name, at, attributes);
         }
     }
@@ -442,7 +455,7 @@ impl RunSpans {
         let content = self
             .capture_content
             .then(|| self.details.redactor.redact(message));
-        if let Some(span) = self.step.as_mut().or(self.run.as_mut()) {
+        if let Some(span) = self.frame.step.as_mut().or(self.frame.run.as_mut()) {
             let attributes = content
                 .map(|m| vec![KeyValue::new("aplc.error.message", m)])
                 .unwrap_or_default();
@@ -457,12 +470,26 @@ impl RunSpans {
         totals: &aplc_vm::Totals,
         at: SystemTime,
     ) {
+        self.mark_outcome(outcome, error, totals, at);
+        let reason = error.map(|e| e.kind.clone());
+        self.close_all(at, reason.as_deref(), false);
+    }
+
+    /// Sets how the current run ended on its span: the outcome and totals, and on
+    /// failure the error (a run's `run_finished`, a child's `agent_finished`).
+    fn mark_outcome(
+        &mut self,
+        outcome: aplc_vm::RunStatus,
+        error: Option<&aplc_vm::EventError>,
+        totals: &aplc_vm::Totals,
+        at: SystemTime,
+    ) {
         self.ensure_run(at);
         let outcome = serde_json::to_value(outcome)
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
-        if let Some(run) = self.run.as_mut() {
+        if let Some(run) = self.frame.run.as_mut() {
             let counts = [
                 ("aplc.run.steps", totals.steps),
                 ("aplc.run.provider_calls", totals.provider_calls),
@@ -478,8 +505,6 @@ impl RunSpans {
                 run.set_status(Status::error(self.details.redactor.redact(&error.message)));
             }
         }
-        let reason = error.map(|e| e.kind.clone());
-        self.close_all(at, reason.as_deref(), false);
     }
 
     /// The wall-clock time of `t_ms`, anchored at the first event seen.
@@ -499,15 +524,15 @@ impl RunSpans {
             .with_kind(SpanKind::Internal)
             .with_start_time(at)
             .with_attributes(attributes)
-            .start_with_context(&self.tracer, &self.parent);
+            .start_with_context(&self.tracer, &self.frame.parent);
         self.trace_id = Some(span.span_context().trace_id());
-        self.run_start = Some(at);
-        self.run = Some(span);
+        self.frame.run_start = Some(at);
+        self.frame.run = Some(span);
     }
 
     /// A resumed durable run has no `run_started`: its span starts at its first event.
     fn ensure_run(&mut self, at: SystemTime) {
-        if self.run.is_none() {
+        if self.frame.run.is_none() {
             let at = self.resumed_start(at);
             let agent = self
                 .details
@@ -534,20 +559,20 @@ impl RunSpans {
     /// step's span starts at the first event that names it.
     fn ensure_step(&mut self, step: &str, at: SystemTime) {
         self.ensure_run(at);
-        if self.step.is_none() {
+        if self.frame.step.is_none() {
             let at = self.resumed_start(at);
             let attributes = vec![
                 KeyValue::new("aplc.step.name", step.to_owned()),
                 KeyValue::new("aplc.step.resumed", true),
             ];
             let span = self.child(
-                self.run.as_ref(),
+                self.frame.run.as_ref(),
                 format!("step {step}"),
                 SpanKind::Internal,
                 attributes,
                 at,
             );
-            self.step = Some(span);
+            self.frame.step = Some(span);
         }
     }
 
@@ -556,7 +581,7 @@ impl RunSpans {
     fn resumed_start(&self, at: SystemTime) -> SystemTime {
         let sent = self.call.as_ref().and_then(|c| c.sent_at);
         let start = sent.map_or(at, |sent| sent.min(at));
-        self.run_start.map_or(start, |run| start.max(run))
+        self.frame.run_start.map_or(start, |run| start.max(run))
     }
 
     fn open_chat(&mut self, model: &str, at: SystemTime) {
@@ -564,7 +589,7 @@ impl RunSpans {
             KeyValue::new("gen_ai.operation.name", "chat"),
             KeyValue::new("gen_ai.request.model", model.to_owned()),
         ];
-        let parent = self.step.as_ref().or(self.run.as_ref());
+        let parent = self.frame.step.as_ref().or(self.frame.run.as_ref());
         let span = self.child(
             parent,
             format!("chat {model}"),
@@ -572,7 +597,7 @@ impl RunSpans {
             attributes,
             at,
         );
-        self.chat = Some(span);
+        self.frame.chat = Some(span);
     }
 
     /// Opens the `execute_tool` span of a call; `mcp_server` names the MCP server of an
@@ -588,7 +613,7 @@ impl RunSpans {
             attributes.push(KeyValue::new("mcp.method.name", "tools/call"));
             attributes.push(KeyValue::new("mcp.server.name", server.to_owned()));
         }
-        let parent = self.step.as_ref().or(self.run.as_ref());
+        let parent = self.frame.step.as_ref().or(self.frame.run.as_ref());
         let span = self.child(
             parent,
             format!("execute_tool {tool}"),
@@ -596,7 +621,8 @@ impl RunSpans {
             attributes,
             at,
         );
-        self.tool = Some(span);
+        self.frame.tool = Some(span);
+        self.frame.tool_call = Some(call_id.to_owned());
     }
 
     fn child(
@@ -609,7 +635,7 @@ impl RunSpans {
     ) -> Span {
         let context = match parent {
             Some(span) => Context::new().with_remote_span_context(span.span_context().clone()),
-            None => self.parent.clone(),
+            None => self.frame.parent.clone(),
         };
         self.tracer
             .span_builder(name)
@@ -627,7 +653,7 @@ impl RunSpans {
         error: Option<&aplc_vm::EventError>,
         at: SystemTime,
     ) {
-        let Some(mut span) = self.chat.take() else {
+        let Some(mut span) = self.frame.chat.take() else {
             return;
         };
         let notes = self.call.take().unwrap_or_default();
@@ -675,35 +701,19 @@ impl RunSpans {
     }
 
     fn end_step(&mut self, at: SystemTime) {
-        if let Some(mut span) = self.step.take() {
+        if let Some(mut span) = self.frame.step.take() {
             span.end_with_timestamp(at);
         }
     }
 
-    /// Ends every open span at `at`, the inner ones as failed with `reason` if there is
-    /// one; the run span too when `mark_run` (`run_finished` marks it itself).
+    /// Ends every open span at `at`, children's runs first, the inner ones (and every
+    /// child's run) as failed with `reason` if there is one; the root's run span too
+    /// when `mark_run` (`run_finished` marks it itself).
     fn close_all(&mut self, at: SystemTime, reason: Option<&str>, mark_run: bool) {
-        let failed = |span: &mut Span| {
-            if let Some(reason) = reason {
-                span.set_attribute(KeyValue::new("error.type", reason.to_owned()));
-                span.set_status(Status::error(Cow::Owned(format!(
-                    "the run ended: {reason}"
-                ))));
-            }
-        };
-        for mut span in [self.tool.take(), self.chat.take(), self.step.take()]
-            .into_iter()
-            .flatten()
-        {
-            failed(&mut span);
-            span.end_with_timestamp(at);
+        while !self.outer.is_empty() {
+            self.leave(at, reason, true);
         }
-        if let Some(mut run) = self.run.take() {
-            if mark_run {
-                failed(&mut run);
-            }
-            run.end_with_timestamp(at);
-        }
+        self.frame.close(at, reason, mark_run);
         self.call = None;
     }
 }
