@@ -19,6 +19,7 @@ use aplc_vm::Program;
 use aplc_vm::text::truncate_chars;
 
 use crate::ServeError;
+use crate::link::{LinkOptions, compile_and_link, render_linked};
 
 /// The longest error about one agent file that goes to the log, in characters.
 const MAX_LOGGED_ERROR: usize = 4_000;
@@ -268,10 +269,10 @@ fn load_agent(name: &str, path: &Path) -> Result<Agent, String> {
             .file_name()
             .map_or_else(|| name.to_string(), |n| n.to_string_lossy().into_owned());
         let options = aplc_compiler::Options::for_run(false);
-        let compilation = aplc_compiler::compile(&source, &file_name, &options);
-        let Some(bundle) = compilation.bundle else {
-            let report =
-                aplc_compiler::render(&compilation.diagnostics, &file_name, &source, false);
+        // The agents it names are linked from this same directory (`spec/agents.md` §2).
+        let linked = compile_and_link(&source, path, &file_name, &options, &LinkOptions::default());
+        let Some(bundle) = linked.bundle else {
+            let report = render_linked(&linked, &file_name, &source, false);
             return Err(format!("does not compile; skipped:\n{report}"));
         };
         Program::from_bundle(bundle, aplc_vm::Limits::default()).map_err(|e| e.to_string())?
