@@ -20,8 +20,8 @@ use aplc_vm::bundle::{self, Bundle};
 use aplc_vm::text::escape_control;
 use clap::{Args, ValueEnum};
 
-use crate::compile::check_options;
-use crate::input::{display_name, into_text, print_diagnostics, read_bytes};
+use crate::compile::{check_options, compile_linked};
+use crate::input::{into_text, print_linked, read_bytes};
 use crate::{CompileArgs, Failure};
 
 #[derive(Args, Debug)]
@@ -77,10 +77,9 @@ fn load(file: &Path, args: &CompileArgs) -> Result<Option<Bundle>, Failure> {
             .map_err(|e| Failure::run(format!("{}: unreadable bundle: {e}", file.display())));
     }
     let source = into_text(file, bytes)?;
-    let compilation =
-        aplc_compiler::compile(&source, &display_name(file), &check_options(args, false));
-    print_diagnostics(&compilation.diagnostics, file, &source);
-    Ok(compilation.bundle)
+    let linked = compile_linked(file, &source, &check_options(args, false), args, Vec::new());
+    print_linked(&linked, file, &source);
+    Ok(linked.bundle)
 }
 
 /// Graphviz DOT. Node ids are `s0`, `s1`, … so that any step name is safe; names are

@@ -751,6 +751,38 @@ mod tests {
     }
 
     #[test]
+    fn call_agent_literals_are_found_with_their_context_keys() {
+        let calls = |src: &str| analyze(src).unwrap().agent_calls;
+        let src = "{{ set_context('call_agent', {'agent': 't', 'context': {'a': 1, 'b': x}}) }}";
+        let found = calls(src);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].name.as_deref(), Some("t"));
+        assert_eq!(&src[found[0].span.0..found[0].span.1], "'t'");
+        assert_eq!(found[0].keys, Some(vec!["a".into(), "b".into()]));
+        // No context: no keys given. A computed context or key: unknown keys.
+        assert_eq!(
+            calls("{% do set_context('call_agent', {'agent': 't'}) %}")[0].keys,
+            Some(vec![])
+        );
+        assert_eq!(
+            calls("{{ set_context('call_agent', {'agent': 't', 'context': c}) }}")[0].keys,
+            None
+        );
+        assert_eq!(
+            calls("{{ set_context('call_agent', {'agent': 't', 'context': {k: 1}}) }}")[0].keys,
+            None
+        );
+        // Computed names, and values that are no dict literal, are dynamic.
+        assert_eq!(
+            calls("{{ set_context('call_agent', {'agent': n}) }}")[0].name,
+            None
+        );
+        assert_eq!(calls("{{ set_context('call_agent', v) }}")[0].name, None);
+        // Reading it is no call.
+        assert!(calls("{{ get_context('call_agent') }}").is_empty());
+    }
+
+    #[test]
     fn prose_is_not_a_read() {
         assert!(reserved("Remember: memory and trace are just words.").is_empty());
         assert!(reserved("{{ result_json.memory }}").is_empty());

@@ -204,7 +204,8 @@ fn resolve(
             })
         }
         Ok(Some(Child::Source { source, file_name })) => {
-            let compilation = compile(&source, &file_name, options);
+            // The bundle records the file's name, not where this machine keeps it.
+            let compilation = compile(&source, base_name(&file_name), options);
             for call in &compilation.agent_calls {
                 if let AgentName::Literal(callee) = &call.name {
                     queue.push_back(callee.clone());
@@ -469,11 +470,192 @@ fn visit(
     state.insert(node, Visit::Done);
 }
 
+/// A path's last component: `dir/chain.apl` → `chain.apl`.
+fn base_name(file_name: &str) -> &str {
+    file_name.rsplit(['/', '\\']).next().unwrap_or(file_name)
+}
+
 /// A file name's stem: `dir/chain.apl` → `chain`.
 fn stem(file_name: &str) -> String {
-    let base = file_name.rsplit(['/', '\\']).next().unwrap_or(file_name);
+    let base = base_name(file_name);
     base.strip_suffix(".aplb")
         .or_else(|| base.strip_suffix(".apl"))
         .unwrap_or(base)
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Agents from a map of name → source (`.apl`) or bundle (`.aplb`).
+    #[derive(Default)]
+    struct Map {
+        sources: HashMap<String, String>,
+        bundles: HashMap<String, Bundle>,
+        asked: Vec<String>,
+    }
+
+    impl Resolve for Map {
+        fn resolve(&mut self, name: &str) -> Result<Option<Child>, String> {
+            self.asked.push(name.to_string());
+            if let Some(bundle) = self.bundles.get(name) {
+                return Ok(Some(Child::Bundle {
+                    bundle: bundle.clone(),
+                    file_name: format!("{name}.aplb"),
+                }));
+            }
+            Ok(self.sources.get(name).map(|source| Child::Source {
+                source: source.clone(),
+                file_name: format!("agents/{name}.apl"),
+            }))
+        }
+
+        fn searched(&self, name: &str) -> String {
+            format!("looked for {name} in the map")
+        }
+    }
+
+    fn caller(agent: &str, context: &str) -> String {
+        format!(
+            "{{# inputs: x #}}\n# prompt: s\nhi\n# post: s\n{{{{ set_context('call_agent', {{'agent': '{agent}', 'context': {context}}}) }}}}\n"
+        )
+    }
+
+    fn leaf(inputs: &str) -> String {
+        format!(
+            "{{# inputs: {inputs} #}}\n# prompt: t\n{{{{ {} }}}}\n",
+            inputs.replace(", ", " ~ ")
+        )
+    }
+
+    fn link_with(root: &str, extra: &[String], map: &mut Map) -> Linked {
+        let options = Options::default();
+        let compilation = compile(root, "root.apl", &options);
+        link(compilation, "dir/root.apl", extra, &options, map)
+    }
+
+    fn codes(linked: &Linked) -> Vec<&'static str> {
+        linked
+            .diagnostics
+            .iter()
+            .chain(linked.children.iter().flat_map(|c| &c.diagnostics))
+            .map(|d| d.code.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn agents_link_transitively_into_one_flat_sorted_table() {
+        let mut map = Map::default();
+        map.sources
+            .insert("b".into(), caller("c", "{'x': 1, 'y': 2}"));
+        map.sources.insert("c".into(), leaf("x, y"));
+        map.sources
+            .insert("a".into(), caller("c", "{'x': 1, 'y': 2, 'z': 3}"));
+        let root = format!(
+            "{}{}",
+            caller("b", "{'x': 1}"),
+            "{{ set_context('call_agent', {'agent': 'a', 'context': {'x': 1}}) }}\n"
+        );
+        let linked = link_with(&root, &[], &mut map);
+        assert!(codes(&linked).is_empty(), "{:?}", linked);
+        let bundle = linked.bundle.expect("links");
+        let names: Vec<&str> = bundle.agents.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(bundle.agents.iter().all(|a| a.bundle.agents.is_empty()));
+        assert_eq!(bundle.agents[2].bundle.source_name, "c.apl");
+        // Each name is resolved once, however many call it.
+        assert_eq!(map.asked, ["b", "a", "c"]);
+    }
+
+    #[test]
+    fn unknown_context_keys_are_not_checked_and_dynamic_names_not_resolved() {
+        let mut map = Map::default();
+        map.sources.insert("c".into(), leaf("x, y"));
+        let root = format!(
+            "{}{}",
+            caller("c", "x"),
+            "{{ set_context('call_agent', {'agent': x}) }}\n"
+        );
+        let compilation = compile(&root, "root.apl", &Options::default());
+        assert_eq!(compilation.agent_calls.len(), 2);
+        assert_eq!(compilation.agent_calls[0].keys, None);
+        assert_eq!(compilation.agent_calls[1].name, AgentName::Dynamic);
+        let linked = link_with(&root, &[], &mut map);
+        assert!(codes(&linked).is_empty(), "{:?}", linked);
+        assert_eq!(map.asked, ["c"]);
+    }
+
+    #[test]
+    fn manifest_names_are_linked_and_reported_at_the_file_start() {
+        let mut map = Map::default();
+        map.sources.insert("c".into(), leaf("x"));
+        let root = "# prompt: s\nhi\n";
+        let linked = link_with(root, &["c".into()], &mut map);
+        assert_eq!(linked.bundle.expect("links").agents.len(), 1);
+        let linked = link_with(root, &["gone".into()], &mut map);
+        assert_eq!(codes(&linked), ["APL0027"]);
+        assert!(
+            linked.diagnostics[0]
+                .notes
+                .iter()
+                .any(|n| n.contains("--tools"))
+        );
+        assert!(linked.bundle.is_none());
+    }
+
+    #[test]
+    fn a_bundle_brings_its_agents_which_must_agree() {
+        let options = Options::default();
+        let leaf_bundle = |inputs: &str| compile(&leaf(inputs), "c.apl", &options).bundle.unwrap();
+        let mut prebuilt = compile(&caller("c", "{'x': 1}"), "b.apl", &options)
+            .bundle
+            .unwrap();
+        prebuilt.agents = vec![LinkedAgent {
+            name: "c".into(),
+            bundle: leaf_bundle("x"),
+        }];
+        let mut map = Map::default();
+        map.bundles.insert("b".into(), prebuilt);
+        let linked = link_with(&caller("b", "{'x': 1}"), &[], &mut map);
+        let names: Vec<String> = linked
+            .bundle
+            .expect("links")
+            .agents
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        assert_eq!(names, ["b", "c"]);
+        // The root also names `c`, found as another program: the two disagree.
+        map.sources.insert("c".into(), leaf("x, y"));
+        let root = format!(
+            "{}{}",
+            caller("b", "{'x': 1}"),
+            "{{ set_context('call_agent', {'agent': 'c', 'context': {'x': 1, 'y': 1}}) }}\n"
+        );
+        let linked = link_with(&root, &[], &mut map);
+        assert_eq!(codes(&linked), ["APL0028"]);
+        assert!(
+            linked.diagnostics[0].message.contains("differs"),
+            "{:?}",
+            linked.diagnostics
+        );
+    }
+
+    #[test]
+    fn a_cycle_is_reported_once_in_the_file_that_closes_it() {
+        let mut map = Map::default();
+        map.sources.insert("b".into(), caller("c", "{'x': 1}"));
+        map.sources.insert("c".into(), caller("b", "{'x': 1}"));
+        let linked = link_with(&caller("b", "{'x': 1}"), &[], &mut map);
+        assert_eq!(codes(&linked), ["APL0030"]);
+        assert_eq!(linked.children[0].name, "c");
+        assert!(
+            linked.children[0].diagnostics[0]
+                .message
+                .contains("b → c → b")
+        );
+    }
 }
