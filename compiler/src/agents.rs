@@ -4,7 +4,7 @@
 use crate::diagnostic::Span;
 
 /// The agent a `set_context('call_agent', {…})` names.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum AgentName {
     /// A string literal: the linker resolves it at build time.
     Literal(String),
@@ -25,4 +25,25 @@ pub struct AgentCall {
     pub keys: Option<Vec<String>>,
     /// The step whose phase makes the call.
     pub step: String,
+}
+
+/// The agents each step of `bundle` names in a `call_agent` write of any of its phases:
+/// `(step index, name)`, sorted, each pair once. For `aplc graph` and `aplc
+/// inspect`, which see a bundle, not its source. A bundle is untrusted: a template too
+/// deep to analyse names nothing here (the VM refuses to load it anyway).
+pub fn bundle_agent_calls(bundle: &aplc_vm::bundle::Bundle) -> Vec<(usize, AgentName)> {
+    let mut calls = std::collections::BTreeSet::new();
+    for t in &bundle.templates {
+        let Some(facts) = aplc_vm::check_depth(&t.source)
+            .ok()
+            .and_then(|()| crate::analyze::analyze(&t.source).ok())
+        else {
+            continue;
+        };
+        for call in facts.agent_calls {
+            let name = call.name.map_or(AgentName::Dynamic, AgentName::Literal);
+            calls.insert((t.step.index(), name));
+        }
+    }
+    calls.into_iter().collect()
 }

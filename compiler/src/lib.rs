@@ -39,7 +39,7 @@ mod phrases;
 mod relaxed;
 mod variables;
 
-pub use agents::{AgentCall, AgentName};
+pub use agents::{AgentCall, AgentName, bundle_agent_calls};
 pub use analyze::RESERVED_VARIABLES;
 pub use aplc_vm::bundle::Bundle;
 pub use diagnostic::{Code, Diagnostic, Label, LineIndex, Severity, Span, render};

@@ -95,15 +95,57 @@ impl AgentDirs {
     }
 }
 
-/// The `{"agent": name}` entries of a tool manifest's JSON array, in order: the agents
-/// a manifest makes tools of, which the linker links too. Anything else in the text
-/// (other entries, other keys, no array at all) is left to the manifest's own parser.
+/// The agents a tool manifest makes tools of: the `"agent"` string of each entry, in
+/// order, the entries being the values of the manifest's object (`{"translate":
+/// {"agent": "translator"}}`, spec/tools.md) or the items of an array. Anything else
+/// (other entries, other keys, invalid JSON) is left to the manifest's own parser; the
+/// linker links these names too (`spec/agents.md` §2).
 pub fn manifest_agent_names(manifest: &str) -> Vec<String> {
-    let Ok(serde_json::Value::Array(entries)) = serde_json::from_str(manifest) else {
-        return Vec::new();
+    let entries: Vec<serde_json::Value> = match serde_json::from_str(manifest) {
+        Ok(serde_json::Value::Object(tools)) => tools.into_iter().map(|(_, v)| v).collect(),
+        Ok(serde_json::Value::Array(entries)) => entries,
+        _ => return Vec::new(),
     };
     entries
         .iter()
         .filter_map(|entry| entry.get("agent")?.as_str().map(str::to_string))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_agents_are_the_agent_strings_of_its_entries() {
+        let object =
+            r#"{"calc": {"command": ["c"]}, "tr": {"agent": "translator"}, "x": {"agent": 3}}"#;
+        assert_eq!(manifest_agent_names(object), ["translator"]);
+        let array = r#"[{"agent": "a"}, {"url": "http://x"}, 1, {"agent": "b"}]"#;
+        assert_eq!(manifest_agent_names(array), ["a", "b"]);
+        assert!(manifest_agent_names("not json").is_empty());
+    }
+
+    #[test]
+    fn the_source_wins_over_a_bundle_and_the_own_directory_over_agents_dirs() {
+        let own = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(own.path().join("t.aplb"), b"not a bundle").unwrap();
+        std::fs::write(own.path().join("t.apl"), "# prompt: a\nhi\n").unwrap();
+        std::fs::write(other.path().join("t.apl"), "# prompt: b\nhi\n").unwrap();
+        std::fs::write(other.path().join("u.aplb"), b"not a bundle").unwrap();
+        let dirs = AgentDirs::beside(&own.path().join("parent.apl"), &[other.path().into()]);
+        match dirs.read("t") {
+            Ok(Some(AgentFile::Source { source, .. })) => assert!(source.contains("# prompt: a")),
+            other => panic!("{other:?}"),
+        }
+        // A bundle that does not decode is an error naming the file, not a missing agent.
+        let err = dirs.read("u").unwrap_err();
+        assert!(err.contains("u.aplb"), "{err}");
+        assert!(dirs.read("v").unwrap().is_none());
+        assert!(
+            dirs.searched("v")
+                .contains(&other.path().display().to_string())
+        );
+    }
 }
