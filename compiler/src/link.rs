@@ -27,8 +27,8 @@ pub enum Child {
     },
     /// A bundle built earlier (`.aplb`); its own linked agents join the root's table.
     Bundle {
-        /// The decoded bundle.
-        bundle: Bundle,
+        /// The decoded bundle (boxed: it is much larger than a source's two strings).
+        bundle: Box<Bundle>,
         /// The file name messages show (`translator.aplb`).
         file_name: String,
     },
@@ -97,7 +97,7 @@ enum Resolution {
     Root,
     Missing,
     Unreadable(String),
-    Found(Node),
+    Found(Box<Node>),
 }
 
 /// A resolved agent.
@@ -195,13 +195,13 @@ fn resolve(
             file_name,
         })) => {
             let brought = std::mem::take(&mut bundle.agents);
-            Resolution::Found(Node {
+            Resolution::Found(Box::new(Node {
                 file_name,
                 source: None,
-                bundle: Some(bundle),
+                bundle: Some(*bundle),
                 diagnostics: Vec::new(),
                 brought,
-            })
+            }))
         }
         Ok(Some(Child::Source { source, file_name })) => {
             // The bundle records the file's name, not where this machine keeps it.
@@ -218,13 +218,13 @@ fn resolve(
                     });
                 }
             }
-            Resolution::Found(Node {
+            Resolution::Found(Box::new(Node {
                 file_name,
                 source: Some(source),
                 bundle: compilation.bundle,
                 diagnostics: compilation.diagnostics,
                 brought: Vec::new(),
-            })
+            }))
         }
     }
 }
@@ -337,9 +337,7 @@ impl Linker<'_> {
             .table
             .iter()
             .filter_map(|(name, r)| match r {
-                Resolution::Found(Node {
-                    bundle: Some(b), ..
-                }) => Some((name.clone(), b.clone())),
+                Resolution::Found(node) => Some((name.clone(), node.bundle.clone()?)),
                 _ => None,
             })
             .collect();
@@ -503,7 +501,7 @@ mod tests {
             self.asked.push(name.to_string());
             if let Some(bundle) = self.bundles.get(name) {
                 return Ok(Some(Child::Bundle {
-                    bundle: bundle.clone(),
+                    bundle: Box::new(bundle.clone()),
                     file_name: format!("{name}.aplb"),
                 }));
             }

@@ -26,8 +26,8 @@ pub enum AgentFile {
     },
     /// `name.aplb`, decoded (and so validated).
     Bundle {
-        /// The bundle.
-        bundle: Bundle,
+        /// The bundle (boxed: it is much larger than a source's two strings).
+        bundle: Box<Bundle>,
         /// The path as found.
         file_name: String,
     },
@@ -77,7 +77,10 @@ impl AgentDirs {
         let bytes = read_at_most(&path, MAX_INPUT_LEN, "files").map_err(|e| e.to_string())?;
         if path.extension().is_some_and(|ext| ext == "aplb") {
             let bundle = bundle::decode(&bytes).map_err(|e| format!("{file_name}: {e}"))?;
-            return Ok(Some(AgentFile::Bundle { bundle, file_name }));
+            return Ok(Some(AgentFile::Bundle {
+                bundle: Box::new(bundle),
+                file_name,
+            }));
         }
         let source = into_text(&path, bytes).map_err(|e| e.to_string())?;
         Ok(Some(AgentFile::Source { source, file_name }))

@@ -307,4 +307,33 @@ mod tests {
         assert_eq!(agent_name(Path::new("d/has space.apl")), None);
         assert_eq!(agent_name(Path::new("d/.apl")), None);
     }
+
+    /// The served directory is where a served agent's agents are found: `chain` links
+    /// `translator` beside it, and one calling an agent the directory lacks is skipped
+    /// with the linker's report in the log's message.
+    #[test]
+    fn a_directory_of_agents_links_them_to_each_other() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/agents");
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["chain.apl", "translator.apl", "err_missing.apl"] {
+            std::fs::copy(fixtures.join(file), dir.path().join(file)).unwrap();
+        }
+        let agents = Agents::load(dir.path().to_path_buf()).unwrap();
+        let chain = agents.get("chain").expect("chain is served");
+        let linked: Vec<&str> = chain
+            .program
+            .bundle()
+            .agents
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect();
+        assert_eq!(linked, ["translator"]);
+        assert!(agents.get("translator").is_some());
+        assert!(agents.get("err_missing").is_none());
+        let err = load_agent("err_missing", &dir.path().join("err_missing.apl")).unwrap_err();
+        assert!(
+            err.contains("[APL0027] Error: Unknown agent: nowhere"),
+            "{err}"
+        );
+    }
 }
