@@ -10,11 +10,12 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
-use aplc_compiler::{Diagnostic, LineIndex, Options};
+use aplc_compiler::{Diagnostic, LineIndex, Linked, Options};
+use aplc_server::LinkOptions;
 use clap::{Args, ValueEnum};
 use serde_json::{Value as Json, json};
 
-use crate::input::{display_name, print_diagnostics, read_text, write_atomically};
+use crate::input::{display_name, print_linked, read_json, read_text, write_atomically};
 use crate::{CompileArgs, Failure};
 
 /// How `check` and `build` report diagnostics.
@@ -28,6 +29,10 @@ pub(crate) struct ReportArgs {
     /// Report every warning as an error: the file does not check or build (exit 2).
     #[arg(long)]
     pub deny_warnings: bool,
+    /// A tool manifest (spec/tools.md) whose `{"agent": NAME}` entries are linked too,
+    /// as `call_agent` literals are (spec/agents.md §2); its other entries are ignored.
+    #[arg(long, value_name = "FILE")]
+    pub tools: Option<std::path::PathBuf>,
 }
 
 /// The formats of `--format` for diagnostics.
@@ -45,20 +50,42 @@ pub(crate) fn check(
     report: &ReportArgs,
 ) -> Result<ExitCode, Failure> {
     let source = read_text(file)?;
-    let compilation = aplc_compiler::compile(
-        &source,
-        &display_name(file),
-        &check_options(args, report.deny_warnings),
-    );
-    report_diagnostics(&compilation.diagnostics, file, &source, report.format);
-    if let (Some(bundle), DiagnosticFormat::Human) = (&compilation.bundle, report.format) {
-        eprintln!("{}", summary(bundle, &compilation.diagnostics));
+    let options = check_options(args, report.deny_warnings);
+    let linked = compile_linked(file, &source, &options, args, manifest_agents(report)?);
+    report_linked(&linked, file, &source, report.format);
+    if let (Some(bundle), DiagnosticFormat::Human) = (&linked.bundle, report.format) {
+        eprintln!("{}", summary(bundle, &linked.diagnostics));
     }
-    Ok(if compilation.has_errors() {
+    Ok(if linked.has_errors() {
         ExitCode::from(2)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Compiles `source` (the file `file`) with `options` and links the agents it names,
+/// and `extra_names`, from beside it and the `--agents` directories (spec/agents.md §2):
+/// what every command that compiles source does.
+pub(crate) fn compile_linked(
+    file: &Path,
+    source: &str,
+    options: &Options,
+    args: &CompileArgs,
+    extra_names: Vec<String>,
+) -> Linked {
+    let link = LinkOptions {
+        agent_dirs: args.agents.clone(),
+        extra_names,
+    };
+    aplc_server::compile_and_link(source, file, &display_name(file), options, &link)
+}
+
+/// The agents named by `--tools`' manifest, if one is given.
+fn manifest_agents(report: &ReportArgs) -> Result<Vec<String>, Failure> {
+    match &report.tools {
+        None => Ok(Vec::new()),
+        Some(path) => Ok(aplc_runtime::link::manifest_agent_names(&read_json(path)?)),
+    }
 }
 
 /// The line `check` prints on success, so that a valid file does not look like nothing
@@ -83,6 +110,12 @@ fn summary(bundle: &aplc_compiler::Bundle, diagnostics: &[Diagnostic]) -> String
     if !diagnostics.is_empty() {
         line.push_str(&format!(", {}", plural(diagnostics.len(), "warning")));
     }
+    if !bundle.agents.is_empty() {
+        line.push_str(&format!(
+            ", {} linked",
+            plural(bundle.agents.len(), "agent")
+        ));
+    }
     line
 }
 
@@ -99,15 +132,19 @@ pub(crate) fn build(
         )));
     }
     let source = read_text(file)?;
-    let (bytes, diagnostics) = aplc_compiler::build(
-        &source,
-        &display_name(file),
-        &check_options(args, report.deny_warnings),
-    );
-    report_diagnostics(&diagnostics, file, &source, report.format);
-    let Some(bytes) = bytes else {
+    let options = check_options(args, report.deny_warnings);
+    let linked = compile_linked(file, &source, &options, args, manifest_agents(report)?);
+    report_linked(&linked, file, &source, report.format);
+    let Some(bundle) = linked.bundle else {
         return Ok(ExitCode::from(2));
     };
+    let bytes = aplc_vm::bundle::encode(&bundle).map_err(|err| Failure {
+        code: 2,
+        message: format!(
+            "{}: the program does not fit in a bundle: {err}",
+            file.display()
+        ),
+    })?;
     write_atomically(output, &bytes)
         .map_err(|e| Failure::run(format!("cannot write {}: {e}", output.display())))?;
     Ok(ExitCode::SUCCESS)
@@ -150,17 +187,20 @@ pub(crate) fn check_options(args: &CompileArgs, deny_warnings: bool) -> Options 
     }
 }
 
-fn report_diagnostics(
-    diagnostics: &[Diagnostic],
-    file: &Path,
-    source: &str,
-    format: DiagnosticFormat,
-) {
+fn report_linked(linked: &Linked, file: &Path, source: &str, format: DiagnosticFormat) {
     match format {
-        DiagnosticFormat::Human => print_diagnostics(diagnostics, file, source),
+        DiagnosticFormat::Human => print_linked(linked, file, source),
         DiagnosticFormat::Json => {
+            let mut lines = json_lines(&linked.diagnostics, &display_name(file), source);
+            for child in &linked.children {
+                lines.extend(json_lines(
+                    &child.diagnostics,
+                    &child.file_name,
+                    &child.source,
+                ));
+            }
             let mut stdout = std::io::stdout().lock();
-            for line in json_lines(diagnostics, &display_name(file), source) {
+            for line in lines {
                 // A closed stdout (`aplc check --format json … | head`) is not a failure
                 // of the check.
                 if writeln!(stdout, "{line}").is_err() {

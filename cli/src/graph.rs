@@ -15,13 +15,14 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use aplc_compiler::AgentName;
 use aplc_compiler::graph::{Jump, StepGraph};
 use aplc_vm::bundle::{self, Bundle};
 use aplc_vm::text::escape_control;
 use clap::{Args, ValueEnum};
 
-use crate::compile::check_options;
-use crate::input::{display_name, into_text, print_diagnostics, read_bytes};
+use crate::compile::{check_options, compile_linked};
+use crate::input::{into_text, print_linked, read_bytes};
 use crate::{CompileArgs, Failure};
 
 #[derive(Args, Debug)]
@@ -51,8 +52,8 @@ pub(crate) fn graph(args: &GraphArgs) -> Result<ExitCode, Failure> {
     };
     let graph = StepGraph::from_bundle(&bundle);
     let text = match args.format {
-        GraphFormat::Dot => dot(&graph, &bundle.source_name),
-        GraphFormat::Mermaid => mermaid(&graph),
+        GraphFormat::Dot => dot(&bundle, &graph),
+        GraphFormat::Mermaid => mermaid(&bundle, &graph),
     };
     let mut stdout = std::io::stdout().lock();
     // A closed stdout (`aplc graph … | head`) is not a failure.
@@ -77,22 +78,58 @@ fn load(file: &Path, args: &CompileArgs) -> Result<Option<Bundle>, Failure> {
             .map_err(|e| Failure::run(format!("{}: unreadable bundle: {e}", file.display())));
     }
     let source = into_text(file, bytes)?;
-    let compilation =
-        aplc_compiler::compile(&source, &display_name(file), &check_options(args, false));
-    print_diagnostics(&compilation.diagnostics, file, &source);
-    Ok(compilation.bundle)
+    let linked = compile_linked(file, &source, &check_options(args, false), args, Vec::new());
+    print_linked(&linked, file, &source);
+    Ok(linked.bundle)
 }
 
 /// Graphviz DOT. Node ids are `s0`, `s1`, … so that any step name is safe; names are
-/// labels.
-pub(crate) fn dot(graph: &StepGraph, title: &str) -> String {
+/// labels. Each linked agent is a `cluster_<k>` subgraph labelled with its name, its
+/// node ids prefixed `a<k>_`; a `call_agent` is a bold edge from the calling step to
+/// the agent's entry step, or a dashed one to `agent_any` when the name is computed.
+pub(crate) fn dot(bundle: &Bundle, graph: &StepGraph) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "digraph {} {{", dot_string(title));
+    let _ = writeln!(out, "digraph {} {{", dot_string(&bundle.source_name));
     let _ = writeln!(out, "  rankdir=LR;");
     let _ = writeln!(out, "  node [shape=box];");
+    dot_steps(&mut out, graph, "", "  ");
+    for (k, agent) in bundle.agents.iter().enumerate() {
+        let _ = writeln!(out, "  subgraph cluster_{k} {{");
+        let _ = writeln!(out, "    label={};", dot_string(&agent.name));
+        dot_steps(
+            &mut out,
+            &StepGraph::from_bundle(&agent.bundle),
+            &format!("a{k}_"),
+            "    ",
+        );
+        out.push_str("  }\n");
+    }
+    let calls = agent_calls(bundle);
+    if calls.iter().any(|c| c.to.is_none()) {
+        let _ = writeln!(
+            out,
+            "  agent_any [label=\"agent *\", shape=component, style=dashed, tooltip=\"an agent named at run time\"];"
+        );
+    }
+    for call in &calls {
+        let _ = match &call.to {
+            Some(to) => writeln!(
+                out,
+                "  {} -> {to} [style=bold, label=\"call_agent\"];",
+                call.from
+            ),
+            None => writeln!(out, "  {} -> agent_any [style=dashed];", call.from),
+        };
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// The nodes and edges of one program's step graph, ids prefixed with `p`.
+fn dot_steps(out: &mut String, graph: &StepGraph, p: &str, indent: &str) {
     if let Some(entry) = graph.entry() {
-        let _ = writeln!(out, "  start [shape=point];");
-        let _ = writeln!(out, "  start -> s{entry};");
+        let _ = writeln!(out, "{indent}{p}start [shape=point];");
+        let _ = writeln!(out, "{indent}{p}start -> {p}s{entry};");
     }
     for (i, step) in graph.steps.iter().enumerate() {
         let ends = if step.ends.is_empty() {
@@ -100,16 +137,23 @@ pub(crate) fn dot(graph: &StepGraph, title: &str) -> String {
         } else {
             ", peripheries=2"
         };
-        let _ = writeln!(out, "  s{i} [label={}{ends}];", dot_string(&step.name));
+        let _ = writeln!(
+            out,
+            "{indent}{p}s{i} [label={}{ends}];",
+            dot_string(&step.name)
+        );
     }
     let jumps = || graph.steps.iter().flat_map(|s| &s.jumps);
     if jumps().any(|j| *j == Jump::Return) {
-        let _ = writeln!(out, "  return [label=\"return\", shape=doublecircle];");
+        let _ = writeln!(
+            out,
+            "{indent}{p}return [label=\"return\", shape=doublecircle];"
+        );
     }
     if jumps().any(|j| *j == Jump::Dynamic) {
         let _ = writeln!(
             out,
-            "  any [label=\"*\", shape=circle, style=dashed, tooltip=\"a computed next_step: any step\"];"
+            "{indent}{p}any [label=\"*\", shape=circle, style=dashed, tooltip=\"a computed next_step: any step\"];"
         );
     }
     let unknown = unknown_targets(graph);
@@ -117,77 +161,137 @@ pub(crate) fn dot(graph: &StepGraph, title: &str) -> String {
     for (name, k) in &unknown {
         let _ = writeln!(
             out,
-            "  u{k} [label={}, shape=octagon, color=red];",
+            "{indent}{p}u{k} [label={}, shape=octagon, color=red];",
             dot_string(&format!("unknown: {name}"))
         );
     }
     for (i, step) in graph.steps.iter().enumerate() {
         for jump in &step.jumps {
             let _ = match jump {
-                Jump::Step(t) => writeln!(out, "  s{i} -> s{t};"),
-                Jump::Return => writeln!(out, "  s{i} -> return;"),
-                Jump::Dynamic => writeln!(out, "  s{i} -> any [style=dashed];"),
+                Jump::Step(t) => writeln!(out, "{indent}{p}s{i} -> {p}s{t};"),
+                Jump::Return => writeln!(out, "{indent}{p}s{i} -> {p}return;"),
+                Jump::Dynamic => writeln!(out, "{indent}{p}s{i} -> {p}any [style=dashed];"),
                 Jump::Unknown(name) => writeln!(
                     out,
-                    "  s{i} -> u{} [style=dotted, color=red];",
+                    "{indent}{p}s{i} -> {p}u{} [style=dotted, color=red];",
                     unknown_id(name)
                 ),
             };
         }
     }
-    out.push_str("}\n");
+}
+
+/// A `call_agent` edge: node ids of the calling step and of the called agent's entry
+/// step (`None`: the name is computed, or names no linked agent).
+struct CallEdge {
+    from: String,
+    to: Option<String>,
+}
+
+/// Every `call_agent` of the root and of each linked agent, as edges between node ids.
+fn agent_calls(bundle: &Bundle) -> Vec<CallEdge> {
+    let entry_of = |name: &str| {
+        let k = bundle
+            .agents
+            .binary_search_by(|a| a.name.as_str().cmp(name))
+            .ok()?;
+        (!bundle.agents[k].bundle.steps.is_empty()).then(|| format!("a{k}_s0"))
+    };
+    let programs = std::iter::once((String::new(), bundle)).chain(
+        bundle
+            .agents
+            .iter()
+            .enumerate()
+            .map(|(k, a)| (format!("a{k}_"), &a.bundle)),
+    );
+    let mut edges = Vec::new();
+    for (prefix, program) in programs {
+        for (step, name) in aplc_compiler::bundle_agent_calls(program) {
+            let to = match name {
+                AgentName::Literal(name) => entry_of(&name),
+                AgentName::Dynamic => None,
+            };
+            edges.push(CallEdge {
+                from: format!("{prefix}s{step}"),
+                to,
+            });
+        }
+    }
+    edges
+}
+
+/// A Mermaid flowchart, with the same nodes and edges as [`dot`]; each linked agent is
+/// a `subgraph`.
+pub(crate) fn mermaid(bundle: &Bundle, graph: &StepGraph) -> String {
+    let mut out = String::from("flowchart LR\n");
+    let mut ends = mermaid_steps(&mut out, graph, "");
+    for (k, agent) in bundle.agents.iter().enumerate() {
+        let _ = writeln!(out, "  subgraph a{k}[{}]", mermaid_string(&agent.name));
+        let graph = StepGraph::from_bundle(&agent.bundle);
+        ends.extend(mermaid_steps(&mut out, &graph, &format!("a{k}_")));
+        out.push_str("  end\n");
+    }
+    let calls = agent_calls(bundle);
+    if calls.iter().any(|c| c.to.is_none()) {
+        let _ = writeln!(out, "  agent_any[[\"agent *\"]]");
+    }
+    for call in &calls {
+        let _ = match &call.to {
+            Some(to) => writeln!(out, "  {} == call_agent ==> {to}", call.from),
+            None => writeln!(out, "  {} -.-> agent_any", call.from),
+        };
+    }
+    if !ends.is_empty() {
+        let _ = writeln!(out, "  classDef ends stroke-width:4px,stroke-dasharray:0");
+        let _ = writeln!(out, "  class {} ends", ends.join(","));
+    }
     out
 }
 
-/// A Mermaid flowchart, with the same nodes and edges as [`dot`].
-pub(crate) fn mermaid(graph: &StepGraph) -> String {
-    let mut out = String::from("flowchart LR\n");
+/// The nodes and edges of one program's step graph, ids prefixed with `p`; returns the
+/// ids of the steps after which the run can end.
+fn mermaid_steps(out: &mut String, graph: &StepGraph, p: &str) -> Vec<String> {
     if let Some(entry) = graph.entry() {
-        let _ = writeln!(out, "  start(( )) --> s{entry}");
+        let _ = writeln!(out, "  {p}start(( )) --> {p}s{entry}");
     }
     for (i, step) in graph.steps.iter().enumerate() {
-        let _ = writeln!(out, "  s{i}[{}]", mermaid_string(&step.name));
+        let _ = writeln!(out, "  {p}s{i}[{}]", mermaid_string(&step.name));
     }
     let jumps = || graph.steps.iter().flat_map(|s| &s.jumps);
     if jumps().any(|j| *j == Jump::Return) {
-        let _ = writeln!(out, "  ret((return))");
+        let _ = writeln!(out, "  {p}ret((return))");
     }
     if jumps().any(|j| *j == Jump::Dynamic) {
-        let _ = writeln!(out, "  any((\"*\"))");
+        let _ = writeln!(out, "  {p}any((\"*\"))");
     }
     let unknown = unknown_targets(graph);
     let unknown_id = |name: &str| unknown.get(name).copied().unwrap_or(0);
     for (name, k) in &unknown {
         let _ = writeln!(
             out,
-            "  u{k}{{{{{}}}}}",
+            "  {p}u{k}{{{{{}}}}}",
             mermaid_string(&format!("unknown: {name}"))
         );
     }
     for (i, step) in graph.steps.iter().enumerate() {
         for jump in &step.jumps {
             let _ = match jump {
-                Jump::Step(t) => writeln!(out, "  s{i} --> s{t}"),
-                Jump::Return => writeln!(out, "  s{i} --> ret"),
-                Jump::Dynamic => writeln!(out, "  s{i} -.-> any"),
+                Jump::Step(t) => writeln!(out, "  {p}s{i} --> {p}s{t}"),
+                Jump::Return => writeln!(out, "  {p}s{i} --> {p}ret"),
+                Jump::Dynamic => writeln!(out, "  {p}s{i} -.-> {p}any"),
                 Jump::Unknown(name) => {
-                    writeln!(out, "  s{i} -. unknown .-> u{}", unknown_id(name))
+                    writeln!(out, "  {p}s{i} -. unknown .-> {p}u{}", unknown_id(name))
                 }
             };
         }
     }
-    let ends: Vec<String> = graph
+    graph
         .steps
         .iter()
         .enumerate()
         .filter(|(_, s)| !s.ends.is_empty())
-        .map(|(i, _)| format!("s{i}"))
-        .collect();
-    if !ends.is_empty() {
-        let _ = writeln!(out, "  classDef ends stroke-width:4px,stroke-dasharray:0");
-        let _ = writeln!(out, "  class {} ends", ends.join(","));
-    }
-    out
+        .map(|(i, _)| format!("{p}s{i}"))
+        .collect()
 }
 
 /// A DOT string literal.

@@ -30,6 +30,19 @@ pub(crate) fn print_diagnostics(diagnostics: &[Diagnostic], file: &Path, source:
     }
 }
 
+/// Prints the reports of a linking (spec/agents.md §2): the root file's, then each
+/// agent's under its own file name.
+pub(crate) fn print_linked(linked: &aplc_compiler::Linked, file: &Path, source: &str) {
+    print_diagnostics(&linked.diagnostics, file, source);
+    for child in &linked.children {
+        print_diagnostics(
+            &child.diagnostics,
+            Path::new(&child.file_name),
+            &child.source,
+        );
+    }
+}
+
 pub(crate) fn display_name(file: &Path) -> String {
     file.display().to_string()
 }

@@ -22,6 +22,10 @@ use crate::input::read_bytes;
 pub(crate) struct InspectArgs {
     /// The bundle (built with `aplc build`).
     bundle: PathBuf,
+    /// Print a JSON summary instead of the listing: the program's source, hash, inputs
+    /// and steps, and the same for each linked agent (spec/agents.md §2.4).
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) fn inspect(args: &InspectArgs) -> Result<ExitCode, Failure> {
@@ -39,8 +43,24 @@ pub(crate) fn inspect(args: &InspectArgs) -> Result<ExitCode, Failure> {
     };
     let bundle = bundle::decode(&bytes).map_err(unreadable)?;
     let header = Bundle::read_header(&bytes).map_err(unreadable)?;
-    let mut text = bundle.listing_with_header(&header);
-    text.push_str(&flow(&StepGraph::from_bundle(&bundle)));
+    let text = if args.json {
+        let mut summary = program_json(&bundle);
+        summary["agents"] = bundle
+            .agents
+            .iter()
+            .map(|a| {
+                let mut agent = program_json(&a.bundle);
+                agent["name"] = a.name.clone().into();
+                agent
+            })
+            .collect();
+        format!("{summary:#}\n")
+    } else {
+        let mut text = bundle.listing_with_header(&header);
+        text.push_str(&flow(&StepGraph::from_bundle(&bundle)));
+        text.push_str(&agents(&bundle));
+        text
+    };
     let mut stdout = std::io::stdout().lock();
     // A closed stdout (`aplc inspect … | head`) is not a failure.
     // Step names and template text come from the bundle: escape control characters.
@@ -48,6 +68,42 @@ pub(crate) fn inspect(args: &InspectArgs) -> Result<ExitCode, Failure> {
     let _ = std::io::Write::write_all(&mut stdout, text.as_bytes())
         .and_then(|_| std::io::Write::flush(&mut stdout));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `agents` section: one line per linked agent, with its source, hash, inputs and
+/// steps (none when the bundle links no agent).
+fn agents(bundle: &Bundle) -> String {
+    if bundle.agents.is_empty() {
+        return String::new();
+    }
+    let mut out = format!("\nagents: {} linked\n", bundle.agents.len());
+    for agent in &bundle.agents {
+        let b = &agent.bundle;
+        let steps: Vec<&str> = b.steps.iter().map(|s| s.name.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "  {}  ({}, sha256 {})",
+            agent.name,
+            b.source_name,
+            b.source_hash_hex()
+        );
+        if !b.inputs.is_empty() {
+            let _ = writeln!(out, "        inputs    {}", b.inputs.join(", "));
+        }
+        let _ = writeln!(out, "        steps     {}", steps.join(", "));
+    }
+    out
+}
+
+/// One program's summary for `--json`.
+fn program_json(b: &Bundle) -> serde_json::Value {
+    serde_json::json!({
+        "source": b.source_name,
+        "sha256": b.source_hash_hex(),
+        "compiler": b.compiler_version,
+        "inputs": b.inputs,
+        "steps": b.steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+    })
 }
 
 /// The `flow` section: one line per step.

@@ -127,6 +127,11 @@ pub(crate) struct CompileArgs {
     /// and runs in it.
     #[arg(long, value_name = "DIALECT", default_value = "spec", value_parser = parse_dialect)]
     pub dialect: aplc_vm::Dialect,
+    /// Where else to find the agents the file calls by name (`call_agent`, a `--tools`
+    /// manifest's `{"agent": …}`): after the file's own directory, each DIR in the order
+    /// given; repeatable (spec/agents.md §2).
+    #[arg(long = "agents", value_name = "DIR")]
+    pub agents: Vec<PathBuf>,
 }
 
 /// A `--dialect` value.

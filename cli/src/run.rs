@@ -16,9 +16,9 @@ use aplc_vm::text::escape_control;
 use aplc_vm::{Program, RunError, RunErrorKind, RunOptions, RunOutcome};
 use clap::Args;
 
-use crate::compile::compile_options;
+use crate::compile::{compile_linked, compile_options};
 use crate::events::Sinks;
-use crate::input::{display_name, into_text, print_diagnostics, read_bytes, read_json};
+use crate::input::{into_text, print_linked, read_bytes, read_json};
 use crate::record::Recorder;
 use crate::{CompileArgs, Failure};
 
@@ -453,7 +453,7 @@ pub(crate) fn context_options(
     Ok(options.with_context_json(&object))
 }
 
-/// Loads a bundle, or compiles source in memory.
+/// Loads a bundle, or compiles source in memory with its agents linked.
 ///
 /// `inputs` are the `with_context` variables the run will have: the compiler treats them
 /// as declared inputs, so reading them is not an undefined variable.
@@ -461,6 +461,17 @@ pub(crate) fn load_program(
     file: &Path,
     args: &CompileArgs,
     inputs: &RunOptions,
+) -> Result<Program, Failure> {
+    load_program_with_tools(file, args, inputs, None)
+}
+
+/// [`load_program`], linking also the agents the tool manifest `tools` names with
+/// `{"agent": …}` (spec/agents.md §2).
+pub(crate) fn load_program_with_tools(
+    file: &Path,
+    args: &CompileArgs,
+    inputs: &RunOptions,
+    tools: Option<&Path>,
 ) -> Result<Program, Failure> {
     let bytes = read_bytes(file)?;
     if aplc_vm::bundle::is_bundle(&bytes) {
@@ -477,9 +488,13 @@ pub(crate) fn load_program(
     options
         .inputs
         .extend(inputs.with_context.iter().map(|(name, _)| name.clone()));
-    let compilation = aplc_compiler::compile(&source, &display_name(file), &options);
-    print_diagnostics(&compilation.diagnostics, file, &source);
-    let bundle = compilation.bundle.ok_or_else(|| Failure {
+    let extra_names = match tools {
+        Some(path) => aplc_runtime::link::manifest_agent_names(&read_json(path)?),
+        None => Vec::new(),
+    };
+    let linked = compile_linked(file, &source, &options, args, extra_names);
+    print_linked(&linked, file, &source);
+    let bundle = linked.bundle.ok_or_else(|| Failure {
         code: 2,
         message: format!("{} has errors; not running it", file.display()),
     })?;

@@ -62,7 +62,12 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         ..RunOptions::default()
     };
     let options = run::context_options(options, args.context.as_deref())?;
-    let program = Arc::new(run::load_program(&args.file, &args.compile, &options)?);
+    let program = Arc::new(run::load_program_with_tools(
+        &args.file,
+        &args.compile,
+        &options,
+        args.with.tools.as_deref(),
+    )?);
     // Only now is it certain that the run will call the HTTP provider: an unreadable or
     // invalid agent fails above without a warning about a key it never needed.
     run::warn_no_key(equipment.no_key);

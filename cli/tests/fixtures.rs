@@ -113,6 +113,46 @@ fn check_fixtures() {
     });
 }
 
+/// `fixtures/agents/*.apl`: each file compiled as `aplc build` does and linked against
+/// its directory (`spec/agents.md` §2). The snapshot is every report (the root file's,
+/// then each agent's under its own file name) and, when it links, the agents linked.
+/// `err_` files must not link; the others must link without any diagnostic.
+#[test]
+fn link_fixtures() {
+    insta::glob!("../../fixtures", "agents/*.apl", |path| {
+        let source = std::fs::read_to_string(path).unwrap();
+        let name = name_of(path);
+        let linked = aplc_server::compile_and_link(
+            &source,
+            path,
+            &name,
+            &Options::default(),
+            &aplc_server::LinkOptions::default(),
+        );
+        let mut snap = aplc_server::render_linked(&linked, &name, &source, false);
+        // Paths differ between machines: the directory searched is shown relative.
+        let dir = path.parent().unwrap().display().to_string();
+        snap = snap.replace(&dir, "fixtures/agents");
+        if name.starts_with("err_") {
+            assert!(linked.has_errors(), "{name}: expected errors\n{snap}");
+        } else {
+            assert!(
+                linked.diagnostics.is_empty() && linked.children.is_empty(),
+                "{name}: expected no diagnostics\n{snap}"
+            );
+        }
+        if let Some(b) = &linked.bundle {
+            let decoded = bundle::decode(&bundle::encode(b).expect("encodes")).expect("round trip");
+            assert_eq!(&decoded, b);
+            snap.push_str("---\nlinked agents:\n");
+            for agent in &b.agents {
+                snap.push_str(&format!("{} ({})\n", agent.name, agent.bundle.source_name));
+            }
+        }
+        insta::assert_snapshot!(snap);
+    });
+}
+
 #[test]
 fn run_fixtures() {
     insta::glob!("../../fixtures", "run/*.apl", |path| {

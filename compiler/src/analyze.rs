@@ -17,7 +17,7 @@ use std::collections::HashSet;
 
 // minijinja is a direct dependency with `unstable_machinery` (compiler/Cargo.toml), not
 // reached through the VM's re-export: the compiler walks its syntax tree itself.
-use aplc_vm::names::{self, Access, CONTEXT, NEXT_STEP, SET_CONTEXT};
+use aplc_vm::names::{self, Access, CALL_AGENT, CONTEXT, NEXT_STEP, SET_CONTEXT};
 use minijinja::machinery::ast::{self, BinOpKind, CallArg, Expr, Stmt, UnaryOpKind};
 use minijinja::machinery::{self, Span as JSpan};
 use minijinja::syntax::SyntaxConfig;
@@ -68,6 +68,22 @@ pub(crate) struct Facts {
     pub filters: Vec<(String, TSpan)>,
     /// Every test applied (`x is name`): the name and where.
     pub tests: Vec<(String, TSpan)>,
+    /// Every `set_context('call_agent', …)`, in source order (`spec/agents.md` §2).
+    pub agent_calls: Vec<AgentCallFact>,
+}
+
+/// A `set_context('call_agent', value)` call: what the compiler can tell of the agent it
+/// names and the context it gives, when `value` is a dict literal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AgentCallFact {
+    /// The `'agent'` value when it is a string literal; `None` when it is computed (or
+    /// `value` is not a dict literal).
+    pub name: Option<String>,
+    /// The string literal naming the agent, or the whole call when the name is computed.
+    pub span: TSpan,
+    /// The keys of the `'context'` value when it is a dict literal whose keys are all
+    /// string literals (none when there is no `'context'`); `None` when unknown.
+    pub keys: Option<Vec<String>>,
 }
 
 /// A call that writes `next_step`.
@@ -514,6 +530,11 @@ impl<'a> Walker<'a> {
         if !writes {
             return;
         }
+        if name == CALL_AGENT && helper == SET_CONTEXT {
+            self.facts
+                .agent_calls
+                .push(agent_call(arg(&call.args, 1, "value"), tspan(span)));
+        }
         if name == NEXT_STEP {
             let target = if helper == SET_CONTEXT {
                 target_of(arg(&call.args, 1, "value"))
@@ -527,6 +548,42 @@ impl<'a> Walker<'a> {
             });
         }
         self.facts.writes.push(name);
+    }
+}
+
+/// What a `call_agent` value tells: the agent's name and the context's keys when they
+/// are literals. `call` is the span of the whole call, used when the name is computed.
+fn agent_call(value: Option<&Expr<'_>>, call: TSpan) -> AgentCallFact {
+    let dynamic = AgentCallFact {
+        name: None,
+        span: call,
+        keys: None,
+    };
+    let Some(Expr::Map(map)) = value else {
+        return dynamic;
+    };
+    let entry = |key: &str| {
+        map.keys
+            .iter()
+            .zip(&map.values)
+            .find(|(k, _)| const_str(k).is_some_and(|k| k == key))
+            .map(|(_, v)| v)
+    };
+    let Some(agent) = entry("agent") else {
+        return dynamic;
+    };
+    let Some(name) = const_str(agent) else {
+        return dynamic;
+    };
+    let keys = match entry("context") {
+        None => Some(Vec::new()),
+        Some(Expr::Map(context)) => context.keys.iter().map(const_str).collect(),
+        Some(_) => None,
+    };
+    AgentCallFact {
+        name: Some(name),
+        span: tspan(agent.span()),
+        keys,
     }
 }
 
@@ -691,6 +748,38 @@ mod tests {
         assert_eq!(reserved("{{ context['checkpoint'] }}"), ["checkpoint"]);
         assert_eq!(reserved("{{ get_context('memory', 1) }}"), ["memory"]);
         assert_eq!(reserved("{% for x in metrics %}{% endfor %}"), ["metrics"]);
+    }
+
+    #[test]
+    fn call_agent_literals_are_found_with_their_context_keys() {
+        let calls = |src: &str| analyze(src).unwrap().agent_calls;
+        let src = "{{ set_context('call_agent', {'agent': 't', 'context': {'a': 1, 'b': x}}) }}";
+        let found = calls(src);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].name.as_deref(), Some("t"));
+        assert_eq!(&src[found[0].span.0..found[0].span.1], "'t'");
+        assert_eq!(found[0].keys, Some(vec!["a".into(), "b".into()]));
+        // No context: no keys given. A computed context or key: unknown keys.
+        assert_eq!(
+            calls("{% do set_context('call_agent', {'agent': 't'}) %}")[0].keys,
+            Some(vec![])
+        );
+        assert_eq!(
+            calls("{{ set_context('call_agent', {'agent': 't', 'context': c}) }}")[0].keys,
+            None
+        );
+        assert_eq!(
+            calls("{{ set_context('call_agent', {'agent': 't', 'context': {k: 1}}) }}")[0].keys,
+            None
+        );
+        // Computed names, and values that are no dict literal, are dynamic.
+        assert_eq!(
+            calls("{{ set_context('call_agent', {'agent': n}) }}")[0].name,
+            None
+        );
+        assert_eq!(calls("{{ set_context('call_agent', v) }}")[0].name, None);
+        // Reading it is no call.
+        assert!(calls("{{ get_context('call_agent') }}").is_empty());
     }
 
     #[test]

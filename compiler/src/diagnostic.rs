@@ -127,6 +127,19 @@ pub enum Code {
     /// APL0025: `human_input` read in a step that no step setting `await_input` can
     /// precede.
     HumanInputWithoutAwait,
+    /// APL0026: a `call_agent` literal (or a manifest's `{"agent": …}`) that is no agent
+    /// name.
+    InvalidAgentName,
+    /// APL0027: an agent named at build time that no `<name>.apl` or `<name>.aplb` is
+    /// found for.
+    UnknownAgent,
+    /// APL0028: an agent that cannot be linked: it does not compile, cannot be read, or
+    /// brings linked agents that disagree with the ones linked here.
+    AgentNotLinked,
+    /// APL0029: a `call_agent` whose literal context lacks inputs the agent declares.
+    MissingAgentInputs,
+    /// APL0030: agents that delegate to each other in a cycle of literal names.
+    AgentCycle,
 }
 
 impl Code {
@@ -158,11 +171,16 @@ impl Code {
             Code::UnknownFilter => "APL0023",
             Code::ExpressionTooDeep => "APL0024",
             Code::HumanInputWithoutAwait => "APL0025",
+            Code::InvalidAgentName => "APL0026",
+            Code::UnknownAgent => "APL0027",
+            Code::AgentNotLinked => "APL0028",
+            Code::MissingAgentInputs => "APL0029",
+            Code::AgentCycle => "APL0030",
         }
     }
 
     /// Every code, in numeric order.
-    pub const ALL: [Code; 25] = [
+    pub const ALL: [Code; 30] = [
         Code::InvalidStepHeading,
         Code::DuplicateStep,
         Code::ReservedStep,
@@ -188,6 +206,11 @@ impl Code {
         Code::UnknownFilter,
         Code::ExpressionTooDeep,
         Code::HumanInputWithoutAwait,
+        Code::InvalidAgentName,
+        Code::UnknownAgent,
+        Code::AgentNotLinked,
+        Code::MissingAgentInputs,
+        Code::AgentCycle,
     ];
 }
 

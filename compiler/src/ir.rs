@@ -4,6 +4,7 @@
 
 use aplc_vm::bundle::{Role, TemplateKind};
 
+use crate::agents::AgentCall;
 use crate::analyze::Facts;
 use crate::diagnostic::Span;
 use crate::relaxed::TemplateMap;
@@ -21,6 +22,8 @@ pub(crate) struct Ir {
     pub templates: Vec<Template>,
     /// Literal and dynamic `next_step` edges out of post phases.
     pub edges: Vec<Edge>,
+    /// Every `set_context('call_agent', …)` of any phase, in template order.
+    pub agent_calls: Vec<AgentCall>,
 }
 
 /// One step.

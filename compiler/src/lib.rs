@@ -20,6 +20,7 @@
 //! going after an error, so one run reports every problem in the file.
 #![deny(missing_docs)]
 
+mod agents;
 mod analyze;
 mod ast;
 mod blocks;
@@ -30,6 +31,7 @@ mod heading;
 mod human;
 mod ir;
 mod lexer;
+mod link;
 mod lower;
 mod names;
 mod parser;
@@ -37,10 +39,12 @@ mod phrases;
 mod relaxed;
 mod variables;
 
+pub use agents::{AgentCall, AgentName, bundle_agent_calls};
 pub use analyze::RESERVED_VARIABLES;
 pub use aplc_vm::bundle::Bundle;
 pub use diagnostic::{Code, Diagnostic, Label, LineIndex, Severity, Span, render};
 pub use graph::StepGraph;
+pub use link::{Child, ChildReport, Linked, Resolve, link};
 
 /// The largest source the compiler accepts. Bundle spans are 32-bit, and the encoded
 /// bundle must stay under the VM's payload limit even after relaxed-syntax rewriting.
@@ -100,6 +104,9 @@ pub struct Compilation {
     pub bundle: Option<Bundle>,
     /// Every diagnostic, errors and warnings, in source order.
     pub diagnostics: Vec<Diagnostic>,
+    /// The agents the program names in `call_agent` writes, in template order (also
+    /// when there are errors): what [`link`] resolves.
+    pub agent_calls: Vec<AgentCall>,
 }
 
 impl Compilation {
@@ -122,6 +129,7 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
                 ),
                 Span::new(0, 0),
             )],
+            agent_calls: Vec::new(),
         };
     }
     let (mut lines, mut diagnostics) = lexer::lex(source);
@@ -164,6 +172,7 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     Compilation {
         bundle,
         diagnostics,
+        agent_calls: ir.agent_calls,
     }
 }
 

@@ -18,6 +18,7 @@ use aplc_vm::names::{Unsettable, check_settable, is_identifier};
 use aplc_vm::{Limits, minijinja, template_env_for};
 
 use crate::Options;
+use crate::agents::{AgentCall, AgentName};
 use crate::analyze::{self, Facts};
 use crate::ast::{File, Phase, PhaseKind};
 use crate::blocks::{self, Unclosed};
@@ -126,12 +127,14 @@ pub(crate) fn lower(
         }
     }
     let edges = edges(&flows);
+    let agent_calls = lowerer.agent_calls();
     Ir {
         inputs: declared,
         description,
         steps: lowerer.steps,
         templates: lowerer.templates,
         edges,
+        agent_calls,
     }
 }
 
@@ -808,6 +811,24 @@ impl Lowerer<'_, '_> {
                 );
             }
         }
+    }
+
+    /// Every `call_agent` write of every template, with its spans in the source.
+    fn agent_calls(&self) -> Vec<AgentCall> {
+        self.templates
+            .iter()
+            .flat_map(|t| {
+                t.facts.agent_calls.iter().map(|call| AgentCall {
+                    name: call
+                        .name
+                        .clone()
+                        .map_or(AgentName::Dynamic, AgentName::Literal),
+                    span: t.map.span(call.span.0, call.span.1),
+                    keys: call.keys.clone(),
+                    step: self.step_name(t.step),
+                })
+            })
+            .collect()
     }
 
     /// The name of step `id`. (In a file with errors, a template of a rejected step may

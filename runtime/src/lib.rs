@@ -48,6 +48,7 @@ pub mod files;
 mod future;
 pub mod http;
 pub mod human;
+pub mod link;
 pub mod manifest;
 pub mod mcp;
 mod native;

@@ -19,6 +19,7 @@ use aplc_vm::Program;
 use aplc_vm::text::truncate_chars;
 
 use crate::ServeError;
+use crate::link::{LinkOptions, compile_and_link, render_linked};
 
 /// The longest error about one agent file that goes to the log, in characters.
 const MAX_LOGGED_ERROR: usize = 4_000;
@@ -280,10 +281,10 @@ fn load_agent(name: &str, path: &Path) -> Result<Agent, String> {
             .file_name()
             .map_or_else(|| name.to_string(), |n| n.to_string_lossy().into_owned());
         let options = aplc_compiler::Options::for_run(false);
-        let compilation = aplc_compiler::compile(&source, &file_name, &options);
-        let Some(bundle) = compilation.bundle else {
-            let report =
-                aplc_compiler::render(&compilation.diagnostics, &file_name, &source, false);
+        // The agents it names are linked from this same directory (`spec/agents.md` §2).
+        let linked = compile_and_link(&source, path, &file_name, &options, &LinkOptions::default());
+        let Some(bundle) = linked.bundle else {
+            let report = render_linked(&linked, &file_name, &source, false);
             return Err(format!("does not compile; skipped:\n{report}"));
         };
         Program::from_bundle(bundle, aplc_vm::Limits::default()).map_err(|e| e.to_string())?
@@ -317,5 +318,34 @@ mod tests {
         assert_eq!(agent_name(Path::new("d/notes.md")), None);
         assert_eq!(agent_name(Path::new("d/has space.apl")), None);
         assert_eq!(agent_name(Path::new("d/.apl")), None);
+    }
+
+    /// The served directory is where a served agent's agents are found: `chain` links
+    /// `translator` beside it, and one calling an agent the directory lacks is skipped
+    /// with the linker's report in the log's message.
+    #[test]
+    fn a_directory_of_agents_links_them_to_each_other() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/agents");
+        let dir = tempfile::tempdir().unwrap();
+        for file in ["chain.apl", "translator.apl", "err_missing.apl"] {
+            std::fs::copy(fixtures.join(file), dir.path().join(file)).unwrap();
+        }
+        let agents = Agents::load(dir.path().to_path_buf()).unwrap();
+        let chain = agents.get("chain").expect("chain is served");
+        let linked: Vec<&str> = chain
+            .program
+            .bundle()
+            .agents
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect();
+        assert_eq!(linked, ["translator"]);
+        assert!(agents.get("translator").is_some());
+        assert!(agents.get("err_missing").is_none());
+        let err = load_agent("err_missing", &dir.path().join("err_missing.apl")).unwrap_err();
+        assert!(
+            err.contains("[APL0027] Error: Unknown agent: nowhere"),
+            "{err}"
+        );
     }
 }

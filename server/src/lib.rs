@@ -33,6 +33,7 @@ mod error;
 mod events;
 mod extract;
 mod input;
+mod link;
 mod live;
 mod logging;
 #[cfg(feature = "mcp")]
@@ -43,6 +44,7 @@ mod work;
 mod worker;
 
 pub use auth::{TokenError, Tokens, parse_tokens};
+pub use link::{LinkOptions, compile_and_link, render_linked};
 pub use logging::{LogFormat, init_logging};
 #[cfg(feature = "mcp")]
 pub use mcp::{McpConfig, serve_mcp};

@@ -205,6 +205,7 @@ pub(crate) fn load<'env>(
     let compile = CompileArgs {
         relaxed: raw.relaxed,
         dialect: aplc_vm::Dialect::Spec,
+        agents: Vec::new(),
     };
     let program = load_program(&agent, &compile, &inputs)
         .map_err(|f| invalid(format!("agent `{}`: {}", raw.agent, f.message)))?;
