@@ -168,7 +168,7 @@ fn the_ppe_chain_runs_from_source() {
         ],
     ));
     let context = context(&output);
-    assert_eq!(context["agent_result"]["result_json"], 8, "{context}");
+    assert_eq!(context["agent_result"]["result_json"]["result"], 8, "{context}");
     assert_eq!(context["agent_result"]["content"], "3 + 5");
     assert_eq!(context["result_text"], "A total of 8 pieces of candy.");
     let last_prompt = context["prompts"][0]["content"].as_str().unwrap();
