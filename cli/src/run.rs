@@ -453,6 +453,87 @@ pub(crate) fn context_options(
     Ok(options.with_context_json(&object))
 }
 
+/// The agents a run of `program` may call by a name computed at run time
+/// (`spec/agents.md` §2.5): every agent of the `--agents` directories that its bundle does
+/// not link, the first directory's first, a source over a bundle. None without
+/// `--agents`, or when no template calls an agent and no tool runs one. An agent that
+/// does not load is left out with a warning: the run goes on, and a call of it fails as
+/// an unknown agent's.
+pub(crate) fn agents_by_name(
+    program: &Program,
+    args: &CompileArgs,
+    has_agent_tools: bool,
+) -> std::sync::Arc<aplc_vm::AgentTable> {
+    let mut table = aplc_vm::AgentTable::new();
+    if args.agents.is_empty() || !(program.may_call_agents() || has_agent_tools) {
+        return std::sync::Arc::new(table);
+    }
+    let options = compile_options(args);
+    for dir in &args.agents {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            eprintln!(
+                "warning: --agents {}: not a readable directory",
+                dir.display()
+            );
+            continue;
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|entry| entry.ok()?.path().file_stem()?.to_str().map(str::to_owned))
+            .filter(|name| aplc_vm::names::is_agent_name(name))
+            .collect();
+        names.sort();
+        names.dedup();
+        let files = aplc_runtime::link::AgentDirs::new(vec![dir.clone()]);
+        for name in names {
+            if table.len() >= aplc_vm::bundle::MAX_LINKED_AGENTS {
+                eprintln!(
+                    "warning: --agents: more than {} agents; the rest are left out",
+                    aplc_vm::bundle::MAX_LINKED_AGENTS
+                );
+                return std::sync::Arc::new(table);
+            }
+            if table.contains_key(&name) || program.agent(&name).is_some() {
+                continue;
+            }
+            match load_agent(&files, &name, &options, args) {
+                Ok(Some(agent)) => {
+                    table.insert(name, std::sync::Arc::new(agent));
+                }
+                Ok(None) => {}
+                Err(message) => eprintln!(
+                    "warning: agent `{}` is left out of the run: {}",
+                    escape_control(&name),
+                    escape_control(&message)
+                ),
+            }
+        }
+    }
+    std::sync::Arc::new(table)
+}
+
+/// The agent `name` of `files`, compiled and linked if it is source.
+fn load_agent(
+    files: &aplc_runtime::link::AgentDirs,
+    name: &str,
+    options: &aplc_compiler::Options,
+    args: &CompileArgs,
+) -> Result<Option<Program>, String> {
+    let bundle = match files.read(name)? {
+        None => return Ok(None),
+        Some(aplc_runtime::link::AgentFile::Bundle { bundle, .. }) => *bundle,
+        Some(aplc_runtime::link::AgentFile::Source { source, file_name }) => {
+            let path = Path::new(&file_name);
+            let linked = compile_linked(path, &source, options, args, Vec::new());
+            linked
+                .bundle
+                .ok_or_else(|| format!("{file_name} has errors (`aplc check {file_name}`)"))?
+        }
+    };
+    Program::from_bundle_in(bundle, aplc_vm::Limits::default(), args.dialect)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
 /// Loads a bundle, or compiles source in memory with its agents linked.
 ///
 /// `inputs` are the `with_context` variables the run will have: the compiler treats them

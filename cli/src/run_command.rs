@@ -68,6 +68,11 @@ pub(crate) fn run(args: RunArgs) -> Result<ExitCode, Failure> {
         &options,
         args.with.tools.as_deref(),
     )?);
+    let has_agent_tools = equipment.toolbox.registry().has_agent_tools();
+    let options = RunOptions {
+        agents: run::agents_by_name(&program, &args.compile, has_agent_tools),
+        ..options
+    };
     // Only now is it certain that the run will call the HTTP provider: an unreadable or
     // invalid agent fails above without a warning about a key it never needed.
     run::warn_no_key(equipment.no_key);

@@ -168,7 +168,10 @@ fn the_ppe_chain_runs_from_source() {
         ],
     ));
     let context = context(&output);
-    assert_eq!(context["agent_result"]["result_json"]["result"], 8, "{context}");
+    assert_eq!(
+        context["agent_result"]["result_json"]["result"], 8,
+        "{context}"
+    );
     assert_eq!(context["agent_result"]["content"], "3 + 5");
     assert_eq!(context["result_text"], "A total of 8 pieces of candy.");
     let last_prompt = context["prompts"][0]["content"].as_str().unwrap();
@@ -332,4 +335,79 @@ fn sqlite_a_kill_inside_the_grandchild_resumes_there() {
 fn postgres_a_kill_inside_the_grandchild_resumes_there() {
     let store = pg::shared().database("cli_agents");
     crash_inside_the_grandchild("tree-postgres", &store);
+}
+
+/// A name computed at run time resolves to `--agents DIR`'s agents; without the flag the
+/// call fails as an unknown agent's and the run goes on. A durable run keeps the agents
+/// it started with in its store: the resume needs no `--agents`.
+#[test]
+fn a_computed_name_resolves_from_agents_dirs() {
+    let dir = scratch("computed");
+    std::fs::write(
+        dir.join("pick.apl"),
+        "{# inputs: pick, topic #}\n# prompt: ask\n## user\nPick {{ pick }}\n\n# post: ask\n\
+         {{ set_context('call_agent', {'agent': pick, 'context': {'topic': topic}}) }}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("context.json"),
+        json!({"pick": "leaf", "topic": "tea"}).to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("mock.json"),
+        json!(["a", "b", "c", "d"]).to_string(),
+    )
+    .unwrap();
+    let tree = root().join("fixtures/agents/tree");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "pick.apl",
+            "--context",
+            "context.json",
+            "--mock",
+            "mock.json",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        aplc!(&dir, &args).output().unwrap()
+    };
+    // The call fails, and so the run ends with errors: exit 3.
+    let output = run(&[]);
+    assert_eq!(output.status.code(), Some(3));
+    let without = context(&output);
+    let error = without["agent_result"]["error"].as_str().unwrap();
+    assert!(error.contains("unknown agent `leaf`"), "{error}");
+
+    let output = run(&["--agents", tree.to_str().unwrap()]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let with = context(&output);
+    assert_eq!(with["agent_result"]["status"], "completed", "{with}");
+    assert_eq!(with["agent_result"]["result_text"], "d");
+
+    let store = format!("sqlite:{}", dir.join("runs.db").display());
+    let output = run(&[
+        "--agents",
+        tree.to_str().unwrap(),
+        "--store",
+        &store,
+        "--run-id",
+        "computed",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let show = succeed(&mut aplc!(
+        &dir,
+        &["runs", "show", "computed", "--store", &store, "--json"]
+    ));
+    let shown = context(&show);
+    assert_eq!(shown["agent_result"]["result_text"], "d", "{shown}");
 }
