@@ -435,3 +435,72 @@ fn a_replay_of_the_inputs_rebuilds_the_tree() {
         live.outcome.context_json()
     );
 }
+
+#[test]
+fn a_child_cannot_outlive_its_parent() {
+    let program = linked(DELEGATES, &[("translator", TRANSLATOR)]);
+    let options = events_on();
+    let cancel = options.interrupt.clone();
+    let mut machine = Machine::new(program, options);
+    let mut provider = ScriptedProvider::from_json(r#"["hello"]"#).unwrap();
+    let at = Duration::from_millis(1);
+    // Into the child's provider call.
+    let mut calls = 0;
+    loop {
+        match machine.apply(Input::Poll { at }) {
+            Action::CallProvider(_) if calls == 0 => {
+                calls += 1;
+                let result = provider.next_response();
+                let _ = machine.apply(Input::Provider { at, result });
+            }
+            Action::CallProvider(_) => break,
+            Action::Continue => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(machine.pending_requests().is_empty());
+    // Cancelled while the child waits for its provider: the driver drops the call and
+    // polls, and the child and then its parent end cancelled.
+    cancel.cancel();
+    assert!(matches!(machine.apply(Input::Poll { at }), Action::Done));
+    let events: Vec<Json> = machine.drain_events().map(|e| e.to_json()).collect();
+    let finished = events
+        .iter()
+        .find(|e| e["type"] == "agent_finished")
+        .unwrap();
+    assert_eq!(finished["outcome"], "cancelled", "{finished}");
+    let outcome = machine.into_outcome();
+    assert_eq!(outcome.error.map(|e| e.kind), Some(RunErrorKind::Cancelled));
+
+    // Past the parent's deadline while the child waits: a timeout for both.
+    let program = linked(DELEGATES, &[("translator", TRANSLATOR)]);
+    let options = RunOptions {
+        timeout: Duration::from_millis(100),
+        ..events_on()
+    };
+    let mut machine = Machine::new(program, options);
+    let mut provider = ScriptedProvider::from_json(r#"["hello"]"#).unwrap();
+    let mut calls = 0;
+    loop {
+        match machine.apply(Input::Poll { at }) {
+            Action::CallProvider(_) if calls == 0 => {
+                calls += 1;
+                let result = provider.next_response();
+                let _ = machine.apply(Input::Provider { at, result });
+            }
+            Action::CallProvider(_) => break,
+            Action::Continue => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let late = Duration::from_millis(150);
+    let _ = machine.apply(Input::Timeout { at: late });
+    assert!(matches!(
+        machine.apply(Input::Poll { at: late }),
+        Action::Done
+    ));
+    let outcome = machine.into_outcome();
+    assert_eq!(outcome.error.map(|e| e.kind), Some(RunErrorKind::Timeout));
+    let result = &outcome.vars.get("agent_result").unwrap();
+    assert_eq!(result.get_attr("status").unwrap().as_str(), Some("failed"));
+}
