@@ -98,11 +98,23 @@ async fn crash_in_the_grandchild(dir: &Path, model: &Model, store: &str) {
     let mut expected = expected_prompts();
     expected.sort();
     assert_eq!(distinct, expected, "{prompts:?}");
-    let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(repeated.len() <= 1, "{repeated:?}");
-    if let Some((prompt, _)) = repeated.first() {
-        assert_eq!(Some(**prompt), before.last().map(String::as_str));
+    // Only the last calls before the kill were asked again: the one in flight, and
+    // answers the group commit had not yet made durable (`spec/durability.md`, "When the
+    // journal commits"): a suffix of what was asked before the kill, each at most twice.
+    let repeated: Vec<&str> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(p, _)| *p)
+        .collect();
+    assert!(counts.values().all(|n| *n <= 2), "{prompts:?}");
+    let tail = &before[before.len() - repeated.len()..];
+    for prompt in &repeated {
+        assert!(
+            tail.iter().any(|p| p == prompt),
+            "{prompt} repeated: {prompts:?}"
+        );
     }
+    assert_eq!(counts["Root asks about refunds"], 1, "{prompts:?}");
     // The resumed events go on in one sequence, inside the grandchild too.
     let events = client.events(&id, None).await;
     let seqs: Vec<u64> = events.iter().filter_map(|(seq, _)| *seq).collect();
@@ -135,26 +147,32 @@ async fn postgres_a_kill_inside_a_grandchild_resumes_there() {
     crash_in_the_grandchild(&dir, &model, &url).await;
 }
 
-/// A name the served directory does not have fails the call, not the run; an agent
-/// added to the directory later is found by the runs that start after it.
+/// A name computed at run time that the served directory does not have fails the call,
+/// not the run; an agent added to the directory later is found by the runs submitted
+/// after it.
 #[tokio::test]
-async fn an_unknown_agent_fails_the_call_until_the_directory_has_it() {
+async fn a_computed_name_resolves_to_the_directorys_agents() {
     let model = Model::start();
-    let dir = scratch("agents-unknown", &model);
-    std::fs::copy(
-        root().join("fixtures/agents/tree/mid.apl"),
-        dir.join("agents/mid.apl"),
+    let dir = scratch("agents-computed", &model);
+    std::fs::write(
+        dir.join("agents/pick.apl"),
+        "{# inputs: pick, topic #}\n# prompt: ask\n## user\nPick {{ pick }}\n\n# post: ask\n\
+         {{ set_context('call_agent', {'agent': pick, 'context': {'topic': topic}}) }}\n",
     )
     .unwrap();
     let server = Server::start(&dir, &[]);
     let client = Client::new(&server);
-    let (status, run) = client
-        .post(
-            "/v1/agents/mid/runs?wait=true",
-            &json!({"context": {"topic": "x"}}),
-        )
-        .await;
-    assert_eq!(status, 200, "{run}");
+    let submit = || async {
+        let (status, run) = client
+            .post(
+                "/v1/agents/pick/runs?wait=true",
+                &json!({"context": {"pick": "leaf", "topic": "x"}}),
+            )
+            .await;
+        assert_eq!(status, 200, "{run}");
+        run
+    };
+    let run = submit().await;
     assert_eq!(run["status"], "completed", "{run}");
     let result = &run["context"]["agent_result"];
     assert_eq!(result["status"], "failed", "{result}");
@@ -173,19 +191,13 @@ async fn an_unknown_agent_fails_the_call_until_the_directory_has_it() {
     let started = Instant::now();
     loop {
         let (_, agents) = client.get("/v1/agents").await;
-        let names = agents["agents"].to_string();
-        if names.contains("\"leaf\"") {
+        if agents["agents"].to_string().contains("\"leaf\"") {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(30), "not reloaded");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (_, run) = client
-        .post(
-            "/v1/agents/mid/runs?wait=true",
-            &json!({"context": {"topic": "x"}}),
-        )
-        .await;
+    let run = submit().await;
     assert_eq!(
         run["context"]["agent_result"]["status"], "completed",
         "{run}"
