@@ -9,11 +9,11 @@ mod serving;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use aplc_test_support::pg;
-use aplc_test_support::process::succeed;
+use aplc_test_support::process::{final_context, succeed};
 use aplc_test_support::{aplc, scratch_in};
 use serde_json::{Value as Json, json};
 use serving::{Model, root};
@@ -60,25 +60,6 @@ fn tree_prompts() -> Vec<String> {
     ]
 }
 
-/// The final context of `--json`, without the fields that measure time.
-fn context(output: &Output) -> Json {
-    let mut json: Json = serde_json::from_slice(&output.stdout).expect("--json prints JSON");
-    strip_times(&mut json);
-    json
-}
-
-fn strip_times(json: &mut Json) {
-    match json {
-        Json::Object(map) => {
-            map.remove("time_elapsed");
-            map.remove("time_elapsed_global");
-            map.values_mut().for_each(strip_times);
-        }
-        Json::Array(items) => items.iter_mut().for_each(strip_times),
-        _ => {}
-    }
-}
-
 fn read_events(path: &Path) -> Vec<Json> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -108,7 +89,7 @@ fn a_linked_tree_runs_with_mock_answers_in_call_order() {
             "events.jsonl",
         ],
     ));
-    let context = context(&output);
+    let context = final_context(&output);
     assert_eq!(context["result_text"], "answer 7");
     let mid = &context["agent_result"];
     assert_eq!(mid["status"], "completed", "{mid}");
@@ -167,7 +148,7 @@ fn the_ppe_chain_runs_from_source() {
             "--json"
         ],
     ));
-    let context = context(&output);
+    let context = final_context(&output);
     assert_eq!(
         context["agent_result"]["result_json"]["result"], 8,
         "{context}"
@@ -199,7 +180,7 @@ fn budgets_and_the_depth_limit_hold_across_levels() {
     };
     // Depth 1 may run `mid`, not its `leaf`: mid goes on with the failure.
     let output = run(&["--max-agent-depth", "1"]);
-    let context = context(&output);
+    let context = final_context(&output);
     let leaf = &context["agent_result"]["agent_result"];
     assert_eq!(leaf["status"], "failed", "{context}");
     assert!(
@@ -290,7 +271,7 @@ fn crash_inside_the_grandchild(name: &str, store: &str) {
             &model.url
         ],
     ));
-    let resumed = context(&output);
+    let resumed = final_context(&output);
     assert_eq!(resumed["agent_result"]["status"], "completed", "{resumed}");
     assert_eq!(
         resumed["result_text"],
@@ -381,7 +362,7 @@ fn a_computed_name_resolves_from_agents_dirs() {
     // The call fails, and so the run ends with errors: exit 3.
     let output = run(&[]);
     assert_eq!(output.status.code(), Some(3));
-    let without = context(&output);
+    let without = final_context(&output);
     let error = without["agent_result"]["error"].as_str().unwrap();
     assert!(error.contains("unknown agent `leaf`"), "{error}");
 
@@ -391,7 +372,7 @@ fn a_computed_name_resolves_from_agents_dirs() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let with = context(&output);
+    let with = final_context(&output);
     assert_eq!(with["agent_result"]["status"], "completed", "{with}");
     assert_eq!(with["agent_result"]["result_text"], "d");
 
@@ -413,6 +394,6 @@ fn a_computed_name_resolves_from_agents_dirs() {
         &dir,
         &["runs", "show", "computed", "--store", &store, "--json"]
     ));
-    let shown = context(&show);
+    let shown = final_context(&show);
     assert_eq!(shown["agent_result"]["result_text"], "d", "{shown}");
 }

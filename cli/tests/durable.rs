@@ -4,13 +4,13 @@
 
 use aplc_test_support::http::read_request;
 use aplc_test_support::pg;
-use aplc_test_support::process::{root, succeed};
+use aplc_test_support::process::{final_context, root, strip_times, succeed};
 use aplc_test_support::{aplc, scratch_in};
 
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -204,25 +204,6 @@ fn resume_command(dir: &Path, model: &Model, store: &str, id: &str) -> Command {
     )
 }
 
-/// The final context, without the fields that measure time.
-fn context(output: &Output) -> Json {
-    let mut json: Json = serde_json::from_slice(&output.stdout).expect("--json prints JSON");
-    strip_times(&mut json);
-    json
-}
-
-fn strip_times(json: &mut Json) {
-    match json {
-        Json::Object(map) => {
-            map.remove("time_elapsed");
-            map.remove("time_elapsed_global");
-            map.values_mut().for_each(strip_times);
-        }
-        Json::Array(items) => items.iter_mut().for_each(strip_times),
-        _ => {}
-    }
-}
-
 fn ledger_lines(path: &Path) -> usize {
     std::fs::read_to_string(path)
         .map(|text| text.lines().count())
@@ -259,7 +240,7 @@ fn baseline(dir: &Path, model: &Model, ledger: &Path) -> (Json, Vec<String>) {
         "one tool run per turn"
     );
     std::fs::remove_file(ledger).unwrap();
-    (context(&output), model.bodies())
+    (final_context(&output), model.bodies())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -299,7 +280,7 @@ fn crash_during_provider_call(name: &str, store: &str) {
     model.delay(0);
     let output = succeed(&mut resume_command(&dir, &model, store, "crash-provider"));
     assert_eq!(
-        context(&output),
+        final_context(&output),
         expected,
         "the resumed run ends as the uninterrupted one"
     );
@@ -395,7 +376,7 @@ fn crash_during_tool_call(name: &str, store: &str) {
         TURNS as usize,
         "the interrupted call did not run again"
     );
-    let context = context(&output);
+    let context = final_context(&output);
     let third = &context["context_history"][2]["result_tool_calls"][0];
     assert_eq!(third["tool_call_id"], "call-3", "{third}");
     assert_eq!(third["with_error"], true, "{third}");
@@ -583,7 +564,7 @@ fn crash_in_a_group(name: &str, store: &str) {
     let dir = scratch(name);
     group_setup(&dir);
     let output = succeed(&mut group_run(&dir, &[]));
-    let expected = context(&output);
+    let expected = final_context(&output);
     let all: Vec<String> = ledger_keys(&dir);
     assert_eq!(all.len() as u64, GROUP_STEPS / GROUP_TOOL_EVERY);
     std::fs::remove_file(dir.join("ledger.log")).unwrap();
@@ -602,7 +583,7 @@ fn crash_in_a_group(name: &str, store: &str) {
         kill9(child_process);
         child = group_resume(&dir, store, "group");
     }
-    let mut resumed = context(&succeed(&mut group_resume(&dir, store, "group")));
+    let mut resumed = final_context(&succeed(&mut group_resume(&dir, store, "group")));
 
     let interrupted = put_back_interrupted(&mut resumed, &expected);
     assert!(

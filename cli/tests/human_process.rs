@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use aplc_test_support::http::read_request;
 use aplc_test_support::pg;
-use aplc_test_support::process::root;
+use aplc_test_support::process::{final_context, root};
 use aplc_test_support::{aplc, scratch_in};
 use serde_json::{Value as Json, json};
 
@@ -189,25 +189,6 @@ fn take_refunds(dir: &Path) -> Vec<Json> {
         .collect()
 }
 
-/// The final context, without the fields that measure time.
-fn context(output: &Output) -> Json {
-    let mut json: Json = serde_json::from_slice(&output.stdout).expect("--json prints JSON");
-    strip_times(&mut json);
-    json
-}
-
-fn strip_times(json: &mut Json) {
-    match json {
-        Json::Object(map) => {
-            map.remove("time_elapsed");
-            map.remove("time_elapsed_global");
-            map.values_mut().for_each(strip_times);
-        }
-        Json::Array(items) => items.iter_mut().for_each(strip_times),
-        _ => {}
-    }
-}
-
 /// Waits until `ready` holds, or fails the test after 60 s.
 #[track_caller]
 fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
@@ -256,7 +237,7 @@ fn answer_the_rest(dir: &Path, model: &Model, store: &str, id: &str) -> Json {
         ),
         0,
     );
-    context(&out)
+    final_context(&out)
 }
 
 /// The events `aplc runs events` lists of `type`, as (request id, by).

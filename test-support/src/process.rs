@@ -79,6 +79,34 @@ pub fn succeed(command: &mut Command) -> Output {
     output
 }
 
+/// The final context `aplc run --json` (or `resume --json`) printed, without the fields
+/// that measure time (`time_elapsed`, `time_elapsed_global`, at any depth): what two runs
+/// given the same answers agree on.
+#[track_caller]
+pub fn final_context(output: &Output) -> serde_json::Value {
+    let mut json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "--json prints the context ({e}); stderr:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    strip_times(&mut json);
+    json
+}
+
+/// Removes `time_elapsed` and `time_elapsed_global` from `json`, at any depth.
+pub fn strip_times(json: &mut serde_json::Value) {
+    match json {
+        serde_json::Value::Object(map) => {
+            map.remove("time_elapsed");
+            map.remove("time_elapsed_global");
+            map.values_mut().for_each(strip_times);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_times),
+        _ => {}
+    }
+}
+
 /// Runs `command`, which must fail; its exit code and stderr.
 #[track_caller]
 pub fn fail(command: &mut Command) -> (Option<i32>, String) {
