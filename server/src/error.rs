@@ -60,6 +60,12 @@ impl ApiError {
     pub(crate) fn store(error: StoreError) -> ApiError {
         match error {
             StoreError::NotFound(id) => ApiError::not_found(format!("no run `{id}`")),
+            // What the request asked to store is over its limit (an answer with a
+            // reason past `MAX_ANSWER_BYTES`, under a raised --max-body-bytes): the
+            // client's to fix, not a failed store.
+            StoreError::TooLarge(message) => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
+            }
             error => {
                 tracing::error!(error = %error, "store error");
                 ApiError::new(
@@ -99,5 +105,19 @@ impl IntoResponse for ApiError {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_limit_is_the_clients_413_and_a_failed_store_a_503() {
+        let too_large = ApiError::store(StoreError::TooLarge("an answer of 2 MB".into()));
+        assert_eq!(too_large.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(too_large.code, "body_too_large");
+        let failed = ApiError::store(StoreError::Corrupt("bad row".into()));
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -39,6 +39,7 @@ pub(crate) struct InputAccepted {
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 404, description = "No such run, or no such request in it", body = ErrorBody),
         (status = 409, description = "The request has an answer already, or the run is finished", body = ErrorBody),
+        (status = 413, description = "The body, or the answer's JSON, is too large", body = ErrorBody),
         (status = 422, description = "The answer does not fit the request (its kind or schema)", body = ErrorBody),
     ))]
 pub(crate) async fn answer_input(
