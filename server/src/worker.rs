@@ -270,6 +270,11 @@ async fn drive(
                 .map(|p| p.request.id.as_str())
                 .collect();
             tracing::info!(run_id = %id, agent = %agent, pending = ?ids, "run waiting for input");
+            // The lease is released now (`run` consumed it). An answer that landed while
+            // this worker still held the run woke a claim that found it taken; claim
+            // again, rather than leave that answer until the next store poll. With no such
+            // answer, the claim finds nothing to do.
+            state.work.queued();
         }
         Ok(durable::Ended::Finished(finished)) => {
             // From the outcome itself: its stored JSON form converts the whole final
