@@ -8,49 +8,38 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use aplc_compiler::{Options, compile};
 use aplc_test_support::otlp::{Receiver, string};
-use aplc_vm::bundle::{Bundle, LinkedAgent};
+use aplc_vm::bundle::Bundle;
 use serde_json::{Value as Json, json};
 
-/// Delegates to `mid`, then offers the `ask` tool (which runs `leaf`).
-const ROOT: &str = "# prompt: a\n## user\nStart.\n\n\
-# post: a\n{{ set_context('call_agent', {'agent': 'mid', 'context': {}}) }}\
-{{ set_context('next_step', 'b') }}\n\n\
-# prompt: b\n## user\nUse the tool.\n";
-
-/// Delegates to `leaf` with its answer.
-const MID: &str = "# prompt: m\n## user\nThink.\n\n\
-# post: m\n{{ set_context('call_agent', {'agent': 'leaf', 'context': {'word': result_text}}) }}\n";
-
-const LEAF: &str = "{# inputs: word #}\n# prompt: l\n## user\nSay {{ word }}.\n";
-
-fn bundle(source: &str, name: &str) -> Bundle {
-    let compiled = compile(source, name, &Options::for_run(false));
-    let diagnostics: Vec<String> = compiled
+/// The tree of `fixtures/agents/spans/`: `root` delegates to `mid`, then offers the `ask`
+/// tool (which runs `leaf`); `mid` delegates to `leaf` with its answer. Linked as
+/// `aplc build` links it.
+fn linked_tree() -> Bundle {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/agents/spans");
+    let read = |name: &str| std::fs::read_to_string(fixtures.join(format!("{name}.apl"))).unwrap();
+    let (root, mid, leaf) = (read("root"), read("mid"), read("leaf"));
+    let options = aplc_compiler::Options::for_run(false);
+    let linked = aplc_compiler::link_sources(
+        &root,
+        "root.apl",
+        &[("mid", &mid), ("leaf", &leaf)],
+        &options,
+    );
+    let diagnostics: Vec<&str> = linked
         .diagnostics
         .iter()
-        .map(|d| d.message.clone())
+        .map(|d| d.message.as_str())
         .collect();
-    compiled
+    linked
         .bundle
-        .unwrap_or_else(|| panic!("{name}: {diagnostics:?}"))
+        .unwrap_or_else(|| panic!("the tree links: {diagnostics:?}"))
 }
 
 /// Writes `root.aplb` (mid and leaf linked in), the mock answers and the tool manifest
 /// into `dir`.
 fn files(dir: &Path) {
-    let mut root = bundle(ROOT, "root.apl");
-    root.agents = vec![
-        LinkedAgent {
-            name: "leaf".into(),
-            bundle: bundle(LEAF, "leaf.apl"),
-        },
-        LinkedAgent {
-            name: "mid".into(),
-            bundle: bundle(MID, "mid.apl"),
-        },
-    ];
+    let root = linked_tree();
     let bytes = aplc_vm::bundle::encode(&root).expect("encodes");
     std::fs::write(dir.join("root.aplb"), bytes).unwrap();
     let ask = |id: &str, arguments: Json| {

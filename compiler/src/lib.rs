@@ -44,7 +44,7 @@ pub use analyze::RESERVED_VARIABLES;
 pub use aplc_vm::bundle::Bundle;
 pub use diagnostic::{Code, Diagnostic, Label, LineIndex, Severity, Span, render};
 pub use graph::StepGraph;
-pub use link::{Child, ChildReport, Linked, Resolve, link};
+pub use link::{Child, ChildReport, Linked, Resolve, link, link_sources};
 
 /// The largest source the compiler accepts. Bundle spans are 32-bit, and the encoded
 /// bundle must stay under the VM's payload limit even after relaxed-syntax rewriting.

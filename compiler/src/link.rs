@@ -113,6 +113,35 @@ struct Node {
     brought: Vec<LinkedAgent>,
 }
 
+/// [`link`] over sources held in memory: `root` (shown as `root_file`) with `agents`,
+/// `(name, source)` pairs, as the agents it may name (each shown as `NAME.apl`). For
+/// embedders and tests that keep a tree of agents as strings, not files.
+pub fn link_sources(
+    root: &str,
+    root_file: &str,
+    agents: &[(&str, &str)],
+    options: &Options,
+) -> Linked {
+    struct Sources<'a>(&'a [(&'a str, &'a str)]);
+    impl Resolve for Sources<'_> {
+        fn resolve(&mut self, name: &str) -> Result<Option<Child>, String> {
+            Ok(self
+                .0
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(n, source)| Child::Source {
+                    source: (*source).to_owned(),
+                    file_name: format!("{n}.apl"),
+                }))
+        }
+        fn searched(&self, name: &str) -> String {
+            format!("`{name}` is not among the agents given")
+        }
+    }
+    let compilation = compile(root, root_file, options);
+    link(compilation, root_file, &[], options, &mut Sources(agents))
+}
+
 /// Links `root` (compiled from `root_file` with `options`): resolves every agent named
 /// by a literal `call_agent` and every name of `extra_names` (the `{"agent": …}` entries
 /// of tool manifests), transitively, and returns the root's bundle with all of them in
@@ -655,5 +684,22 @@ mod tests {
                 .message
                 .contains("b → c → b")
         );
+    }
+
+    #[test]
+    fn sources_in_memory_link_as_files_do() {
+        let options = Options::default();
+        let root = caller("b", "{'x': 1}");
+        let b = leaf("x");
+        let linked = link_sources(&root, "root.apl", &[("b", &b)], &options);
+        assert!(codes(&linked).is_empty(), "{linked:?}");
+        let bundle = linked.bundle.expect("links");
+        assert_eq!(bundle.agents[0].name, "b");
+        assert_eq!(bundle.agents[0].bundle.source_name, "b.apl");
+        // An agent not given is unknown, with a note that says so.
+        let linked = link_sources(&root, "root.apl", &[], &options);
+        assert_eq!(codes(&linked), ["APL0027"]);
+        let notes = format!("{:?}", linked.diagnostics[0]);
+        assert!(notes.contains("not among the agents given"), "{notes}");
     }
 }

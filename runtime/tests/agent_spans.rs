@@ -6,6 +6,7 @@
 //! a grandchild, ends every span it opened. A streamed child call's deltas carry the
 //! child's path.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,51 +14,41 @@ use aplc_runtime::Redactor;
 use aplc_runtime::driver::{self, Scripted, Toolbox};
 use aplc_runtime::telemetry::{RunDetails, Telemetry, TelemetryConfig, TelemetryFlags};
 use aplc_test_support::otlp::{Receiver, string};
-use aplc_vm::bundle::{Bundle, LinkedAgent};
+use aplc_vm::bundle::Bundle;
 use aplc_vm::tools::ToolSpec;
 use aplc_vm::{Event, EventKind, Program, RunOptions, ScriptedProvider};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use serde_json::json;
 
-/// Delegates to `mid`, then offers the `ask` tool (which runs `leaf`).
-const ROOT: &str = "# prompt: a\n## user\nStart.\n\n\
-# post: a\n{{ set_context('call_agent', {'agent': 'mid', 'context': {}}) }}\
-{{ set_context('next_step', 'b') }}\n\n\
-# prompt: b\n## user\nUse the tool.\n";
-
-/// Delegates to `leaf` with its answer.
-const MID: &str = "# prompt: m\n## user\nThink.\n\n\
-# post: m\n{{ set_context('call_agent', {'agent': 'leaf', 'context': {'word': result_text}}) }}\n";
-
-const LEAF: &str = "{# inputs: word #}\n# prompt: l\n## user\nSay {{ word }}.\n";
-
-fn bundle(source: &str, name: &str) -> Bundle {
-    let compiled = aplc_compiler::compile(source, name, &aplc_compiler::Options::for_run(false));
-    let diagnostics: Vec<String> = compiled
+/// The tree of `fixtures/agents/spans/`: `root` delegates to `mid`, then offers the `ask`
+/// tool (which runs `leaf`); `mid` delegates to `leaf` with its answer. Linked as
+/// `aplc build` links it.
+fn linked_tree() -> Bundle {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/agents/spans");
+    let read = |name: &str| std::fs::read_to_string(fixtures.join(format!("{name}.apl"))).unwrap();
+    let (root, mid, leaf) = (read("root"), read("mid"), read("leaf"));
+    let options = aplc_compiler::Options::for_run(false);
+    let linked = aplc_compiler::link_sources(
+        &root,
+        "root.apl",
+        &[("mid", &mid), ("leaf", &leaf)],
+        &options,
+    );
+    let diagnostics: Vec<&str> = linked
         .diagnostics
         .iter()
-        .map(|d| d.message.clone())
+        .map(|d| d.message.as_str())
         .collect();
-    compiled
+    linked
         .bundle
-        .unwrap_or_else(|| panic!("{name}: {diagnostics:?}"))
+        .unwrap_or_else(|| panic!("the tree links: {diagnostics:?}"))
 }
 
 /// The root with `mid` and `leaf` linked into its bundle, loaded from its bytes as a
 /// shipped bundle is.
 fn program() -> Arc<Program> {
-    let mut root = bundle(ROOT, "root.apl");
-    root.agents = vec![
-        LinkedAgent {
-            name: "leaf".into(),
-            bundle: bundle(LEAF, "leaf.apl"),
-        },
-        LinkedAgent {
-            name: "mid".into(),
-            bundle: bundle(MID, "mid.apl"),
-        },
-    ];
+    let root = linked_tree();
     let bytes = aplc_vm::bundle::encode(&root).expect("encodes");
     Arc::new(Program::load(&bytes).expect("loads"))
 }
