@@ -436,28 +436,31 @@ fn a_replay_of_the_inputs_rebuilds_the_tree() {
     );
 }
 
+/// Runs a run of `DELEGATES` into its child's provider call (the parent's answered).
+fn to_the_childs_call(machine: &mut Machine, at: Duration) {
+    let mut answered = false;
+    loop {
+        match machine.apply(Input::Poll { at }) {
+            Action::CallProvider(_) if !answered => {
+                answered = true;
+                let result = Ok(aplc_vm::Completion::text("hello"));
+                let _ = machine.apply(Input::Provider { at, result });
+            }
+            Action::CallProvider(_) => return,
+            Action::Continue => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
 #[test]
 fn a_child_cannot_outlive_its_parent() {
     let program = linked(DELEGATES, &[("translator", TRANSLATOR)]);
     let options = events_on();
     let cancel = options.interrupt.clone();
     let mut machine = Machine::new(program, options);
-    let mut provider = ScriptedProvider::from_json(r#"["hello"]"#).unwrap();
     let at = Duration::from_millis(1);
-    // Into the child's provider call.
-    let mut calls = 0;
-    loop {
-        match machine.apply(Input::Poll { at }) {
-            Action::CallProvider(_) if calls == 0 => {
-                calls += 1;
-                let result = provider.next_response();
-                let _ = machine.apply(Input::Provider { at, result });
-            }
-            Action::CallProvider(_) => break,
-            Action::Continue => {}
-            other => panic!("{other:?}"),
-        }
-    }
+    to_the_childs_call(&mut machine, at);
     assert!(machine.pending_requests().is_empty());
     // Cancelled while the child waits for its provider: the driver drops the call and
     // polls, and the child and then its parent end cancelled.
@@ -479,20 +482,7 @@ fn a_child_cannot_outlive_its_parent() {
         ..events_on()
     };
     let mut machine = Machine::new(program, options);
-    let mut provider = ScriptedProvider::from_json(r#"["hello"]"#).unwrap();
-    let mut calls = 0;
-    loop {
-        match machine.apply(Input::Poll { at }) {
-            Action::CallProvider(_) if calls == 0 => {
-                calls += 1;
-                let result = provider.next_response();
-                let _ = machine.apply(Input::Provider { at, result });
-            }
-            Action::CallProvider(_) => break,
-            Action::Continue => {}
-            other => panic!("{other:?}"),
-        }
-    }
+    to_the_childs_call(&mut machine, at);
     let late = Duration::from_millis(150);
     let _ = machine.apply(Input::Timeout { at: late });
     assert!(matches!(
