@@ -9,11 +9,11 @@ mod serving;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use aplc_test_support::pg;
-use aplc_test_support::process::{final_context, succeed};
+use aplc_test_support::process::{final_context, kill9, succeed, wait_for};
 use aplc_test_support::{aplc, scratch_in};
 use serde_json::{Value as Json, json};
 use serving::{Model, root};
@@ -231,12 +231,6 @@ fn run_durable(dir: &Path, bundle: &Path, model: &Model, store: &str) -> std::pr
     )
 }
 
-fn kill9(mut child: Child) {
-    child.kill().expect("SIGKILL aplc");
-    let status = child.wait().expect("reap aplc");
-    assert!(!status.success(), "aplc was killed, yet it succeeded");
-}
-
 fn crash_inside_the_grandchild(name: &str, store: &str) {
     let dir = scratch(name);
     let bundle = build_tree(&dir);
@@ -248,14 +242,9 @@ fn crash_inside_the_grandchild(name: &str, store: &str) {
         .spawn()
         .expect("spawn aplc");
     let in_flight = "Leaf turn 1 on refunds (detail)";
-    let start = Instant::now();
-    while !model.prompts().iter().any(|p| p == in_flight) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the leaf's second call"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for("the leaf's second call", Duration::from_secs(60), || {
+        model.prompts().iter().any(|p| p == in_flight)
+    });
     kill9(child);
     model.delay(0);
     let output = succeed(&mut aplc!(

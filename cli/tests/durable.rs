@@ -4,18 +4,21 @@
 
 use aplc_test_support::http::read_request;
 use aplc_test_support::pg;
-use aplc_test_support::process::{final_context, root, strip_times, succeed};
+use aplc_test_support::process::{final_context, kill9, root, strip_times, succeed, wait_for};
 use aplc_test_support::{aplc, scratch_in};
 
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value as Json, json};
+
+/// What a test waits for at most (60 s).
+const WAIT: Duration = Duration::from_secs(60);
 
 const TURNS: u64 = 6;
 
@@ -210,26 +213,6 @@ fn ledger_lines(path: &Path) -> usize {
         .unwrap_or(0)
 }
 
-/// Waits until `ready` holds, or fails the test after 60 s.
-#[track_caller]
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// SIGKILL: no handler, no flush, no goodbye.
-fn kill9(mut child: Child) {
-    child.kill().expect("SIGKILL aplc");
-    let status = child.wait().expect("reap aplc");
-    assert!(!status.success(), "aplc was killed, yet it succeeded");
-}
-
 /// The uninterrupted run: its final context and the requests it made.
 fn baseline(dir: &Path, model: &Model, ledger: &Path) -> (Json, Vec<String>) {
     model.clear();
@@ -269,7 +252,7 @@ fn crash_during_provider_call(name: &str, store: &str) {
     .spawn()
     .expect("spawn aplc");
     // The third request is being answered, slowly: kill aplc while it waits.
-    wait_for("the third request", || model.bodies().len() >= 3);
+    wait_for("the third request", WAIT, || model.bodies().len() >= 3);
     kill9(child);
     assert_eq!(
         ledger_lines(&ledger),
@@ -366,7 +349,7 @@ fn crash_during_tool_call(name: &str, store: &str) {
         .spawn()
         .expect("spawn aplc");
     // The third turn's tool has started (its line is written) and sleeps.
-    wait_for("the third tool run", || ledger_lines(&ledger) >= 3);
+    wait_for("the third tool run", WAIT, || ledger_lines(&ledger) >= 3);
     kill9(child);
 
     let output =
@@ -400,7 +383,7 @@ fn concurrent_resume(name: &str, store: &str) {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn aplc");
-    wait_for("the second request", || model.bodies().len() >= 2);
+    wait_for("the second request", WAIT, || model.bodies().len() >= 2);
     kill9(child);
 
     let spawn = || {
@@ -579,7 +562,9 @@ fn crash_in_a_group(name: &str, store: &str) {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn aplc");
-        wait_for("more tool calls", || ledger_keys(&dir).len() >= 5 * kill);
+        wait_for("more tool calls", WAIT, || {
+            ledger_keys(&dir).len() >= 5 * kill
+        });
         kill9(child_process);
         child = group_resume(&dir, store, "group");
     }

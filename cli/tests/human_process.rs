@@ -8,16 +8,19 @@
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use aplc_test_support::http::read_request;
 use aplc_test_support::pg;
-use aplc_test_support::process::{final_context, root};
+use aplc_test_support::process::{final_context, kill9, root, wait_for};
 use aplc_test_support::{aplc, scratch_in};
 use serde_json::{Value as Json, json};
+
+/// What a test waits for at most (60 s).
+const WAIT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------
 // A fake model for fixtures/human/refund.apl: its answer depends only on the request, so
@@ -189,26 +192,6 @@ fn take_refunds(dir: &Path) -> Vec<Json> {
         .collect()
 }
 
-/// Waits until `ready` holds, or fails the test after 60 s.
-#[track_caller]
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// SIGKILL: no handler, no flush, no goodbye.
-fn kill9(mut child: Child) {
-    child.kill().expect("SIGKILL aplc");
-    let status = child.wait().expect("reap aplc");
-    assert!(!status.success(), "aplc was killed, yet it succeeded");
-}
-
 const DENY: &str = "1-3=over the limit";
 
 /// After the first pause: the rest of the run, answered as soon as it asks. Its final
@@ -323,7 +306,7 @@ fn killed_after_an_answer(name: &str, store: &str) {
     .stderr(Stdio::null())
     .spawn()
     .expect("spawn aplc");
-    wait_for("the model call after the answered round", || {
+    wait_for("the model call after the answered round", WAIT, || {
         model.bodies().len() >= 2
     });
     kill9(child);

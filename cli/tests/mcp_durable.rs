@@ -9,13 +9,16 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aplc_test_support::process::succeed;
+use aplc_test_support::process::{succeed, wait_for};
 use aplc_test_support::{aplc, scratch_in};
 use serde_json::{Value as Json, json};
 
 use aplc_test_support::mcp::{calls, count, counter};
+
+/// What a test waits for at most: 120 s, since a loaded machine starts Python slowly.
+const WAIT: Duration = Duration::from_secs(120);
 
 const AGENT: &str = "# prompt: go\nUse the tools.\n";
 const INTERRUPTED: &str = "interrupted; not retried because the tool is not idempotent";
@@ -87,19 +90,6 @@ fn resume_command(dir: &Path, id: &str, tools: &str) -> Command {
     )
 }
 
-/// Waits until `ready` holds, or fails the test after 120 s (a loaded machine starts
-/// Python slowly).
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Starts run `id` and SIGKILLs aplc once the server counted the slow call's side
 /// effect: the call is in flight. Then kills the server, which would sleep on (it sees
 /// its stdin close only when it next reads).
@@ -109,7 +99,7 @@ fn kill_during_the_slow_call(dir: &Path, id: &str) {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn aplc");
-    wait_for("the slow call's side effect", || count(dir) >= 1);
+    wait_for("the slow call's side effect", WAIT, || count(dir) >= 1);
     child.kill().expect("SIGKILL aplc");
     let status = child.wait().expect("reap aplc");
     assert!(!status.success(), "aplc was killed, yet it succeeded");

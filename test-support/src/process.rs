@@ -7,7 +7,8 @@
 //! (`CARGO_BIN_EXE_aplc`, `CARGO_TARGET_TMPDIR`), not to this one.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The repository's root (fixtures live below it): this crate's parent directory.
 pub fn root() -> PathBuf {
@@ -114,4 +115,23 @@ pub fn fail(command: &mut Command) -> (Option<i32>, String) {
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(!output.status.success(), "aplc succeeded:\n{stderr}");
     (output.status.code(), stderr)
+}
+
+/// Waits until `ready` holds, polling every 10 ms, or fails the test once `within` has
+/// passed.
+#[track_caller]
+pub fn wait_for(what: &str, within: Duration, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(start.elapsed() < within, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGKILL: no handler, no flush, no goodbye. The process must not have succeeded.
+#[track_caller]
+pub fn kill9(mut child: Child) {
+    child.kill().expect("SIGKILL aplc");
+    let status = child.wait().expect("reap aplc");
+    assert!(!status.success(), "aplc was killed, yet it succeeded");
 }
