@@ -252,7 +252,10 @@ impl Machine {
         // One deadline flag and one cancel flag for the whole tree: a child cannot
         // outlive its parent.
         machine.interrupt = self.interrupt.clone();
+        // The root's agents, and the parent's tools as the root's agents filled them in
+        // (`Machine::new` looked the child's own agent tools up from the child).
         machine.nest.agents = self.nest.agents.clone();
+        machine.tools = Arc::clone(&self.tools);
         machine.nest.depth = depth;
         machine.nest.path = Some(match &self.nest.path {
             Some(path) => format!("{path}/{agent}").into(),
@@ -292,20 +295,19 @@ impl Machine {
             return;
         }
         // The child's values as they are (shared, not copied), without its history.
-        let mut result: std::collections::BTreeMap<&str, Value> =
-            outcome.vars.iter().map(|(k, v)| (k, v.clone())).collect();
+        let mut result: std::collections::BTreeMap<String, Value> = (outcome.vars.iter())
+            .map(|(k, v)| (k.to_owned(), v.clone()))
+            .collect();
         let status = if error.is_some() {
             "failed"
         } else {
             "completed"
         };
-        result.insert("status", Value::from(status));
+        result.insert("status".into(), Value::from(status));
         if let Some(message) = &error {
-            result.insert("error", Value::from(message.as_str()));
+            result.insert("error".into(), Value::from(message.as_str()));
             (self.nest.carried).push(format!("agent `{agent}` failed: {message}"));
         }
-        let result: std::collections::BTreeMap<String, Value> =
-            result.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
         self.store.set(names::AGENT_RESULT, Value::from(result));
     }
 
