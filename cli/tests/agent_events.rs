@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use aplc_test_support::otlp::{Receiver, string};
+use aplc_test_support::process::without_times;
 use aplc_vm::bundle::Bundle;
 use serde_json::{Value as Json, json};
 
@@ -83,30 +84,6 @@ fn aplc_with(dir: &Path, args: &[&str], otlp: Option<&str>) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Times vary from run to run: the leading time of each line and every duration
-/// (a number followed by ` ms` or ` s`) become `[t]`.
-fn without_times(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let words: Vec<&str> = line.split(' ').collect();
-        let mut kept = Vec::new();
-        let mut i = 0;
-        while i < words.len() {
-            let unit = words.get(i + 1).map(|w| w.trim_end_matches(','));
-            if words[i].parse::<f64>().is_ok() && matches!(unit, Some("ms" | "s")) {
-                kept.push(words[i + 1].replace(unit.unwrap_or_default(), "[t]"));
-                i += 2;
-            } else {
-                kept.push(words[i].to_string());
-                i += 1;
-            }
-        }
-        out.push_str(kept.join(" ").trim_start());
-        out.push('\n');
-    }
-    out
 }
 
 /// The width of the indentation after a line's time.

@@ -6,6 +6,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use aplc_test_support::process::without_times;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../fixtures/events")
@@ -23,29 +25,6 @@ fn aplc_in(dir: &Path, args: &[&str]) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Times vary from run to run: every number followed by ` ms` or ` s` becomes `[t]`.
-fn without_times(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let words: Vec<&str> = line.split(' ').collect();
-        let mut kept = Vec::new();
-        let mut i = 0;
-        while i < words.len() {
-            let unit = words.get(i + 1).map(|w| w.trim_end_matches(','));
-            if words[i].parse::<f64>().is_ok() && matches!(unit, Some("ms" | "s")) {
-                kept.push(words[i + 1].replace(unit.unwrap_or_default(), "[t]"));
-                i += 2;
-            } else {
-                kept.push(words[i].to_string());
-                i += 1;
-            }
-        }
-        out.push_str(kept.join(" ").trim_start());
-        out.push('\n');
-    }
-    out
 }
 
 fn scratch(name: &str) -> PathBuf {

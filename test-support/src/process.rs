@@ -135,3 +135,28 @@ pub fn kill9(mut child: Child) {
     let status = child.wait().expect("reap aplc");
     assert!(!status.success(), "aplc was killed, yet it succeeded");
 }
+
+/// `aplc trace`'s and `--verbose`'s text with its times made stable for a snapshot: every
+/// number followed by ` ms` or ` s` (a line's leading time, a duration) becomes `[t]`,
+/// and each line's leading spaces go.
+pub fn without_times(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split(' ').collect();
+        let mut kept = Vec::new();
+        let mut i = 0;
+        while i < words.len() {
+            let unit = words.get(i + 1).map(|w| w.trim_end_matches(','));
+            if words[i].parse::<f64>().is_ok() && matches!(unit, Some("ms" | "s")) {
+                kept.push(words[i + 1].replace(unit.unwrap_or_default(), "[t]"));
+                i += 2;
+            } else {
+                kept.push(words[i].to_string());
+                i += 1;
+            }
+        }
+        out.push_str(kept.join(" ").trim_start());
+        out.push('\n');
+    }
+    out
+}
