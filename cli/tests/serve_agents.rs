@@ -6,7 +6,6 @@
 
 mod serving;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -89,32 +88,12 @@ async fn crash_in_the_grandchild(dir: &Path, model: &Model, store: &str) {
     check_finished(&run);
     // Every call was asked; only the one in flight at the kill was asked twice.
     let prompts = model.prompts();
-    let mut counts: HashMap<&str, usize> = HashMap::new();
-    for prompt in &prompts {
-        *counts.entry(prompt.as_str()).or_default() += 1;
-    }
-    let mut distinct: Vec<&str> = counts.keys().copied().collect();
-    distinct.sort();
-    let mut expected = expected_prompts();
-    expected.sort();
-    assert_eq!(distinct, expected, "{prompts:?}");
-    // Only the last calls before the kill were asked again: the one in flight, and
-    // answers the group commit had not yet made durable (`spec/durability.md`, "When the
-    // journal commits"): a suffix of what was asked before the kill, each at most twice.
-    let repeated: Vec<&str> = counts
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(p, _)| *p)
-        .collect();
-    assert!(counts.values().all(|n| *n <= 2), "{prompts:?}");
-    let tail = &before[before.len() - repeated.len()..];
-    for prompt in &repeated {
-        assert!(
-            tail.iter().any(|p| p == prompt),
-            "{prompt} repeated: {prompts:?}"
-        );
-    }
-    assert_eq!(counts["Root asks about refunds"], 1, "{prompts:?}");
+    serving::check_asked_again(
+        &prompts,
+        &before,
+        &expected_prompts(),
+        "Root asks about refunds",
+    );
     // The resumed events go on in one sequence, inside the grandchild too.
     let events = client.events(&id, None).await;
     let seqs: Vec<u64> = events.iter().filter_map(|(seq, _)| *seq).collect();

@@ -393,3 +393,33 @@ pub fn parse_sse(text: &str) -> Vec<(Option<u64>, Json)> {
     }
     events
 }
+
+/// What a kill then a resume may ask the model again (`spec/durability.md`, "When the
+/// journal commits"): every prompt of `expected` was asked; only a suffix of `before`
+/// (what was asked before the kill: the call in flight, and answers the group commit
+/// had not yet made durable) was asked again, each at most twice; `first` exactly once.
+pub fn check_asked_again(prompts: &[String], before: &[String], expected: &[String], first: &str) {
+    let mut counts: std::collections::HashMap<&str, usize> = Default::default();
+    for prompt in prompts {
+        *counts.entry(prompt.as_str()).or_default() += 1;
+    }
+    let mut distinct: Vec<&str> = counts.keys().copied().collect();
+    distinct.sort();
+    let mut expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+    expected.sort();
+    assert_eq!(distinct, expected, "{prompts:?}");
+    let repeated: Vec<&str> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(p, _)| *p)
+        .collect();
+    assert!(counts.values().all(|n| *n <= 2), "{prompts:?}");
+    let tail = &before[before.len().saturating_sub(repeated.len())..];
+    for prompt in &repeated {
+        assert!(
+            tail.iter().any(|p| p == prompt),
+            "{prompt} repeated: {prompts:?}"
+        );
+    }
+    assert_eq!(counts.get(first), Some(&1), "{prompts:?}");
+}
