@@ -109,6 +109,7 @@ const EVENT: &str =
 
 fn step(i: u64) -> Batch {
     Batch {
+        made: Default::default(),
         first_input: i,
         inputs: vec![vec![b'x'; INPUT_BYTES]],
         events: vec![EVENT.to_string()],

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
 use crate::redact::Redactor;
-use crate::store::{Batch, QueueStatus, StoredCheckpoint};
+use crate::store::{Batch, MadeEvents, QueueStatus, StoredCheckpoint};
 
 /// The message a non-idempotent tool call in flight at a crash resolves with.
 pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
@@ -73,8 +73,9 @@ pub(crate) struct Recorder {
     /// Inputs handed out in batches so far: the number of the first one in `inputs`.
     committed: u64,
     inputs: Vec<Vec<u8>>,
-    events: Vec<String>,
-    /// The bytes of `inputs` and `events`.
+    /// Written as text by the store's writer, not here (`Batch::render`).
+    events: MadeEvents,
+    /// The bytes of `inputs` and the weight of `events` (`MadeEvents::weight`).
     bytes: usize,
     /// Provider answers journaled so far.
     provider_inputs: u64,
@@ -101,7 +102,7 @@ impl Recorder {
         Recorder {
             committed,
             inputs: Vec::new(),
-            events: Vec::new(),
+            events: MadeEvents::new(redactor.clone()),
             bytes: 0,
             provider_inputs,
             checkpoint_every: checkpoint_every.max(1),
@@ -136,18 +137,9 @@ impl Recorder {
         action
     }
 
-    /// Journals `event`, redacted.
-    pub(crate) fn event(&mut self, event: &Event) {
-        // Most runs know no secret: then the event goes straight to its text, without
-        // the tree of values that redaction walks (serde_json keeps the fields' order
-        // either way, so the text is the same).
-        let json = if self.redactor.is_empty() {
-            serde_json::to_string(event).unwrap_or_else(|_| "null".to_owned())
-        } else {
-            self.redactor.redact_json(event.to_json()).to_string()
-        };
-        self.bytes += json.len();
-        self.events.push(json);
+    /// Journals `event` (redacted when the store writes it).
+    pub(crate) fn event(&mut self, event: Event) {
+        self.bytes += self.events.push(event);
     }
 
     /// True if what waits for a commit is past `window`: more inputs or bytes than it
@@ -211,7 +203,8 @@ impl Recorder {
         Some(Batch {
             first_input,
             inputs,
-            events: std::mem::take(&mut self.events),
+            events: Vec::new(),
+            made: std::mem::replace(&mut self.events, MadeEvents::new(self.redactor.clone())),
             checkpoint,
             steps,
             outcome,
@@ -279,10 +272,37 @@ mod tests {
         let mut plain = Recorder::new(100, Redactor::default(), 0, 0);
         let mut redacting = Recorder::new(100, Redactor::new(["not-in-any-event-0123"]), 0, 0);
         for event in events() {
-            plain.event(&event);
-            redacting.event(&event);
-            assert_eq!(plain.events.last(), Some(&event.to_json().to_string()));
+            plain.event(event.clone());
+            redacting.event(event);
         }
-        assert_eq!(plain.events, redacting.events);
+        let texts = |recorder: &mut Recorder| {
+            let mut batch = recorder.batch(0, None).expect("a batch");
+            batch.render();
+            batch.events
+        };
+        let plain = texts(&mut plain);
+        let expected: Vec<String> = events().iter().map(|e| e.to_json().to_string()).collect();
+        assert_eq!(plain, expected);
+        assert_eq!(plain, texts(&mut redacting));
+    }
+
+    /// A secret in an event never reaches the store: the writer's text is redacted.
+    #[test]
+    fn a_made_event_is_redacted_when_written() {
+        let mut recorder = Recorder::new(100, Redactor::new(["sk-secret-0123456789"]), 0, 0);
+        let mut event = events().remove(1);
+        event.kind = EventKind::Error {
+            step: None,
+            message: "the key sk-secret-0123456789 was refused".into(),
+        };
+        recorder.event(event);
+        let mut batch = recorder.batch(0, None).expect("a batch");
+        batch.render();
+        assert_eq!(batch.events.len(), 1);
+        assert!(
+            !batch.events[0].contains("sk-secret"),
+            "{}",
+            batch.events[0]
+        );
     }
 }

@@ -407,7 +407,7 @@ impl<'l> RunSession<'l> {
                 observer(&event);
             }
             if let Some(recorder) = self.recorder.as_mut() {
-                recorder.event(&event);
+                recorder.event(event);
             }
         }
     }

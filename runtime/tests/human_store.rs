@@ -181,6 +181,7 @@ async fn pending_requests_round_trip_through_append_summary_load_and_list() {
 
         // `None` leaves them; `Some(empty)` clears them: the run goes on.
         let plain = Batch {
+            made: Default::default(),
             pending: None,
             ..pausing(1, Vec::new())
         };
@@ -475,6 +476,7 @@ async fn a_version_3_store_reads_and_migrates() {
             .append(
                 lease.as_ref(),
                 Batch {
+                    made: Default::default(),
                     pending: None,
                     ..pausing(0, Vec::new())
                 },

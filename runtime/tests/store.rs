@@ -110,6 +110,7 @@ fn inputs(range: std::ops::Range<u8>) -> Vec<Vec<u8>> {
 
 fn batch(first_input: u64, inputs: Vec<Vec<u8>>, events: &[&str], steps: u64) -> Batch {
     Batch {
+        made: Default::default(),
         first_input,
         inputs,
         events: events.iter().map(|e| e.to_string()).collect(),
@@ -600,6 +601,7 @@ async fn queue_claims_cancel_and_idempotency(backend: Backend) {
         .append(
             &*a,
             Batch {
+                made: Default::default(),
                 outcome: Some(outcome),
                 ..batch(0, Vec::new(), &["{}"], 1)
             },
@@ -616,6 +618,7 @@ async fn queue_claims_cancel_and_idempotency(backend: Backend) {
         .append(
             &*b,
             Batch {
+                made: Default::default(),
                 outcome: Some(cancelled),
                 ..batch(0, Vec::new(), &[], 0)
             },

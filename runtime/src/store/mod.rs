@@ -4,10 +4,14 @@
 //! secret), the journal (the machine's inputs and the run's events, in order), the
 //! checkpoints, and the final outcome. See `spec/durability.md`.
 //!
-//! The store knows nothing of machines: inputs, checkpoints and events are opaque bytes
-//! and JSON text to it. `durable.rs` gives them meaning.
+//! The store knows nothing of machines: inputs and checkpoints are opaque bytes to it,
+//! and events JSON text, which its writer makes from the run's events
+//! ([`Batch::render`]). `durable.rs` gives them meaning.
+
+use aplc_vm::{Event, EventKind};
 
 use crate::future::BoxFuture;
+use crate::redact::Redactor;
 
 // Each backend is a cargo feature (both on by default). A URL whose backend is compiled
 // out still parses, and opening it is an error that names the feature (`compiled_out`).
@@ -208,6 +212,10 @@ pub struct Batch {
     pub inputs: Vec<Vec<u8>>,
     /// Events, as JSON text, numbered after those stored.
     pub events: Vec<String>,
+    /// Events the run made, numbered after `events`, not yet written as text: the
+    /// store's writer writes them ([`Batch::render`]), so that turning events into JSON
+    /// costs the run's own thread nothing (issue #24).
+    pub made: MadeEvents,
     /// A checkpoint to add; the previous newest checkpoint's state is dropped.
     pub checkpoint: Option<StoredCheckpoint>,
     /// Steps entered so far.
@@ -229,7 +237,15 @@ impl Batch {
             return Some(later);
         }
         self.inputs.extend(later.inputs);
+        if !later.events.is_empty() {
+            // Text after made events: make those text first, to keep the order.
+            self.render();
+        }
         self.events.extend(later.events);
+        self.made.events.extend(later.made.events);
+        if self.made.redactor.is_empty() {
+            self.made.redactor = later.made.redactor;
+        }
         if later.checkpoint.is_some() {
             self.checkpoint = later.checkpoint;
         }
@@ -252,9 +268,96 @@ impl Batch {
         });
         let bytes = self.inputs.iter().map(Vec::len).sum::<usize>()
             + self.events.iter().map(String::len).sum::<usize>()
+            + self.made.weight()
             + pending;
         (self.inputs.len(), bytes)
     }
+
+    /// Writes the made events as JSON text, redacted, after `events`: what a store does
+    /// with a batch before it looks at its events (the writers of both stores do it on
+    /// their own thread or task).
+    pub fn render(&mut self) {
+        let made = std::mem::take(&mut self.made.events);
+        let redactor = &self.made.redactor;
+        self.events.extend(made.iter().map(|event| {
+            // Most runs know no secret: then the event goes straight to its text, without
+            // the tree of values that redaction walks (serde_json keeps the fields'
+            // order either way, so the text is the same).
+            if redactor.is_empty() {
+                serde_json::to_string(event).unwrap_or_else(|_| "null".to_owned())
+            } else {
+                redactor.redact_json(event.to_json()).to_string()
+            }
+        }));
+    }
+}
+
+/// A run's events as it made them, with what scrubs them of secrets: the part of a
+/// [`Batch`] its store writes as text ([`Batch::render`]).
+#[derive(Debug, Clone, Default)]
+pub struct MadeEvents {
+    /// The events, in order.
+    pub events: Vec<Event>,
+    /// What redacts them.
+    pub redactor: Redactor,
+}
+
+impl MadeEvents {
+    /// Made events, redacted by `redactor` when written.
+    pub fn new(redactor: Redactor) -> MadeEvents {
+        MadeEvents {
+            events: Vec::new(),
+            redactor,
+        }
+    }
+
+    /// About the bytes of their text, without writing it: what a run's window of
+    /// uncommitted work counts them as. Every event's fixed fields (names, numbers)
+    /// are counted as [`EVENT_WEIGHT`] bytes; the ones that carry text of any length
+    /// (an error's message, a person's request and answer) add it.
+    pub fn weight(&self) -> usize {
+        self.events.iter().map(event_weight).sum()
+    }
+
+    /// Adds `event`; returns its weight.
+    pub fn push(&mut self, event: Event) -> usize {
+        let weight = event_weight(&event);
+        self.events.push(event);
+        weight
+    }
+
+    /// No event.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+}
+
+/// What an event's fixed fields weigh in a run's window (a journaled event's text is
+/// 100–300 bytes without its free text).
+pub const EVENT_WEIGHT: usize = 256;
+
+fn event_weight(event: &Event) -> usize {
+    let free = match &event.kind {
+        EventKind::Error { message, .. } => message.len(),
+        EventKind::InputRequested { request } => {
+            serde_json::to_string(request).map_or(0, |text| text.len())
+        }
+        EventKind::InputReceived { reason, value, .. } => {
+            reason.as_ref().map_or(0, String::len)
+                + value.as_ref().map_or(0, |value| value.to_string().len())
+        }
+        EventKind::ProviderResult {
+            error: Some(error), ..
+        }
+        | EventKind::RunFinished {
+            error: Some(error), ..
+        }
+        | EventKind::AgentFinished {
+            error: Some(error), ..
+        } => error.message.len(),
+        _ => 0,
+    };
+    EVENT_WEIGHT + free
 }
 
 /// The exclusive right to advance one run. Dropping it releases the run; a process that
@@ -274,7 +377,9 @@ pub trait RunJournal: Send + Sync + std::fmt::Debug {
     /// Takes the lease of an existing, unfinished run, or fails with
     /// [`StoreError::Locked`] if another process holds it.
     fn acquire<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Box<dyn Lease>, StoreError>>;
-    /// Appends one batch under the lease, in one transaction.
+    /// Appends one batch under the lease, in one transaction. Its made events are
+    /// written as text ([`Batch::render`]) by the store, preferably off the caller's
+    /// thread: that is the point of handing them over unwritten.
     fn append<'a>(
         &'a self,
         lease: &'a dyn Lease,
@@ -672,6 +777,7 @@ mod tests {
 
     fn batch(first_input: u64, inputs: usize, checkpoint: bool) -> Batch {
         Batch {
+            made: Default::default(),
             first_input,
             inputs: (0..inputs)
                 .map(|i| vec![first_input as u8 + i as u8])

@@ -52,6 +52,12 @@ pub(super) async fn write_loop(
                 Err(_) => break,
             }
         }
+        // The runs' events become JSON text here, off their own tasks (issue #24).
+        for job in &mut group {
+            if let Work::Append(_, batch) = &mut job.work {
+                batch.render();
+            }
+        }
         commit_group(&url, &mut client, &st, group).await;
     }
 }

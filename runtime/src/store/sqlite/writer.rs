@@ -88,6 +88,12 @@ pub(super) fn write_loop(mut conn: Connection, jobs: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
+        // The runs' events become JSON text here, off their own threads (issue #24).
+        for job in &mut group {
+            if let Job::Append(_, batch, _) = job {
+                batch.render();
+            }
+        }
         commit_group(&mut conn, group);
     }
 }
