@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
 use crate::redact::Redactor;
-use crate::store::{Batch, MadeEvents, QueueStatus, StoredCheckpoint};
+use std::sync::Arc;
+
+use crate::store::{Batch, DeferredSegment, Made, QueueStatus, SegmentOutcome, StoredCheckpoint};
 
 /// The message a non-idempotent tool call in flight at a crash resolves with.
 pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
@@ -74,8 +76,8 @@ pub(crate) struct Recorder {
     committed: u64,
     inputs: Vec<Vec<u8>>,
     /// Written as text by the store's writer, not here (`Batch::render`).
-    events: MadeEvents,
-    /// The bytes of `inputs` and the weight of `events` (`MadeEvents::weight`).
+    events: Made,
+    /// The bytes of `inputs` and the weight of `events` (`Made::weight`).
     bytes: usize,
     /// Provider answers journaled so far.
     provider_inputs: u64,
@@ -83,8 +85,16 @@ pub(crate) struct Recorder {
     pub(crate) steps_at_checkpoint: u64,
     /// The first `context_history` entry the next checkpoint carries.
     pub(crate) history_start: u64,
-    /// A checkpoint for the next batch.
-    checkpoint: Option<StoredCheckpoint>,
+    /// A checkpoint for the next batch, and its history segment if the store's writer is
+    /// to write it.
+    checkpoint: Option<(StoredCheckpoint, Option<Box<DeferredSegment>>)>,
+    /// The last checkpoint whose segment the store's writer has not written yet, and
+    /// `steps_at_checkpoint` and `history_start` before it: the next checkpoint waits
+    /// for it, and starts from there again if it was refused.
+    segment: Option<(Arc<SegmentOutcome>, u64, u64)>,
+    /// Checkpoints leave their history segment to the store's writer; false once one
+    /// was refused (this run's are then written whole, on its own thread).
+    defer: bool,
     /// The requests the run waits on, for the next batch to store (`Batch::pending`).
     pending: Option<Vec<Json>>,
     redactor: Redactor,
@@ -102,13 +112,15 @@ impl Recorder {
         Recorder {
             committed,
             inputs: Vec::new(),
-            events: MadeEvents::new(redactor.clone()),
+            events: Made::new(redactor.clone()),
             bytes: 0,
             provider_inputs,
             checkpoint_every: checkpoint_every.max(1),
             steps_at_checkpoint: 0,
             history_start: 0,
             checkpoint: None,
+            segment: None,
+            defer: true,
             pending: None,
             redactor,
         }
@@ -153,7 +165,23 @@ impl Recorder {
     /// a resume replays from the previous checkpoint instead. Nor is one taken while the
     /// last one waits for its batch (a run going on ahead of its commits): each checkpoint
     /// carries the `context_history` entries since the one before, so none may be dropped.
+    ///
+    /// The checkpoint's state is written here, its history segment (most of its cost)
+    /// by the store's writer (`Batch::render`); a segment it refuses leaves the batch
+    /// without its checkpoint, and the next is written whole from the same start.
     pub(crate) fn maybe_checkpoint(&mut self, machine: &Machine, at: Duration) {
+        if let Some((outcome, steps, start)) = &self.segment {
+            match outcome.get() {
+                SegmentOutcome::PENDING => return,
+                SegmentOutcome::REFUSED => {
+                    self.steps_at_checkpoint = *steps;
+                    self.history_start = *start;
+                    self.defer = false;
+                }
+                _ => {}
+            }
+            self.segment = None;
+        }
         if self.checkpoint.is_none()
             && machine.steps() >= self.steps_at_checkpoint + self.checkpoint_every
         {
@@ -161,33 +189,59 @@ impl Recorder {
         }
     }
 
-    fn checkpoint(&mut self, machine: &Machine, at: Duration) -> Option<StoredCheckpoint> {
-        let checkpoint = match machine.checkpoint(self.history_start) {
-            Ok(checkpoint) => checkpoint,
-            // `Unencodable`: a value with no durable form; the next checkpoint may do.
-            Err(_) => return None,
+    fn checkpoint(
+        &mut self,
+        machine: &Machine,
+        at: Duration,
+    ) -> Option<(StoredCheckpoint, Option<Box<DeferredSegment>>)> {
+        // `Unencodable`: a value with no durable form; the next checkpoint may do.
+        let (history_start, history, state, deferred) = if self.defer {
+            let checkpoint = machine.checkpoint_deferred(self.history_start).ok()?;
+            let deferred = Box::new(DeferredSegment {
+                segment: checkpoint.history,
+                outcome: Arc::default(),
+            });
+            (
+                checkpoint.history_start,
+                Vec::new(),
+                checkpoint.state,
+                Some(deferred),
+            )
+        } else {
+            let checkpoint = machine.checkpoint(self.history_start).ok()?;
+            (
+                checkpoint.history_start,
+                checkpoint.history,
+                checkpoint.state,
+                None,
+            )
         };
         let state = DurableState {
             at,
             provider_inputs: self.provider_inputs,
-            machine: checkpoint.state,
+            machine: state,
         };
         let state = postcard::to_allocvec(&state).ok()?;
+        if let Some(deferred) = &deferred {
+            let before = (self.steps_at_checkpoint, self.history_start);
+            self.segment = Some((deferred.outcome.clone(), before.0, before.1));
+        }
         self.steps_at_checkpoint = machine.steps();
         self.history_start = machine.history_len();
-        Some(StoredCheckpoint {
+        let checkpoint = StoredCheckpoint {
             inputs: self.committed + self.inputs.len() as u64,
-            history_start: checkpoint.history_start,
-            history: checkpoint.history,
+            history_start,
+            history,
             state: Some(state),
-        })
+        };
+        Some((checkpoint, deferred))
     }
 
     /// Everything journaled since the last batch, for one transaction: the inputs, the
     /// events, the checkpoint due, and the outcome at the end (`None` when there is
     /// nothing to commit). `steps` is the run's step count now.
     pub(crate) fn batch(&mut self, steps: u64, outcome: Option<Json>) -> Option<Batch> {
-        let checkpoint = self.checkpoint.take();
+        let (checkpoint, segment) = self.checkpoint.take().unzip();
         if self.inputs.is_empty()
             && self.events.is_empty()
             && checkpoint.is_none()
@@ -204,7 +258,10 @@ impl Recorder {
             first_input,
             inputs,
             events: Vec::new(),
-            made: std::mem::replace(&mut self.events, MadeEvents::new(self.redactor.clone())),
+            made: Made {
+                history: segment.flatten(),
+                ..std::mem::replace(&mut self.events, Made::new(self.redactor.clone()))
+            },
             checkpoint,
             steps,
             outcome,

@@ -675,3 +675,117 @@ async fn a_new_run_is_stored_while_its_first_call_is_out_and_a_taken_id_fails() 
     assert_eq!(stored.steps, done.outcome.steps);
     assert_eq!(stored.state, aplc_runtime::store::RunState::Finished);
 }
+
+/// Answers after 3 ms (time for the store's writer to keep up with the run), or never
+/// at call `hang_at` (from 0).
+struct HangsAt {
+    calls: AtomicU64,
+    hang_at: Option<u64>,
+}
+
+impl Provider for HangsAt {
+    fn complete<'a>(
+        &'a self,
+        _request: &'a ProviderRequest,
+        _call: &'a CallContext,
+    ) -> BoxFuture<'a, Result<Completion, ProviderError>> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        let hang = self.hang_at == Some(n);
+        Box::pin(async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            Ok(Completion::text("ok"))
+        })
+    }
+}
+
+/// A checkpoint's history segment is written by the store's writer (issue #24). One
+/// whose entries hold a namespace the checkpoint's state did not (set at the end of step
+/// 1, let go of at the start of step 2, before the checkpoint of step 2) is refused
+/// there: that batch goes without its checkpoint, and the run writes its next one whole
+/// from the same start. So the segments stay a chain without a gap, and a crash at any
+/// call resumes to the same end.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_history_segment_is_written_whole_next_and_the_run_resumes() {
+    const STEPS: u64 = 40;
+    const SOURCE: &str = "\
+# pre: a
+{{ set_context('held', runs) }}
+
+# prompt: a
+{{ runs }}
+
+# post: a
+{% if runs == 1 and global_runs == 1 %}{% set ns = namespace(n=1) %}{{ set_context('held', ns) }}{% endif %}
+{% if global_runs < 40 %}{{ set_context('next_step', 'a') }}{% endif %}
+";
+    let program = || {
+        let compiled = aplc_compiler::compile(SOURCE, "held.apl", &Default::default());
+        let bundle = compiled.bundle.expect("the agent compiles");
+        Arc::new(Program::from_bundle(bundle, Default::default()).expect("loads"))
+    };
+    let tools = Toolbox::new();
+    let expected = aplc_runtime::driver::run_with_tools(
+        program(),
+        RunOptions::default(),
+        &Instant(AtomicU64::new(0)),
+        &tools,
+    )
+    .await;
+    assert!(expected.error.is_none(), "{:?}", expected.error);
+    assert_eq!(expected.steps, STEPS);
+    let expected = without_times(expected.context_json());
+    // Checkpoints every step, but the run goes on ahead of its commits: a segment is
+    // written (or refused) some steps after it is taken. Crashes well after the refusal
+    // (step 2's checkpoint) resume from checkpoints taken after it.
+    for crash_at in [2, 20, 30, 39] {
+        let store = sqlite(&format!("held-{crash_at}")).await;
+        let id = format!("held-{crash_at}");
+        let hanging = HangsAt {
+            calls: AtomicU64::new(0),
+            hang_at: Some(crash_at),
+        };
+        let cfg = config(1);
+        let run = durable::start(
+            store.as_ref(),
+            durable::NewDurableRun {
+                id: id.clone(),
+                program: program(),
+                options: RunOptions::default(),
+            },
+            &hanging,
+            &tools,
+            None,
+            &cfg,
+        );
+        let dropped = tokio::time::timeout(Duration::from_secs(2), run).await;
+        assert!(dropped.is_err(), "the run should hang at call {crash_at}");
+        let finished = durable::resume(
+            store.as_ref(),
+            &id,
+            None,
+            &HangsAt {
+                calls: AtomicU64::new(0),
+                hang_at: None,
+            },
+            &tools,
+            None,
+            &config(1),
+        )
+        .await
+        .expect("resume")
+        .finished()
+        .expect("finished");
+        assert_eq!(
+            without_times(finished.outcome.context_json()),
+            expected,
+            "crash_at={crash_at}"
+        );
+        let rebuilt = durable::inspect(store.as_ref(), &id)
+            .await
+            .expect("inspect");
+        assert_eq!(without_times(rebuilt.context_json()), expected);
+    }
+}

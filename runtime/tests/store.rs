@@ -952,9 +952,10 @@ async fn packed_rows_load_resume_and_page(backend: Backend) {
     assert_eq!(loaded.events, 7);
 
     // Resumed in another store: the next group follows on.
+    // The release lands on the first store's writer while the second one asks.
     drop(lease);
     let again = backend.open().await;
-    let lease = again.acquire("r").await.expect("acquire");
+    let lease = acquire_soon(again.as_ref(), "r").await;
     let resumed = again.load("r").await.expect("load");
     assert_eq!(resumed.inputs, loaded.inputs);
     assert_eq!(resumed.checkpoints, loaded.checkpoints);

@@ -396,6 +396,100 @@ fn a_checkpoint_at_any_rest_point_resumes_the_run_exactly() {
     assert!(restored > 100, "only {restored} rest points");
 }
 
+/// A checkpoint whose history segment is written later (`checkpoint_deferred`, what a
+/// durable run does off its own thread) is the checkpoint written whole: the same state,
+/// the same segment, at every rest point of every case, chained as a durable run chains
+/// them; and the run resumes from it exactly.
+#[test]
+fn a_deferred_checkpoint_is_the_whole_one() {
+    let mut compared = 0;
+    for case in cases() {
+        let recording = record(&case);
+        let mut machine = Machine::new(case.program.clone(), case.options.clone());
+        let _ = drain(&mut machine);
+        let mut chain: Vec<Checkpoint> = Vec::new();
+        let mut covered = 0;
+        for (i, input) in recording.inputs.iter().enumerate() {
+            if let Ok(deferred) = machine.checkpoint_deferred(covered) {
+                let history = deferred
+                    .history
+                    .encode()
+                    .unwrap_or_else(|e| panic!("{}: the segment before input {i}: {e}", case.name));
+                let whole = machine.checkpoint(covered).unwrap();
+                assert_eq!(deferred.state, whole.state, "{}: {i}", case.name);
+                assert_eq!(history, whole.history, "{}: {i}", case.name);
+                assert_eq!(deferred.history_start, whole.history_start);
+                chain.push(Checkpoint {
+                    history_start: deferred.history_start,
+                    history,
+                    state: deferred.state,
+                });
+                covered = machine.history_len();
+                resume_and_compare(&case, &recording, &chain, i);
+                compared += 1;
+            }
+            let _ = apply(&mut machine, input);
+            let _ = drain(&mut machine);
+        }
+    }
+    assert!(compared > 100, "only {compared} rest points");
+}
+
+/// A namespace that only an older `context_history` entry still holds (the variable
+/// moved on) was not in the state's table when the state was written: its segment is
+/// refused later rather than written naming a namespace the state cannot give back, and
+/// the checkpoint written whole has it.
+#[test]
+fn a_deferred_segment_naming_a_namespace_the_state_lacks_is_refused() {
+    let source = r#"
+# pre: a
+{% if runs == 0 %}{% set ns = namespace(n=1) %}{{ set_context('held', ns) }}{% else %}{{ set_context('held', 0) }}{% endif %}
+
+# prompt: a
+{{ runs }}
+
+# post: a
+{% if runs < 2 %}{{ set_context('next_step', 'a') }}{% endif %}
+"#;
+    let case = case_from_source(
+        "namespace_in_history.apl",
+        source,
+        vec![json!("one"), json!("two"), json!("three")],
+        RunOptions::default(),
+    );
+    let recording = record(&case);
+    assert!(recording.summary.1.is_none(), "{:?}", recording.summary.1);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let _ = drain(&mut machine);
+    let mut refused = 0;
+    for (i, input) in recording.inputs.iter().enumerate() {
+        // Only once `held` moved on: before, the state's table would hold the namespace.
+        let moved_on = machine.vars().get("held") == Some(&minijinja::Value::from(0));
+        if moved_on && let Ok(deferred) = machine.checkpoint_deferred(0) {
+            match deferred.history.encode() {
+                Ok(history) => {
+                    let checkpoint = Checkpoint {
+                        history_start: 0,
+                        history,
+                        state: deferred.state,
+                    };
+                    resume_and_compare(&case, &recording, &[checkpoint], i);
+                }
+                Err(JournalError::NotAtRest(_)) => {
+                    refused += 1;
+                    // Written whole, it is a checkpoint the run resumes from exactly.
+                    let whole = machine.checkpoint(0).unwrap();
+                    resume_and_compare(&case, &recording, &[whole], i);
+                }
+                Err(e) => panic!("{i}: {e}"),
+            }
+        }
+        let _ = apply(&mut machine, input);
+        let _ = drain(&mut machine);
+    }
+    assert!(refused > 0, "no segment was refused");
+}
+
 /// A case from source, with `answers` as the mock and `options` (events on).
 fn case_from_source(name: &str, source: &str, answers: Vec<Json>, options: RunOptions) -> Case {
     let compiled = compile(source, name, &Options::for_run(false));

@@ -8,6 +8,10 @@
 //! and events JSON text, which its writer makes from the run's events
 //! ([`Batch::render`]). `durable.rs` gives them meaning.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use aplc_vm::journal::HistorySegment;
 use aplc_vm::{Event, EventKind};
 
 use crate::future::BoxFuture;
@@ -212,10 +216,10 @@ pub struct Batch {
     pub inputs: Vec<Vec<u8>>,
     /// Events, as JSON text, numbered after those stored.
     pub events: Vec<String>,
-    /// Events the run made, numbered after `events`, not yet written as text: the
-    /// store's writer writes them ([`Batch::render`]), so that turning events into JSON
-    /// costs the run's own thread nothing (issue #24).
-    pub made: MadeEvents,
+    /// What the run made and the store's writer writes ([`Batch::render`]), so that it
+    /// costs the run's own thread nothing (issue #24): events numbered after `events`,
+    /// and the history segment of `checkpoint`.
+    pub made: Made,
     /// A checkpoint to add; the previous newest checkpoint's state is dropped.
     pub checkpoint: Option<StoredCheckpoint>,
     /// Steps entered so far.
@@ -248,6 +252,7 @@ impl Batch {
         }
         if later.checkpoint.is_some() {
             self.checkpoint = later.checkpoint;
+            self.made.history = later.made.history;
         }
         self.steps = later.steps;
         self.outcome = later.outcome;
@@ -277,6 +282,21 @@ impl Batch {
     /// with a batch before it looks at its events (the writers of both stores do it on
     /// their own thread or task).
     pub fn render(&mut self) {
+        if let Some(deferred) = self.made.history.take() {
+            match (deferred.segment.encode(), self.checkpoint.as_mut()) {
+                (Ok(history), Some(checkpoint)) => {
+                    checkpoint.history = history;
+                    deferred.outcome.settle(SegmentOutcome::WRITTEN);
+                }
+                // Refused (a namespace only the history holds, a value with no durable
+                // form): the batch goes without its checkpoint, and the run, told so,
+                // writes the next one whole from where this one started.
+                _ => {
+                    self.checkpoint = None;
+                    deferred.outcome.settle(SegmentOutcome::REFUSED);
+                }
+            }
+        }
         let made = std::mem::take(&mut self.made.events);
         let redactor = &self.made.redactor;
         self.events.extend(made.iter().map(|event| {
@@ -292,22 +312,58 @@ impl Batch {
     }
 }
 
-/// A run's events as it made them, with what scrubs them of secrets: the part of a
-/// [`Batch`] its store writes as text ([`Batch::render`]).
+/// What a run made that its store writes ([`Batch::render`]): its events as it made
+/// them, with what scrubs them of secrets, and its checkpoint's history segment.
 #[derive(Debug, Clone, Default)]
-pub struct MadeEvents {
+pub struct Made {
     /// The events, in order.
     pub events: Vec<Event>,
     /// What redacts them.
     pub redactor: Redactor,
+    /// The history segment of the batch's checkpoint, to write.
+    pub history: Option<Box<DeferredSegment>>,
 }
 
-impl MadeEvents {
+/// A checkpoint's `context_history` segment to write, and where the run learns how
+/// that went.
+#[derive(Debug, Clone)]
+pub struct DeferredSegment {
+    /// The entries.
+    pub segment: HistorySegment,
+    /// Written or refused, once the store's writer got to it.
+    pub outcome: Arc<SegmentOutcome>,
+}
+
+/// What became of a [`DeferredSegment`]: not written yet, written, or refused.
+#[derive(Debug, Default)]
+pub struct SegmentOutcome(AtomicU8);
+
+impl SegmentOutcome {
+    /// Not written yet.
+    pub const PENDING: u8 = 0;
+    /// Written into its checkpoint.
+    pub const WRITTEN: u8 = 1;
+    /// Refused: its checkpoint was left out of the batch.
+    pub const REFUSED: u8 = 2;
+
+    /// [`PENDING`](Self::PENDING), [`WRITTEN`](Self::WRITTEN) or
+    /// [`REFUSED`](Self::REFUSED).
+    pub fn get(&self) -> u8 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn settle(&self, outcome: u8) {
+        self.0.store(outcome, Ordering::Release);
+    }
+}
+
+impl Made {
     /// Made events, redacted by `redactor` when written.
-    pub fn new(redactor: Redactor) -> MadeEvents {
-        MadeEvents {
+    pub fn new(redactor: Redactor) -> Made {
+        Made {
             events: Vec::new(),
             redactor,
+            history: None,
         }
     }
 

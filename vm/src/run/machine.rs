@@ -47,6 +47,7 @@ mod checkpoint;
 mod child;
 mod door;
 
+pub use checkpoint::{DeferredCheckpoint, HistorySegment};
 pub use door::Expecting;
 
 use std::sync::Arc;
@@ -332,7 +333,7 @@ pub struct Machine {
     interrupt: [Interrupt; 2],
     events: Recorder,
     /// The namespaces checkpoints have written, by identity (`checkpoint.rs`).
-    namespaces: checkpoint::Namespaces,
+    namespaces: Arc<checkpoint::Namespaces>,
     /// What the run asks a person, while it waits ([`State::AwaitingInput`]).
     asking: Option<Asking>,
     /// The agents it may call, the child running now, and its depth (`child.rs`).
@@ -734,6 +735,20 @@ impl Machine {
             return Err(JournalError::NotAtRest("a child run is going on"));
         }
         checkpoint::checkpoint(self, history_start)
+    }
+
+    /// [`checkpoint`](Self::checkpoint) with the `context_history` segment left to
+    /// write ([`DeferredCheckpoint`]): a durable run writes it on its store's thread,
+    /// off its own. The same bytes as `checkpoint`, unless the segment is refused
+    /// ([`HistorySegment::encode`]).
+    pub fn checkpoint_deferred(
+        &self,
+        history_start: u64,
+    ) -> Result<DeferredCheckpoint, JournalError> {
+        if self.has_child() {
+            return Err(JournalError::NotAtRest("a child run is going on"));
+        }
+        checkpoint::deferred(self, history_start)
     }
 
     /// Rebuilds a machine from checkpoints of a run of `program` with `options`:

@@ -125,6 +125,16 @@ impl Namespaces {
     fn values(&self) -> Vec<Value> {
         self.lock().values.clone()
     }
+
+    /// The id of the namespace `identity` if it has one below `below`: the namespaces
+    /// a deferred history segment may name (those its checkpoint's state wrote).
+    fn known(&self, identity: usize, below: u64) -> Option<u64> {
+        self.lock()
+            .ids
+            .get(&identity)
+            .copied()
+            .filter(|id| *id < below)
+    }
 }
 
 pub(super) fn history_len(machine: &Machine) -> u64 {
@@ -135,16 +145,124 @@ pub(super) fn checkpoint(
     machine: &Machine,
     history_start: u64,
 ) -> Result<Checkpoint, JournalError> {
-    let (vars, history) = machine.store.parts();
+    let history = machine.store.parts().1;
     let max_depth = machine.program.limits().max_depth;
-    let len = history.len() as u64;
-    if history_start > len {
+    check_history_start(history_start, history.len())?;
+    // The history first: the namespaces it finds go into the state's table too.
+    let namespaces = &machine.namespaces;
+    let history = encode_history(
+        &history,
+        history_start as usize,
+        max_depth,
+        namespaces,
+        None,
+    )?;
+    let (state, _) = encode_state(machine)?;
+    Ok(Checkpoint {
+        history_start,
+        history,
+        state,
+    })
+}
+
+/// A checkpoint whose state is written and whose `context_history` segment is left to
+/// be written later, on another thread if need be ([`HistorySegment::encode`]): the
+/// entries are immutable snapshots, so the segment written later is the one written now.
+#[derive(Clone)]
+pub struct DeferredCheckpoint {
+    /// Index of the first `context_history` entry of the segment.
+    pub history_start: u64,
+    /// The state, as [`Checkpoint::state`].
+    pub state: Vec<u8>,
+    /// The segment, to write.
+    pub history: HistorySegment,
+}
+
+/// `context_history` entries to write as a checkpoint's segment (see
+/// [`DeferredCheckpoint`]).
+#[derive(Clone)]
+pub struct HistorySegment {
+    history: Vector<Value>,
+    start: usize,
+    max_depth: usize,
+    namespaces: Arc<Namespaces>,
+    /// The namespaces the state's table holds: a namespace past them is one only the
+    /// history holds, whose content the state did not capture when it was written.
+    known_namespaces: u64,
+}
+
+impl std::fmt::Debug for HistorySegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HistorySegment")
+            .field("start", &self.start)
+            .field("entries", &(self.history.len() - self.start))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for DeferredCheckpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredCheckpoint")
+            .field("history_start", &self.history_start)
+            .field("state_bytes", &self.state.len())
+            .field("history", &self.history)
+            .finish()
+    }
+}
+
+impl HistorySegment {
+    /// The segment, as [`Checkpoint::history`]. Refused with
+    /// [`JournalError::NotAtRest`] when an entry holds a namespace the state's table does
+    /// not (one the run has since let go of: its content then was not captured), and
+    /// with [`JournalError::Unencodable`] for a value with no durable form: then no
+    /// checkpoint is taken from this state, and a checkpoint written whole
+    /// ([`Machine::checkpoint`]) is the way on.
+    pub fn encode(&self) -> Result<Vec<u8>, JournalError> {
+        encode_history(
+            &self.history,
+            self.start,
+            self.max_depth,
+            &self.namespaces,
+            Some(self.known_namespaces),
+        )
+    }
+}
+
+pub(super) fn deferred(
+    machine: &Machine,
+    history_start: u64,
+) -> Result<DeferredCheckpoint, JournalError> {
+    let history = machine.store.parts().1;
+    check_history_start(history_start, history.len())?;
+    let (state, known_namespaces) = encode_state(machine)?;
+    Ok(DeferredCheckpoint {
+        history_start,
+        state,
+        history: HistorySegment {
+            history,
+            start: history_start as usize,
+            max_depth: machine.program.limits().max_depth,
+            namespaces: machine.namespaces.clone(),
+            known_namespaces,
+        },
+    })
+}
+
+fn check_history_start(history_start: u64, len: usize) -> Result<(), JournalError> {
+    if history_start > len as u64 {
         return Err(JournalError::Mismatch(format!(
             "history_start {history_start} is past the history's {len} entries"
         )));
     }
-    let namespaces = &machine.namespaces;
-    let history = encode_history(&history, history_start as usize, max_depth, namespaces)?;
+    Ok(())
+}
+
+/// The state of `machine` at rest, and how many namespaces its table holds.
+fn encode_state(machine: &Machine) -> Result<(Vec<u8>, u64), JournalError> {
+    let (vars, history) = machine.store.parts();
+    let max_depth = machine.program.limits().max_depth;
+    let len = history.len() as u64;
+    let namespaces = &*machine.namespaces;
     let mut w = Writer::new(max_depth, Some(namespaces));
     match &machine.state {
         State::Running => w.u8(0),
@@ -246,11 +364,7 @@ pub(super) fn checkpoint(
         }
     }
     head.raw(&w.buf);
-    Ok(Checkpoint {
-        history_start,
-        history,
-        state: head.buf,
-    })
+    Ok((head.buf, table.len() as u64))
 }
 
 pub(super) fn restore(
@@ -383,7 +497,7 @@ pub(super) fn restore(
         interrupt: [Interrupt::new(), options.interrupt],
         asking: None,
         events: Recorder::restored(options.events, recorder),
-        namespaces: Namespaces::new(table),
+        namespaces: Arc::new(Namespaces::new(table)),
         nest,
     })
 }
@@ -413,11 +527,14 @@ fn check_fingerprint(r: &mut Reader, program: &Program) -> Result<(), JournalErr
 }
 
 /// Encodes `history[start..]`, each entry as its changes against the entry before.
+/// `known`: the namespaces the segment may name (a deferred segment's); `None` lets it
+/// add to the table.
 fn encode_history(
     history: &Vector<Value>,
     start: usize,
     max_depth: usize,
     namespaces: &Namespaces,
+    known: Option<u64>,
 ) -> Result<Vec<u8>, JournalError> {
     let mut w = Writer::new(max_depth, None);
     w.raw(HISTORY_MAGIC);
@@ -433,6 +550,8 @@ fn encode_history(
     // value), and an old value's bytes to compare with.
     let mut changes = Writer::new(max_depth, Some(namespaces));
     let mut old_bytes = Writer::new(max_depth, Some(namespaces));
+    changes.known_namespaces = known;
+    old_bytes.known_namespaces = known;
     let mut removed: Vec<&str> = Vec::new();
     for entry in history.iter().skip(start) {
         let current = snapshot_vars(entry)?;
@@ -612,6 +731,9 @@ struct Writer<'n> {
     max_depth: usize,
     /// Where namespaces go; `None` where none may appear (inside a namespace).
     namespaces: Option<&'n Namespaces>,
+    /// `Some(n)`: only the first `n` namespaces of the table may be named (a deferred
+    /// history segment's, [`HistorySegment`]); `None`: a new one joins the table.
+    known_namespaces: Option<u64>,
 }
 
 impl<'n> Writer<'n> {
@@ -620,6 +742,7 @@ impl<'n> Writer<'n> {
             buf: Vec::new(),
             max_depth,
             namespaces,
+            known_namespaces: None,
         }
     }
 
@@ -807,8 +930,16 @@ impl<'n> Writer<'n> {
             let Some(namespaces) = self.namespaces else {
                 return Err(unencodable(name, "namespace inside a namespace"));
             };
+            let id = match self.known_namespaces {
+                None => namespaces.id(identity, value),
+                Some(known) => namespaces
+                    .known(identity, known)
+                    .ok_or(JournalError::NotAtRest(
+                        "a namespace only context_history holds: its checkpoint is written whole",
+                    ))?,
+            };
             self.u8(T_NAMESPACE);
-            self.u64(namespaces.id(identity, value));
+            self.u64(id);
             return Ok(());
         }
         if durable::is_value_map(value) {
