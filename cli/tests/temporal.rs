@@ -484,3 +484,45 @@ fn runs_complete_when_a_worker_is_killed_and_no_answered_call_is_sent_again() {
          {sent_again} sent again after it"
     );
 }
+
+/// The bundle is pinned: a run started on one version of `turns` is never continued with
+/// another. Its worker is killed mid-run; a worker whose `turns` differs fails the
+/// workflow task (the history says why) and sends nothing; a worker with the pinned
+/// version then finishes the run on it.
+#[test]
+fn a_run_goes_on_only_on_the_bundle_it_started_with() {
+    let model = Model::start();
+    model.delay(1_500);
+    let dir = scratch("pinned", &model);
+    let edited = dir.join("edited");
+    std::fs::create_dir_all(edited.join("agents")).expect("edited dir");
+    let source = std::fs::read_to_string(dir.join("agents/turns.apl")).expect("agent");
+    std::fs::write(
+        edited.join("agents/turns.apl"),
+        source.replace("V1 run", "V2 run"),
+    )
+    .expect("edited agent");
+    providers(&edited, "providers.json", &model);
+    let server = DevServer::start(&dir);
+    let mut first = Worker::start(&server, &dir, "pinned");
+    let input = json!({"agent": "turns", "context": {"turns": 2, "tag": "p"}});
+    server.start_run("pinned", "pinned-1", &input);
+    wait_for("the first call", WORKFLOW_WAIT, || {
+        !model.prompts_of("p").is_empty()
+    });
+    first.kill();
+    let mut other = Worker::start(&server, &edited, "pinned");
+    wait_for("a failed workflow task", WORKFLOW_WAIT, || {
+        server.history("pinned-1").contains("lacks bundle")
+    });
+    other.kill();
+    let _same = Worker::start(&server, &dir, "pinned");
+    let result = server.result("pinned-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert_eq!(result["context"]["turn"], 2, "{result:#}");
+    let prompts = model.prompts_of("p");
+    assert!(
+        prompts.iter().all(|p| p.starts_with("V1 run")),
+        "{prompts:?}"
+    );
+}
