@@ -213,6 +213,11 @@ struct Worker {
 
 impl Worker {
     fn start(server: &DevServer, dir: &Path, queue: &str) -> Worker {
+        Worker::start_with(server, dir, queue, &[])
+    }
+
+    /// [`Worker::start`] with `extra` flags.
+    fn start_with(server: &DevServer, dir: &Path, queue: &str, extra: &[&str]) -> Worker {
         let child = Command::new(env!("CARGO_BIN_EXE_aplc"))
             .current_dir(dir)
             .args([
@@ -223,6 +228,7 @@ impl Worker {
                 queue,
             ])
             .args(["--agents", "agents", "--providers", "providers.json"])
+            .args(extra)
             .env("T28_KEY", KEY)
             .env_remove("OPENAI_API_KEY")
             .env("RUST_LOG", "warn")
@@ -524,5 +530,75 @@ fn a_run_goes_on_only_on_the_bundle_it_started_with() {
     assert!(
         prompts.iter().all(|p| p.starts_with("V1 run")),
         "{prompts:?}"
+    );
+}
+
+/// The model asks for `pay` with the invoice of the prompt.
+fn paying_model(body: &str) -> Json {
+    let invoice = serving::last_user_message(body);
+    json!({"role": "assistant", "content": null, "tool_calls": [{
+        "id": "call-1", "type": "function",
+        "function": {"name": "pay", "arguments": json!({"invoice": invoice}).to_string()},
+    }]})
+}
+
+/// A tool that is not idempotent runs at most once: its worker is killed while it runs,
+/// and the call resolves as interrupted, as a durable resume resolves it; the tool is not
+/// run again.
+#[test]
+fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
+    let model = Model::answering(paying_model);
+    let dir = scratch("at_most_once", &model);
+    std::fs::write(
+        dir.join("agents/pay.apl"),
+        "# pre: pay\n{{ set_context('allowed_tools', ['pay']) }}\n\n# prompt: pay\n## user\nInvoice {{ tag }}.\n",
+    )
+    .expect("agent");
+    // It logs its arguments, then takes long enough for the kill to land while it runs.
+    let pay = "cat >> ledger.log && echo >> ledger.log && sleep 5 && echo '{\"paid\": true}'";
+    let manifest = json!({"pay": {
+        "command": ["sh", "-c", pay],
+        "timeout_ms": 60_000,
+        "descriptor": {
+            "description": "Pay an invoice",
+            "parameters": {
+                "type": "object",
+                "properties": {"invoice": {"type": "string"}},
+                "required": ["invoice"],
+            },
+        },
+    }});
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
+    let ledger = || std::fs::read_to_string(dir.join("ledger.log")).unwrap_or_default();
+    let server = DevServer::start(&dir);
+    let tools = ["--tools", "tools.json"];
+    let mut doomed = Worker::start_with(&server, &dir, "once", &tools);
+    server.start_run(
+        "once",
+        "once-1",
+        &json!({"agent": "pay", "context": {"tag": "i-7"}}),
+    );
+    wait_for("the tool's start", WORKFLOW_WAIT, || {
+        ledger().contains("i-7")
+    });
+    doomed.kill();
+    let _survivor = Worker::start_with(&server, &dir, "once", &tools);
+    let result = server.result("once-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let answered = &result["context"]["result_tool_calls"][0];
+    assert_eq!(answered["with_error"], true, "{result:#}");
+    assert!(
+        answered["content"].as_str().is_some_and(
+            |c| c.contains("interrupted; not retried because the tool is not idempotent")
+        ),
+        "{result:#}"
+    );
+    // The orphaned tool of the killed worker may still be sleeping: it logged already.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        ledger().lines().filter(|l| !l.is_empty()).count(),
+        1,
+        "{}",
+        ledger()
     );
 }
