@@ -602,3 +602,86 @@ fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
         ledger()
     );
 }
+
+/// People in the loop: a run that asks a person waits (`apl.status` says `waiting`,
+/// `apl.pending` lists the request); an `apl.input` update that does not fit the request
+/// is rejected, one that fits is taken, and the run goes on with it.
+#[test]
+fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
+    let model = Model::start();
+    let dir = scratch("human", &model);
+    std::fs::write(
+        dir.join("agents/ask.apl"),
+        "{# inputs: tag #}\n# prompt: ask\n## user\nAsk for run {{ tag }}.\n\n# post: ask\n\
+         {{ set_context('await_input', {'prompt': 'Go on with ' ~ tag ~ '?', 'schema': {'type': 'boolean'}}) }}\n\
+         {{ set_context('next_step', 'confirm') }}\n\n# prompt: confirm\n## user\n\
+         Confirmed: {{ human_input }} for run {{ tag }}.\n",
+    )
+    .expect("agent");
+    let server = DevServer::start(&dir);
+    let _worker = Worker::start(&server, &dir, "human");
+    server.start_run(
+        "human",
+        "human-1",
+        &json!({"agent": "ask", "context": {"tag": "h"}}),
+    );
+    let query = |name: &str| -> Json {
+        let text = server.ok(&[
+            "workflow", "query", "-w", "human-1", "--name", name, "-o", "json",
+        ]);
+        let out: Json = serde_json::from_str(&text).expect("query JSON");
+        out["queryResult"][0].clone()
+    };
+    wait_for("the request", WORKFLOW_WAIT, || {
+        query("apl.pending")
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    });
+    let pending = query("apl.pending");
+    assert_eq!(pending[0]["kind"], "input", "{pending:#}");
+    assert_eq!(pending[0]["prompt"], "Go on with h?", "{pending:#}");
+    assert_eq!(query("apl.status")["status"], "waiting");
+    let id = pending[0]["id"].as_str().expect("an id").to_string();
+    let update = |body: &Json| {
+        server.cli(&[
+            "workflow",
+            "update",
+            "execute",
+            "-w",
+            "human-1",
+            "--name",
+            "apl.input",
+            "--input",
+            &body.to_string(),
+        ])
+    };
+    let refused = update(&json!({"id": id, "value": "not a boolean"}));
+    assert!(
+        !refused.status.success(),
+        "an answer off the schema was taken"
+    );
+    let refused = update(&json!({"id": "9-9", "value": true}));
+    assert!(
+        !refused.status.success(),
+        "an answer to no request was taken"
+    );
+    let taken = update(&json!({"id": id, "value": true}));
+    assert!(
+        taken.status.success(),
+        "{}",
+        String::from_utf8_lossy(&taken.stderr)
+    );
+    let result = server.result("human-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert_eq!(result["context"]["human_input"], true, "{result:#}");
+    assert!(
+        model
+            .prompts()
+            .contains(&"Confirmed: True for run h.".to_string()),
+        "{:?}",
+        model.prompts()
+    );
+    let status = query("apl.status");
+    assert_eq!(status["status"], "completed", "{status:#}");
+    assert_eq!(status["provider_calls"], 2, "{status:#}");
+}

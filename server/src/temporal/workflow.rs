@@ -17,13 +17,18 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aplc_runtime::INTERRUPTED_TOOL;
+use aplc_runtime::human::reply_from_json;
+use aplc_vm::human::{HumanAnswer, InputRequest, Reply};
 use aplc_vm::journal::Input;
-use aplc_vm::{Action, Machine, ProviderError, ProviderErrorKind, RunOptions, RunOutcome};
+use aplc_vm::{
+    Action, Expecting, Machine, ProviderError, ProviderErrorKind, RunOptions, RunOutcome,
+};
 use serde_json::{Value as Json, json};
 use temporalio_common::RetryPolicy;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::{
-    ActivityOptions, LocalActivityOptions, WorkflowContext, WorkflowContextView, WorkflowResult,
+    ActivityOptions, LocalActivityOptions, SyncWorkflowContext, WorkflowContext,
+    WorkflowContextView, WorkflowResult, WorkflowTermination,
 };
 
 use super::activities::{AplActivities, HEARTBEAT_EVERY};
@@ -52,6 +57,10 @@ const MAX_RESULT_WITH_HISTORY: usize = 256 * 1024;
 pub struct AplRun {
     /// What `apl.status` answers.
     status: Status,
+    /// The requests for a person the run waits on, not yet answered (`apl.pending`).
+    pending: Vec<InputRequest>,
+    /// Answers `apl.input` took, not yet handed to the machine.
+    answers: Vec<HumanAnswer>,
 }
 
 /// What `apl.status` answers: how far the run is.
@@ -109,7 +118,7 @@ impl AplRun {
             s.status.bundle_hash = Some(hash.clone());
         });
         let machine = Machine::new(agent.program.clone(), run_options(&host, &agent, &input));
-        let outcome = drive(ctx, &host, machine).await;
+        let outcome = drive(ctx, &host, machine).await?;
         let result = result_of(&outcome);
         ctx.state_mut(|s| {
             s.status.status = result["status"].as_str().map_or("failed", |status| {
@@ -130,32 +139,130 @@ impl AplRun {
     pub fn status(&self, _ctx: &WorkflowContextView) -> Json {
         serde_json::to_value(&self.status).unwrap_or(Json::Null)
     }
+
+    /// The requests for a person the run waits on (spec/human.md §2), without an answer.
+    #[query(name = "apl.pending")]
+    pub fn pending(&self, _ctx: &WorkflowContextView) -> Json {
+        Json::Array(
+            self.unanswered()
+                .map(|r| serde_json::to_value(r).unwrap_or(Json::Null))
+                .collect(),
+        )
+    }
+
+    /// Refuses an answer that names no pending request or does not fit it (its kind, its
+    /// schema): the update is rejected, and nothing enters history.
+    #[update_validator(input)]
+    fn check_input(
+        &self,
+        _ctx: &WorkflowContextView,
+        body: &Json,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let (id, reply) = read_answer(body)?;
+        let request = self
+            .unanswered()
+            .find(|r| r.id == id)
+            .ok_or_else(|| format!("the run waits for no request `{id}` (or it is answered)"))?;
+        request.check(&reply)?;
+        Ok(())
+    }
+
+    /// A person's answer to a pending request, the body of `POST /v1/runs/{id}/input`:
+    /// `{"id", "value"}` or `{"id", "approve", "reason"?}`. Answers
+    /// `{"accepted": true, "pending": [ids still without an answer]}`.
+    #[update(name = "apl.input")]
+    pub fn input(&mut self, ctx: &mut SyncWorkflowContext<Self>, body: Json) -> Json {
+        let Ok((id, reply)) = read_answer(&body) else {
+            return json!({"accepted": false});
+        };
+        let answered_at_ms = ctx
+            .workflow_time()
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.answers.push(HumanAnswer {
+            id,
+            reply,
+            by: "temporal".into(),
+            answered_at_ms,
+        });
+        let pending: Vec<&str> = self.unanswered().map(|r| r.id.as_str()).collect();
+        json!({"accepted": true, "pending": pending})
+    }
+}
+
+impl AplRun {
+    /// The pending requests without an answer, here or queued for the machine.
+    fn unanswered(&self) -> impl Iterator<Item = &InputRequest> {
+        self.pending
+            .iter()
+            .filter(|r| !self.answers.iter().any(|a| a.id == r.id))
+    }
+}
+
+/// The request id and the reply of an answer's body (the rules of
+/// `POST /v1/runs/{id}/input`).
+fn read_answer(body: &Json) -> Result<(String, Reply), String> {
+    let Json::Object(map) = body else {
+        return Err(
+            "an answer is a JSON object: {\"id\", \"value\"} or {\"id\", \"approve\"}".into(),
+        );
+    };
+    let id = match map.get("id") {
+        Some(Json::String(id)) if !id.is_empty() => id.clone(),
+        _ => return Err("an answer needs `id`: the request's id".into()),
+    };
+    let mut reply = map.clone();
+    reply.remove("id");
+    let reply = reply_from_json(&Json::Object(reply))?;
+    Ok((id, reply))
+}
+
+/// The run's clock: workflow time since the run started, less the time it waited for
+/// people (its clock stands still meanwhile, spec/human.md §3).
+struct Clock {
+    start: SystemTime,
+    waited: Duration,
+}
+
+impl Clock {
+    fn at(&self, ctx: &WorkflowContext<AplRun>) -> Duration {
+        now(ctx)
+            .duration_since(self.start)
+            .unwrap_or_default()
+            .saturating_sub(self.waited)
+    }
 }
 
 /// Drives `machine` to its end, every call an activity; its outcome.
-async fn drive(ctx: &mut WorkflowContext<AplRun>, host: &Host, mut machine: Machine) -> RunOutcome {
-    let start = now(ctx);
-    let at = |ctx: &WorkflowContext<AplRun>| now(ctx).duration_since(start).unwrap_or_default();
+async fn drive(
+    ctx: &mut WorkflowContext<AplRun>,
+    host: &Host,
+    mut machine: Machine,
+) -> Result<RunOutcome, WorkflowTermination> {
+    let mut clock = Clock {
+        start: now(ctx),
+        waited: Duration::ZERO,
+    };
     loop {
-        let action = machine.apply(Input::Poll { at: at(ctx) });
+        let action = machine.apply(Input::Poll { at: clock.at(ctx) });
         match action {
             Action::Continue => continue,
             Action::Done => break,
             Action::AwaitInput => {
-                machine.abandon_input(
-                    "a run on Temporal cannot wait for a person yet (spec/temporal.md)".into(),
-                );
+                let paused = clock.at(ctx);
+                wait_for_people(ctx, &mut machine, paused).await?;
+                clock.waited += clock.at(ctx).saturating_sub(paused);
             }
             Action::CallProvider(request) => {
-                let remaining = machine.deadline().saturating_sub(at(ctx));
+                let remaining = machine.deadline().saturating_sub(clock.at(ctx));
                 let call = ProviderCall::of(&request, remaining);
                 let input = match provider_call(ctx, call).await {
                     Some(result) => Input::Provider {
-                        at: at(ctx),
+                        at: clock.at(ctx),
                         result,
                     },
                     None => Input::Timeout {
-                        at: at(ctx).max(machine.deadline()),
+                        at: clock.at(ctx).max(machine.deadline()),
                     },
                 };
                 // An answer: the machine goes on at the next poll.
@@ -163,7 +270,7 @@ async fn drive(ctx: &mut WorkflowContext<AplRun>, host: &Host, mut machine: Mach
                 ctx.state_mut(|s| s.status.provider_calls += 1);
             }
             Action::CallTool(invocation) => {
-                let remaining = machine.deadline().saturating_sub(at(ctx));
+                let remaining = machine.deadline().saturating_sub(clock.at(ctx));
                 let idempotent = host
                     .equipment
                     .toolbox
@@ -173,11 +280,11 @@ async fn drive(ctx: &mut WorkflowContext<AplRun>, host: &Host, mut machine: Mach
                 let call = ToolCallInput::of(&invocation, remaining);
                 let input = match tool_call(ctx, call, idempotent).await {
                     Some(result) => Input::Tool {
-                        at: at(ctx),
+                        at: clock.at(ctx),
                         result,
                     },
                     None => Input::Timeout {
-                        at: at(ctx).max(machine.deadline()),
+                        at: clock.at(ctx).max(machine.deadline()),
                     },
                 };
                 let _ = machine.apply(input);
@@ -193,7 +300,39 @@ async fn drive(ctx: &mut WorkflowContext<AplRun>, host: &Host, mut machine: Mach
             s.status.errors = errors;
         });
     }
-    machine.into_outcome()
+    Ok(machine.into_outcome())
+}
+
+/// Waits until a person answered every request the machine waits on (`apl.input`),
+/// handing each answer to the machine at `paused`, the time the run began to wait.
+async fn wait_for_people(
+    ctx: &mut WorkflowContext<AplRun>,
+    machine: &mut Machine,
+    paused: Duration,
+) -> Result<(), WorkflowTermination> {
+    let requests: Vec<InputRequest> = machine.pending_requests().into_iter().cloned().collect();
+    ctx.state_mut(|s| {
+        s.status.status = "waiting";
+        s.pending = requests;
+    });
+    while machine.expecting() == Expecting::Answer {
+        ctx.wait_condition(|s| !s.answers.is_empty()).await?;
+        let answers = ctx.state_mut(|s| std::mem::take(&mut s.answers));
+        for answer in answers {
+            let id = answer.id.clone();
+            // Checked by the update's validator; a second answer to one request (two
+            // updates in one task) is dropped, as the store keeps the first.
+            if machine.check_answer(&answer).is_ok() {
+                let _ = machine.apply(Input::Answer { at: paused, answer });
+            }
+            ctx.state_mut(|s| s.pending.retain(|r| r.id != id));
+        }
+    }
+    ctx.state_mut(|s| {
+        s.status.status = "running";
+        s.pending.clear();
+    });
+    Ok(())
 }
 
 /// Performs a provider call: its answer, or `None` when the run's deadline passed. A call
