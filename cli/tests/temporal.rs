@@ -685,3 +685,91 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
     assert_eq!(status["status"], "completed", "{status:#}");
     assert_eq!(status["provider_calls"], 2, "{status:#}");
 }
+
+/// The throughput benchmark of benches/README.md, "Temporal" (not a timed test: it
+/// prints, asserts nothing about speed; `--ignored` runs it): runs per second of `BENCH_RUNS`
+/// concurrent runs of `BENCH_TURNS` steps, and the time per step of one run alone, on
+/// Temporal (one worker, a dev server on SQLite) and on `aplc serve` (SQLite store),
+/// against the same instant fake model.
+#[tokio::test]
+#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture"]
+async fn bench_temporal_against_serve() {
+    const BENCH_RUNS: usize = 50;
+    const BENCH_TURNS: u64 = 10;
+    const ALONE_TURNS: u64 = 40;
+    let model = Model::start();
+    let dir = scratch("bench", &model);
+    let server = DevServer::start(&dir);
+    let _worker = Worker::start(&server, &dir, "bench");
+    let completed = |server: &DevServer| -> usize {
+        // Each count is a CLI process: a few a second, not one per 10 ms, which would
+        // take the CPU from what is measured.
+        std::thread::sleep(Duration::from_millis(250));
+        let text = server.ok(&[
+            "workflow",
+            "count",
+            "--query",
+            "ExecutionStatus='Completed'",
+        ]);
+        text.split_whitespace()
+            .last()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let input = |tag: String, turns: u64| json!({"agent": "turns", "context": {"turns": turns, "tag": tag}});
+    let started = std::time::Instant::now();
+    server.start_run("bench", "alone", &input("alone".into(), ALONE_TURNS));
+    server.result("alone");
+    let temporal_alone = started.elapsed();
+    let started = std::time::Instant::now();
+    let starts: Vec<Child> = (0..BENCH_RUNS)
+        .map(|run| {
+            server.start_command(
+                "bench",
+                &format!("bench-{run}"),
+                &input(format!("b{run}"), BENCH_TURNS),
+            )
+        })
+        .collect();
+    for mut start in starts {
+        assert!(start.wait().expect("start").success());
+    }
+    wait_for("every run", WORKFLOW_WAIT, || {
+        completed(&server) > BENCH_RUNS
+    });
+    let temporal_many = started.elapsed();
+    drop(_worker);
+    drop(server);
+
+    let serve = serving::Server::start_with(&dir, "sqlite:bench.db", &[], &[("T28_KEY", KEY)]);
+    let client = serving::Client::new(&serve);
+    let started = std::time::Instant::now();
+    let (_, run) = client.submit("serve-alone", ALONE_TURNS, false).await;
+    client
+        .until_final(run["run_id"].as_str().expect("run id"))
+        .await;
+    let serve_alone = started.elapsed();
+    let started = std::time::Instant::now();
+    let mut ids = Vec::new();
+    for run in 0..BENCH_RUNS {
+        let (_, body) = client.submit(&format!("s{run}"), BENCH_TURNS, false).await;
+        ids.push(body["run_id"].as_str().expect("run id").to_string());
+    }
+    for id in &ids {
+        client.until_final(id).await;
+    }
+    let serve_many = started.elapsed();
+
+    let per_step = |d: Duration, steps: u64| d.as_secs_f64() * 1000.0 / steps as f64;
+    let rate = |d: Duration| BENCH_RUNS as f64 / d.as_secs_f64();
+    eprintln!(
+        "one run of {ALONE_TURNS} steps: temporal {:.1} ms/step, serve {:.1} ms/step (ratio {:.1}x)\n\
+         {BENCH_RUNS} runs of {BENCH_TURNS} steps at once: temporal {:.2} runs/s, serve {:.2} runs/s (ratio {:.1}x)",
+        per_step(temporal_alone, ALONE_TURNS),
+        per_step(serve_alone, ALONE_TURNS),
+        per_step(temporal_alone, ALONE_TURNS) / per_step(serve_alone, ALONE_TURNS),
+        rate(temporal_many),
+        rate(serve_many),
+        rate(serve_many) / rate(temporal_many),
+    );
+}

@@ -105,7 +105,6 @@ pub async fn run_worker(config: WorkerConfig, ready: impl FnOnce()) -> Result<()
         .register_activities(AplActivities::new(host))
         .register_workflow::<AplRun>()
         .map_err(|e| ServeError::Config(format!("temporal workflow: {e}")))?
-        .max_cached_workflows(config.max_concurrent_runs.max(1))
         .tuner(tuner(config.max_concurrent_runs))
         .graceful_shutdown_period(config.drain_timeout)
         .build();
