@@ -255,6 +255,26 @@ impl Worker {
         );
     }
 
+    /// SIGTERMs the worker; its exit code once it stopped.
+    fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) on a child this test started.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + WORKFLOW_WAIT;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the worker did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGKILLs the worker at once.
     fn kill(&mut self) {
         if let Some(child) = self.child.take() {
@@ -359,7 +379,7 @@ fn a_failed_run_is_a_completed_workflow_with_status_failed() {
     let model = Model::start();
     let dir = scratch("failed", &model);
     let server = DevServer::start(&dir);
-    let _worker = Worker::start(&server, &dir, "failed");
+    let mut worker = Worker::start(&server, &dir, "failed");
     let input =
         json!({"agent": "turns", "context": {"turns": 5, "tag": "b"}, "options": {"max_steps": 2}});
     server.start_run("failed", "failed-1", &input);
@@ -381,6 +401,8 @@ fn a_failed_run_is_a_completed_workflow_with_status_failed() {
             .is_some_and(|e| e.contains("no agent `nobody`")),
         "{result:#}"
     );
+    // Idle, it stops on SIGTERM with exit 0.
+    assert_eq!(worker.terminate(), Some(0));
 }
 
 /// Replaces every payload's base64 `data` in `json` by its text.
