@@ -32,6 +32,7 @@ mod signals;
 mod telemetry;
 mod timeline;
 mod trace;
+mod worker;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -101,6 +102,9 @@ enum Command {
     /// Stops at the end of input (stdio), on SIGTERM or Ctrl-C.
     #[cfg(feature = "mcp")]
     Mcp(mcp::McpArgs),
+    /// Run the agents of a directory as Temporal workflows (`apl.Run`): poll a task
+    /// queue with `--temporal HOST:PORT` (spec/temporal.md). Stops on SIGTERM or Ctrl-C.
+    Worker(worker::WorkerArgs),
     /// Run agent tests: every `*.test.toml` below the current directory, or the given files
     /// and directories (see spec/testing.md).
     Test(agent_test::TestArgs),
@@ -166,6 +170,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::serve(args),
         #[cfg(feature = "mcp")]
         Command::Mcp(args) => mcp::mcp(args),
+        Command::Worker(args) => worker::worker(args),
         Command::Test(args) => agent_test::test(&args),
         Command::Init(args) => init::init(&args),
         Command::Completions { shell } => {

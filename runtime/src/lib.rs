@@ -67,5 +67,8 @@ pub mod tool;
 mod transport;
 pub mod watchdog;
 
+/// The result a non-idempotent tool call in flight at a crash resolves to (a durable
+/// resume's, and a Temporal worker's lost activity's).
+pub use recorder::INTERRUPTED_TOOL;
 pub use redact::{DeltaRedactor, Redactor, StreamRedactor};
 pub use secrets::Secrets;

@@ -40,6 +40,7 @@ mod logging;
 mod mcp;
 mod metrics;
 mod state;
+pub mod temporal;
 mod work;
 mod worker;
 

@@ -100,7 +100,7 @@ pub enum Part {
 }
 
 /// A tool the model may call: a §5 descriptor.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct ToolDefinition {
     /// The tool's name.
@@ -133,7 +133,7 @@ impl ToolDefinition {
 /// none, undefined, or an empty string, list or map (`stop_sequences = []`,
 /// `logit_bias = {}` are "unset"). Values are passed as the agent set them: the API
 /// judges them, as it would for any client.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Sampling {
     /// `temperature`.
@@ -159,7 +159,7 @@ pub struct Sampling {
 }
 
 /// What the response's text must be.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum OutputFormat {
     /// Free text (`output_mode` unset or `text`).
     #[default]

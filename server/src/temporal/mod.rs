@@ -1,0 +1,169 @@
+//! `aplc worker --temporal`: the agents of a directory as Temporal workflows
+//! (spec/temporal.md).
+//!
+//! One workflow type, `apl.Run` ([`workflow`]), drives one [`aplc_vm::Machine`] with the
+//! workflow's own time: the machine is sans-IO and deterministic, so Temporal's history
+//! (the activities' results, in order) is the run's journal, and a replay on any worker
+//! rebuilds the run exactly. Every effect is an activity ([`activities`]): a provider
+//! request is `apl.provider_call`, a tool call `apl.tool_call` (MCP tools included: they
+//! are tools of the toolbox, so the same activity runs them). Children run inside the
+//! parent's machine (spec/agents.md), so they need no child workflows.
+//!
+//! The worker's agents, provider and tools are this process's, loaded once at start and
+//! shared with the workflow code through [`host`]: workflow code is built by the SDK
+//! without arguments, and it only reads the host (a bundle by its hash), never writes it.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions, Url};
+use temporalio_sdk::runtime::worker_tuner::{FixedSizeSlotSupplier, TunerHolder, WorkerTuner};
+use temporalio_sdk::{Runtime, Worker, WorkerOptions};
+
+use crate::ServeError;
+use crate::agents::Agents;
+use crate::equip::Equipment;
+
+mod activities;
+mod payload;
+mod workflow;
+
+use activities::AplActivities;
+use workflow::AplRun;
+
+/// How `aplc worker --temporal` is set up: its flags.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WorkerConfig {
+    /// The Temporal frontend, `HOST:PORT` (or a URL).
+    pub address: String,
+    /// The namespace (default `default`).
+    pub namespace: String,
+    /// The task queue to poll.
+    pub task_queue: String,
+    /// The directory of agents (`.apl` and `.aplb` files), as `aplc serve --agents`.
+    pub agents: PathBuf,
+    /// The providers file (spec/providers.md).
+    pub providers: Option<PathBuf>,
+    /// The tools manifest (spec/tools.md).
+    pub tools: Option<PathBuf>,
+    /// Workflow tasks and activities this worker runs at once (each).
+    pub max_concurrent_runs: usize,
+    /// How long in-flight activities may finish after SIGTERM.
+    pub drain_timeout: Duration,
+}
+
+impl WorkerConfig {
+    /// A worker of `agents` on `task_queue` at `address`, namespace `default`.
+    pub fn new(address: String, task_queue: String, agents: PathBuf) -> WorkerConfig {
+        WorkerConfig {
+            address,
+            namespace: "default".into(),
+            task_queue,
+            agents,
+            providers: None,
+            tools: None,
+            max_concurrent_runs: crate::DEFAULT_MAX_CONCURRENT_RUNS,
+            drain_timeout: crate::DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+}
+
+/// What the worker's workflows and activities use: its agents and equipment.
+pub(crate) struct Host {
+    pub(crate) agents: Arc<Agents>,
+    pub(crate) equipment: Equipment,
+}
+
+static HOST: OnceLock<Arc<Host>> = OnceLock::new();
+
+/// The worker's host; `None` before [`run_worker`] set it (never, in workflow code).
+pub(crate) fn host() -> Option<Arc<Host>> {
+    HOST.get().cloned()
+}
+
+/// Runs the worker until SIGTERM or Ctrl-C, then shuts down: stops polling, lets
+/// in-flight activities finish for up to `drain_timeout` (Temporal gives the rest, and
+/// the workflows, to other workers) and returns. `ready` is called once it polls.
+pub async fn run_worker(config: WorkerConfig, ready: impl FnOnce()) -> Result<(), ServeError> {
+    let mut equipment = Equipment::load(
+        config.providers.as_deref(),
+        config.tools.as_deref(),
+        aplc_runtime::Secrets::from_env(),
+    )?;
+    let _mcp = equipment.start_mcp().await?;
+    let agents = Agents::load(config.agents.clone())?;
+    let host = Arc::new(Host { agents, equipment });
+    if HOST.set(host.clone()).is_err() {
+        return Err(ServeError::Config("one Temporal worker per process".into()));
+    }
+    let client = connect(&config).await?;
+    let runtime = Runtime::from_current_tokio(Default::default())
+        .map_err(|e| ServeError::Io(format!("temporal runtime: {e}")))?;
+    let options = WorkerOptions::new(config.task_queue.clone())
+        .register_activities(AplActivities::new(host))
+        .register_workflow::<AplRun>()
+        .map_err(|e| ServeError::Config(format!("temporal workflow: {e}")))?
+        .tuner(tuner(config.max_concurrent_runs))
+        .graceful_shutdown_period(config.drain_timeout)
+        .build();
+    let mut worker = Worker::new(&runtime, client, options)
+        .map_err(|e| ServeError::Io(format!("temporal worker: {e}")))?;
+    let shutdown = worker.shutdown_handle();
+    tracing::info!(
+        address = %config.address,
+        namespace = %config.namespace,
+        task_queue = %config.task_queue,
+        "temporal worker polling"
+    );
+    ready();
+    let signals = tokio::spawn(async move {
+        crate::shutdown_signal().await;
+        tracing::info!("shutting down: no new tasks are polled");
+        shutdown();
+    });
+    let ran = worker.run().await;
+    signals.abort();
+    ran.map_err(|e| ServeError::Io(format!("temporal worker: {e}")))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// At most `n` workflow tasks and `n` activities at once.
+fn tuner(n: usize) -> WorkerTuner {
+    let n = n.max(1);
+    TunerHolder::builder()
+        .workflow_task_slot_supplier(FixedSizeSlotSupplier::new(n))
+        .activity_task_slot_supplier(FixedSizeSlotSupplier::new(n))
+        .local_activity_task_slot_supplier(FixedSizeSlotSupplier::new(n))
+        .nexus_task_slot_supplier(FixedSizeSlotSupplier::new(1))
+        .build()
+        .into()
+}
+
+/// The client of `config`'s frontend and namespace.
+async fn connect(config: &WorkerConfig) -> Result<Client, ServeError> {
+    let target = if config.address.contains("://") {
+        config.address.clone()
+    } else {
+        format!("http://{}", config.address)
+    };
+    let url: Url = target
+        .parse()
+        .map_err(|e| ServeError::Config(format!("--temporal {}: {e}", config.address)))?;
+    let connection = Connection::connect(ConnectionOptions::new(url).identity(identity()).build())
+        .await
+        .map_err(|e| ServeError::Io(format!("cannot reach Temporal at {}: {e}", config.address)))?;
+    Client::new(
+        connection,
+        ClientOptions::new(config.namespace.clone()).build(),
+    )
+    .map_err(|e| ServeError::Io(format!("temporal client: {e}")))
+}
+
+/// This worker's identity in Temporal's history: `aplc@HOST:PID`.
+fn identity() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+    format!("aplc@{host}:{}", std::process::id())
+}

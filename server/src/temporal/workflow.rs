@@ -1,0 +1,472 @@
+//! `apl.Run`: one run of an agent as a Temporal workflow.
+//!
+//! The workflow drives the run's [`Machine`] itself, through its one door
+//! ([`Machine::apply`], the journal's alphabet): it polls it with the workflow's time
+//! (Temporal's, the same on every replay) and performs each action it asks for as an
+//! activity, handing the activity's result back as the machine's input. A replay
+//! re-runs this code against the recorded results, and the deterministic machine takes
+//! the same inputs in the same order: the run's state is rebuilt, and nothing is asked
+//! again.
+//!
+//! The bundle is pinned: the first thing a run does is `apl.resolve` (a local activity,
+//! recorded in history), which names the agent's bundle by content hash; every replay
+//! and every other worker runs that bundle, or fails its workflow task (Temporal retries
+//! it, on a worker that has the bundle), never another version.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aplc_runtime::INTERRUPTED_TOOL;
+use aplc_runtime::human::reply_from_json;
+use aplc_vm::human::{HumanAnswer, InputRequest, Reply};
+use aplc_vm::journal::Input;
+use aplc_vm::{
+    Action, Expecting, Machine, ProviderError, ProviderErrorKind, RunOptions, RunOutcome,
+};
+use serde_json::{Value as Json, json};
+use temporalio_common::RetryPolicy;
+use temporalio_macros::{workflow, workflow_methods};
+use temporalio_sdk::{
+    ActivityOptions, LocalActivityOptions, SyncWorkflowContext, WorkflowContext,
+    WorkflowContextView, WorkflowResult, WorkflowTermination,
+};
+
+use super::activities::{AplActivities, HEARTBEAT_EVERY};
+use super::payload::{ProviderCall, RunInput, ToolCallInput};
+use super::{Host, host};
+use crate::agents::Agent;
+
+/// How long without a heartbeat before an activity counts as lost with its worker, and
+/// the workflow sends its call again.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many times a provider call lost with its worker is sent again before the run
+/// takes it as a transport error.
+const MAX_SENDS: u32 = 10;
+
+/// How many times Temporal runs an idempotent tool's call before its failure stands.
+const IDEMPOTENT_TOOL_ATTEMPTS: u32 = 3;
+
+/// The largest final context with `context_history` in the result, in bytes: Temporal
+/// warns at 512 KiB per payload, and fails over 2 MiB.
+const MAX_RESULT_WITH_HISTORY: usize = 256 * 1024;
+
+/// One run, and what its queries see of it.
+#[workflow]
+#[derive(Default)]
+pub struct AplRun {
+    /// What `apl.status` answers.
+    status: Status,
+    /// The requests for a person the run waits on, not yet answered (`apl.pending`).
+    pending: Vec<InputRequest>,
+    /// Answers `apl.input` took, not yet handed to the machine.
+    answers: Vec<HumanAnswer>,
+}
+
+/// What `apl.status` answers: how far the run is.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct Status {
+    status: &'static str,
+    agent: String,
+    bundle_hash: Option<String>,
+    steps: u64,
+    provider_calls: u64,
+    tool_calls: u64,
+    errors: Json,
+}
+
+#[workflow_methods]
+impl AplRun {
+    /// Runs the agent of `input` to its end; the result is `{status, context, error?}`.
+    #[run(name = "apl.Run")]
+    pub async fn run(ctx: &mut WorkflowContext<Self>, input: Json) -> WorkflowResult<Json> {
+        let input: RunInput = match serde_json::from_value(input) {
+            Ok(input) => input,
+            Err(e) => {
+                return Ok(refused(format!(
+                    "the input must be {{\"agent\", \"context\", \"options\"}}: {e}"
+                )));
+            }
+        };
+        ctx.state_mut(|s| {
+            s.status.status = "starting";
+            s.status.agent.clone_from(&input.agent);
+        });
+        let resolved = ctx
+            .execute_local_activity(AplActivities::resolve, input.clone(), resolve_options())
+            .await?;
+        let Some(hash) = resolved.bundle_hash else {
+            let error = resolved
+                .error
+                .unwrap_or_else(|| "the agent cannot run".into());
+            return Ok(refused(error));
+        };
+        let (host, agent) = match pinned(&input.agent, &hash) {
+            Ok(found) => found,
+            Err(message) => {
+                // aplc's fault, not the run's: this worker cannot run the pinned bundle.
+                // The workflow task fails, and Temporal retries it until a worker that has
+                // the bundle takes it.
+                tracing::warn!(agent = %input.agent, bundle_hash = %hash, "{message}");
+                ctx.force_task_fail(std::io::Error::other(message));
+                std::future::pending::<()>().await;
+                unreachable!("a failed workflow task is not polled again");
+            }
+        };
+        ctx.state_mut(|s| {
+            s.status.status = "running";
+            s.status.bundle_hash = Some(hash.clone());
+        });
+        let machine = Machine::new(agent.program.clone(), run_options(&host, &agent, &input));
+        let outcome = drive(ctx, &host, machine).await?;
+        let result = result_of(&outcome);
+        ctx.state_mut(|s| {
+            s.status.status = result["status"].as_str().map_or("failed", |status| {
+                if status == "completed" {
+                    "completed"
+                } else {
+                    "failed"
+                }
+            });
+            s.status.steps = outcome.steps;
+        });
+        Ok(result)
+    }
+
+    /// How far the run is: `{status, agent, bundle_hash, steps, provider_calls,
+    /// tool_calls, errors}`.
+    #[query(name = "apl.status")]
+    pub fn status(&self, _ctx: &WorkflowContextView) -> Json {
+        serde_json::to_value(&self.status).unwrap_or(Json::Null)
+    }
+
+    /// The requests for a person the run waits on (spec/human.md §2), without an answer.
+    #[query(name = "apl.pending")]
+    pub fn pending(&self, _ctx: &WorkflowContextView) -> Json {
+        Json::Array(
+            self.unanswered()
+                .map(|r| serde_json::to_value(r).unwrap_or(Json::Null))
+                .collect(),
+        )
+    }
+
+    /// Refuses an answer that names no pending request or does not fit it (its kind, its
+    /// schema): the update is rejected, and nothing enters history.
+    #[update_validator(input)]
+    fn check_input(
+        &self,
+        _ctx: &WorkflowContextView,
+        body: &Json,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let (id, reply) = read_answer(body)?;
+        let request = self
+            .unanswered()
+            .find(|r| r.id == id)
+            .ok_or_else(|| format!("the run waits for no request `{id}` (or it is answered)"))?;
+        request.check(&reply)?;
+        Ok(())
+    }
+
+    /// A person's answer to a pending request, the body of `POST /v1/runs/{id}/input`:
+    /// `{"id", "value"}` or `{"id", "approve", "reason"?}`. Answers
+    /// `{"accepted": true, "pending": [ids still without an answer]}`.
+    #[update(name = "apl.input")]
+    pub fn input(&mut self, ctx: &mut SyncWorkflowContext<Self>, body: Json) -> Json {
+        let Ok((id, reply)) = read_answer(&body) else {
+            return json!({"accepted": false});
+        };
+        let answered_at_ms = ctx
+            .workflow_time()
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.answers.push(HumanAnswer {
+            id,
+            reply,
+            by: "temporal".into(),
+            answered_at_ms,
+        });
+        let pending: Vec<&str> = self.unanswered().map(|r| r.id.as_str()).collect();
+        json!({"accepted": true, "pending": pending})
+    }
+}
+
+impl AplRun {
+    /// The pending requests without an answer, here or queued for the machine.
+    fn unanswered(&self) -> impl Iterator<Item = &InputRequest> {
+        self.pending
+            .iter()
+            .filter(|r| !self.answers.iter().any(|a| a.id == r.id))
+    }
+}
+
+/// The request id and the reply of an answer's body (the rules of
+/// `POST /v1/runs/{id}/input`).
+fn read_answer(body: &Json) -> Result<(String, Reply), String> {
+    let Json::Object(map) = body else {
+        return Err(
+            "an answer is a JSON object: {\"id\", \"value\"} or {\"id\", \"approve\"}".into(),
+        );
+    };
+    let id = match map.get("id") {
+        Some(Json::String(id)) if !id.is_empty() => id.clone(),
+        _ => return Err("an answer needs `id`: the request's id".into()),
+    };
+    let mut reply = map.clone();
+    reply.remove("id");
+    let reply = reply_from_json(&Json::Object(reply))?;
+    Ok((id, reply))
+}
+
+/// The run's clock: workflow time since the run started, less the time it waited for
+/// people (its clock stands still meanwhile, spec/human.md §3).
+struct Clock {
+    start: SystemTime,
+    waited: Duration,
+}
+
+impl Clock {
+    fn at(&self, ctx: &WorkflowContext<AplRun>) -> Duration {
+        now(ctx)
+            .duration_since(self.start)
+            .unwrap_or_default()
+            .saturating_sub(self.waited)
+    }
+}
+
+/// Drives `machine` to its end, every call an activity; its outcome.
+async fn drive(
+    ctx: &mut WorkflowContext<AplRun>,
+    host: &Host,
+    mut machine: Machine,
+) -> Result<RunOutcome, WorkflowTermination> {
+    let mut clock = Clock {
+        start: now(ctx),
+        waited: Duration::ZERO,
+    };
+    loop {
+        let action = machine.apply(Input::Poll { at: clock.at(ctx) });
+        match action {
+            Action::Continue => continue,
+            Action::Done => break,
+            Action::AwaitInput => {
+                let paused = clock.at(ctx);
+                wait_for_people(ctx, &mut machine, paused).await?;
+                clock.waited += clock.at(ctx).saturating_sub(paused);
+            }
+            Action::CallProvider(request) => {
+                let remaining = machine.deadline().saturating_sub(clock.at(ctx));
+                let call = ProviderCall::of(&request, remaining);
+                let input = match provider_call(ctx, call).await {
+                    Some(result) => Input::Provider {
+                        at: clock.at(ctx),
+                        result,
+                    },
+                    None => Input::Timeout {
+                        at: clock.at(ctx).max(machine.deadline()),
+                    },
+                };
+                // An answer: the machine goes on at the next poll.
+                let _ = machine.apply(input);
+                ctx.state_mut(|s| s.status.provider_calls += 1);
+            }
+            Action::CallTool(invocation) => {
+                let remaining = machine.deadline().saturating_sub(clock.at(ctx));
+                let idempotent = host
+                    .equipment
+                    .toolbox
+                    .registry()
+                    .get(&invocation.name)
+                    .is_some_and(|spec| spec.idempotency().is_some());
+                let call = ToolCallInput::of(&invocation, remaining);
+                let input = match tool_call(ctx, call, idempotent).await {
+                    Some(result) => Input::Tool {
+                        at: clock.at(ctx),
+                        result,
+                    },
+                    None => Input::Timeout {
+                        at: clock.at(ctx).max(machine.deadline()),
+                    },
+                };
+                let _ = machine.apply(input);
+                ctx.state_mut(|s| s.status.tool_calls += 1);
+            }
+        }
+        let steps = machine.steps();
+        let errors = machine.vars().get("errors").map_or(Json::Null, |v| {
+            serde_json::to_value(v).unwrap_or(Json::Null)
+        });
+        ctx.state_mut(|s| {
+            s.status.steps = steps;
+            s.status.errors = errors;
+        });
+    }
+    Ok(machine.into_outcome())
+}
+
+/// Waits until a person answered every request the machine waits on (`apl.input`),
+/// handing each answer to the machine at `paused`, the time the run began to wait.
+async fn wait_for_people(
+    ctx: &mut WorkflowContext<AplRun>,
+    machine: &mut Machine,
+    paused: Duration,
+) -> Result<(), WorkflowTermination> {
+    let requests: Vec<InputRequest> = machine.pending_requests().into_iter().cloned().collect();
+    ctx.state_mut(|s| {
+        s.status.status = "waiting";
+        s.pending = requests;
+    });
+    while machine.expecting() == Expecting::Answer {
+        ctx.wait_condition(|s| !s.answers.is_empty()).await?;
+        let answers = ctx.state_mut(|s| std::mem::take(&mut s.answers));
+        for answer in answers {
+            let id = answer.id.clone();
+            // Checked by the update's validator; a second answer to one request (two
+            // updates in one task) is dropped, as the store keeps the first.
+            if machine.check_answer(&answer).is_ok() {
+                let _ = machine.apply(Input::Answer { at: paused, answer });
+            }
+            ctx.state_mut(|s| s.pending.retain(|r| r.id != id));
+        }
+    }
+    ctx.state_mut(|s| {
+        s.status.status = "running";
+        s.pending.clear();
+    });
+    Ok(())
+}
+
+/// Performs a provider call: its answer, or `None` when the run's deadline passed. A call
+/// lost with its worker (no heartbeat, or it timed out) is sent again, as a durable
+/// resume sends an unjournaled call again; after [`MAX_SENDS`], it fails the step.
+async fn provider_call(
+    ctx: &WorkflowContext<AplRun>,
+    call: ProviderCall,
+) -> Option<Result<aplc_vm::Completion, ProviderError>> {
+    let mut last = String::new();
+    for _ in 0..MAX_SENDS {
+        let options = activity_options(call.remaining_ms, 1);
+        match ctx
+            .execute_activity(AplActivities::provider_call, call.clone(), options)
+            .await
+        {
+            Ok(answer) => return answer,
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Some(Err(ProviderError::new(
+        ProviderErrorKind::Transport,
+        format!("the call was lost {MAX_SENDS} times: {last}"),
+    )))
+}
+
+/// Performs a tool call: its result, or `None` when the run's deadline passed. A call
+/// lost with its worker is retried by Temporal only for an idempotent tool; otherwise
+/// it resolves as a failed call, as a durable resume resolves one in flight at a crash.
+async fn tool_call(
+    ctx: &WorkflowContext<AplRun>,
+    call: ToolCallInput,
+    idempotent: bool,
+) -> Option<Result<Json, String>> {
+    let attempts = if idempotent {
+        IDEMPOTENT_TOOL_ATTEMPTS
+    } else {
+        1
+    };
+    let options = activity_options(call.remaining_ms, attempts);
+    match ctx
+        .execute_activity(AplActivities::tool_call, call, options)
+        .await
+    {
+        Ok(answer) => answer,
+        Err(_) if !idempotent => Some(Err(INTERRUPTED_TOOL.to_string())),
+        Err(e) => Some(Err(format!("the tool call failed: {e}"))),
+    }
+}
+
+/// The options of an activity with `remaining_ms` of run time left, run at most
+/// `attempts` times by Temporal.
+fn activity_options(remaining_ms: u64, attempts: u32) -> ActivityOptions {
+    // A little past the run's deadline: the activity itself stops at the deadline and
+    // says so; Temporal's timeout is only for a worker that never answers.
+    let close = Duration::from_millis(remaining_ms)
+        .saturating_add(Duration::from_secs(30))
+        .min(Duration::from_secs(24 * 3600));
+    ActivityOptions::with_start_to_close_timeout(close)
+        .heartbeat_timeout(HEARTBEAT_TIMEOUT.max(HEARTBEAT_EVERY * 3))
+        .retry_policy(RetryPolicy::builder().maximum_attempts(attempts).build())
+        .build()
+}
+
+/// The options of `apl.resolve`: quick, retried a few times.
+fn resolve_options() -> LocalActivityOptions {
+    LocalActivityOptions::builder()
+        .start_to_close_timeout(Duration::from_secs(30))
+        .retry_policy(RetryPolicy::builder().maximum_attempts(3).build())
+        .build()
+}
+
+/// The workflow's time now.
+fn now(ctx: &WorkflowContext<AplRun>) -> SystemTime {
+    ctx.workflow_time().unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// This worker's host and its agent whose bundle is `hash`, or why it has none.
+fn pinned(name: &str, hash: &str) -> Result<(Arc<Host>, Arc<Agent>), String> {
+    let host = host().ok_or("the worker has not started")?;
+    let agent = host
+        .agents
+        .get(name)
+        .filter(|agent| agent.hash == hash)
+        .ok_or_else(|| {
+            format!(
+                "this worker lacks bundle {hash} of agent `{name}` (the run is pinned to it): \
+                 another worker that has it will take the run"
+            )
+        })?;
+    Ok((host, agent))
+}
+
+/// The run's options: `input`'s limits and context, the worker's tools and agents.
+fn run_options(host: &Host, agent: &Agent, input: &RunInput) -> RunOptions {
+    let options = &input.options;
+    RunOptions {
+        timeout: Duration::from_millis(
+            options.timeout_ms.unwrap_or(crate::api::DEFAULT_TIMEOUT_MS),
+        ),
+        max_steps: options.max_steps.unwrap_or(aplc_vm::DEFAULT_MAX_STEPS),
+        tools: host.equipment.toolbox.registry(),
+        agents: crate::api::served_agents_of(&host.agents, &host.equipment, agent),
+        ..RunOptions::default()
+    }
+    .with_context_json(&input.context)
+}
+
+/// The workflow's result for a run that could not start: `status: failed`.
+fn refused(error: String) -> Json {
+    json!({"status": "failed", "context": {}, "error": error})
+}
+
+/// The workflow's result: `{status, context, error?}`. The context has
+/// `context_history` unless that would make the payload too large (then
+/// `context_history_omitted: true`).
+fn result_of(outcome: &RunOutcome) -> Json {
+    let mut context = outcome.context_json();
+    let large =
+        serde_json::to_vec(&context).map_or(true, |bytes| bytes.len() > MAX_RESULT_WITH_HISTORY);
+    let mut result = serde_json::Map::new();
+    if large {
+        context = outcome.variables_json();
+        result.insert("context_history_omitted".into(), Json::Bool(true));
+    }
+    let status = if outcome.error.is_some() {
+        "failed"
+    } else {
+        "completed"
+    };
+    result.insert("status".into(), status.into());
+    result.insert("context".into(), context);
+    if let Some(error) = &outcome.error {
+        result.insert("error".into(), error.message.clone().into());
+    }
+    Json::Object(result)
+}
