@@ -7,7 +7,7 @@
 * Crates depend downwards only: the core depends on no other aplc crate; the compiler on
   the core alone; the runtime on the core alone (it never compiles source); the server
   (`aplc serve`) on the core, the compiler and the runtime, and nothing below it on the
-  server.
+  server; the language server (`aplc lsp`) on the core and the compiler only.
 * `aplc-test-support` (the tests' shared helpers) is a dev-dependency only: no crate
   depends on it for its build, and it depends on no aplc crate.
 
@@ -31,6 +31,8 @@ ALLOWED_INTERNAL = {
     "aplc-compiler": {"aplc-vm"},
     "aplc-runtime": {"aplc-vm"},
     "aplc-server": {"aplc-vm", "aplc-compiler", "aplc-runtime"},
+    # The language server (`aplc lsp`) answers from the compiler alone: it never runs.
+    "aplc-lsp": {"aplc-vm", "aplc-compiler"},
     # The tests' shared helpers depend on no aplc crate (and nothing on them: see
     # `DEV_ONLY`).
     "aplc-test-support": set(),

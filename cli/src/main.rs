@@ -111,6 +111,14 @@ enum Command {
     /// Create a new agent project: a starter agent, its tests, a providers.json example
     /// and a README. Never overwrites a file.
     Init(init::InitArgs),
+    /// Serve editors over the Language Server Protocol on stdin and stdout: the
+    /// diagnostics of `aplc check` as you type, hover, go to definition, references,
+    /// rename, completion, symbols (spec/lsp.md).
+    Lsp {
+        /// Accepted for clients that pass it; stdio is the only transport.
+        #[arg(long)]
+        stdio: bool,
+    },
     /// Print a shell completion script on stdout, e.g. `aplc completions bash >
     /// ~/.local/share/bash-completion/completions/aplc`.
     Completions {
@@ -173,6 +181,7 @@ fn main() -> ExitCode {
         Command::Worker(args) => worker::worker(args),
         Command::Test(args) => agent_test::test(&args),
         Command::Init(args) => init::init(&args),
+        Command::Lsp { stdio: _ } => lsp(),
         Command::Completions { shell } => {
             // Generated into memory first: clap_complete panics when its writer fails,
             // and a closed stdout (`aplc completions bash | head`) is not an error.
@@ -191,6 +200,16 @@ fn main() -> ExitCode {
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// `aplc lsp`. `APLC_LSP_TEST_PANIC=1` makes the server answer the `aplc/panic` request by
+/// panicking, so a test can check that it answers the next request all the same.
+fn lsp() -> Result<ExitCode, Failure> {
+    let config = aplc_lsp::Config {
+        panic_request: std::env::var_os("APLC_LSP_TEST_PANIC").is_some_and(|v| v == "1"),
+    };
+    aplc_lsp::run_stdio(config).map_err(|e| Failure::usage(format!("aplc lsp: {e}")))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A command that could not do its job: what to print and the exit code.

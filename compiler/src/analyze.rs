@@ -54,6 +54,9 @@ pub(crate) struct Facts {
     pub unsupported: Vec<(&'static str, TSpan)>,
     /// Context variables written by a helper under a literal name.
     pub writes: Vec<String>,
+    /// The same writes with the span of the name's string literal (for editors: where a
+    /// variable is set).
+    pub write_sites: Vec<(String, TSpan)>,
     /// A helper writes a variable whose name is computed, so any name may be defined.
     pub dynamic_writes: bool,
     /// Variables read from the run's context (not bound by the template itself and not
@@ -97,6 +100,9 @@ pub(crate) struct NextStep {
     /// is a statement of its own (`{{ set_context(…) }}`, `{% do … %}`), outside any
     /// `if`, loop or macro.
     pub always: bool,
+    /// The value's expression (the string literal when the target is one), for editors
+    /// that rename a step.
+    pub value: Option<TSpan>,
 }
 
 /// The value a `set_context('next_step', …)` call gives.
@@ -490,10 +496,12 @@ impl<'a> Walker<'a> {
             && !self.is_bound(f.id)
         {
             // The defuss-1.1 dialect's `next(step)` is `set_context('next_step', step)`.
+            let value = arg(&call.args, 0, "step_name");
             self.facts.next_steps.push(NextStep {
-                target: target_of(arg(&call.args, 0, "step_name")),
+                target: target_of(value),
                 span: tspan(span),
                 always: statement && self.depth == 0,
+                value: value.map(|v| tspan(v.span())),
             });
         }
         match &call.expr {
@@ -536,17 +544,21 @@ impl<'a> Walker<'a> {
                 .push(agent_call(arg(&call.args, 1, "value"), tspan(span)));
         }
         if name == NEXT_STEP {
-            let target = if helper == SET_CONTEXT {
-                target_of(arg(&call.args, 1, "value"))
-            } else {
-                Target::Dynamic
+            let value = arg(&call.args, 1, "value").filter(|_| helper == SET_CONTEXT);
+            let target = match value {
+                Some(_) => target_of(value),
+                None => Target::Dynamic,
             };
             self.facts.next_steps.push(NextStep {
                 target,
                 span: tspan(span),
                 always: statement && self.depth == 0,
+                value: value.map(|v| tspan(v.span())),
             });
         }
+        self.facts
+            .write_sites
+            .push((name.clone(), tspan(name_arg.span())));
         self.facts.writes.push(name);
     }
 }

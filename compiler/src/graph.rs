@@ -18,7 +18,7 @@ use crate::analyze::{self, Facts, TSpan, Target};
 use crate::diagnostic::{Code, Diagnostic, Span};
 
 /// The step graph of a program.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StepGraph {
     /// Steps in source order; the first one is the entry step.
     pub steps: Vec<GraphStep>,
@@ -209,7 +209,7 @@ impl Flow {
         }
     }
 
-    fn graph_step(&self, name: &str) -> GraphStep {
+    pub(crate) fn graph_step(&self, name: &str) -> GraphStep {
         let mut jumps: Vec<Jump> = Vec::new();
         // A set beside the list: a post phase may write `next_step` any number of times.
         let mut seen = HashSet::new();

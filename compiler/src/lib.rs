@@ -14,7 +14,8 @@
 //!
 //! `lower` runs the three file-level checks at its end, on the IR it built. `graph.rs`
 //! also holds the public [`StepGraph`], built from a bundle for `aplc graph` and
-//! `aplc inspect`.
+//! `aplc inspect`. [`compile_with_outline`] also returns the [`Outline`] (`outline.rs`) an
+//! editor needs, from the same syntax tree and IR.
 //!
 //! The compiler does no I/O: callers read files and write bundles. Every stage keeps
 //! going after an error, so one run reports every problem in the file.
@@ -34,6 +35,7 @@ mod lexer;
 mod link;
 mod lower;
 mod names;
+pub mod outline;
 mod parser;
 mod phrases;
 mod relaxed;
@@ -45,6 +47,7 @@ pub use aplc_vm::bundle::Bundle;
 pub use diagnostic::{Code, Diagnostic, Label, LineIndex, Severity, Span, render};
 pub use graph::StepGraph;
 pub use link::{Child, ChildReport, Linked, Resolve, link, link_sources};
+pub use outline::Outline;
 
 /// The largest source the compiler accepts. Bundle spans are 32-bit, and the encoded
 /// bundle must stay under the VM's payload limit even after relaxed-syntax rewriting.
@@ -118,8 +121,30 @@ impl Compilation {
 
 /// Compiles `source`; `file_name` is recorded in the bundle for messages.
 pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation {
+    compile_parts(source, file_name, options, false).0
+}
+
+/// Compiles `source` as [`compile`] does and also returns its [`Outline`]: the steps,
+/// templates, names and step graph an editor shows, from the same syntax tree and IR.
+/// A file too large to compile has an empty outline.
+pub fn compile_with_outline(
+    source: &str,
+    file_name: &str,
+    options: &Options,
+) -> (Compilation, Outline) {
+    let (compilation, outline) = compile_parts(source, file_name, options, true);
+    (compilation, outline.unwrap_or_default())
+}
+
+/// [`compile`], with the outline when `outline` is true.
+fn compile_parts(
+    source: &str,
+    file_name: &str,
+    options: &Options,
+    outline: bool,
+) -> (Compilation, Option<Outline>) {
     if source.len() > MAX_SOURCE_LEN {
-        return Compilation {
+        let compilation = Compilation {
             bundle: None,
             diagnostics: vec![Diagnostic::error(
                 Code::SourceTooLarge,
@@ -131,6 +156,7 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
             )],
             agent_calls: Vec::new(),
         };
+        return (compilation, None);
     }
     let (mut lines, mut diagnostics) = lexer::lex(source);
     if options.dialect == aplc_vm::Dialect::Defuss11 {
@@ -139,6 +165,7 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
     let (file, parse_diags) = parser::parse(source, lines);
     diagnostics.extend(parse_diags);
     let ir = lower::lower(source, &file, options, &mut diagnostics);
+    let outline = outline.then(|| outline::build(&file, &ir));
     drop_follow_on_errors(&mut diagnostics);
     // Every span must fall on character boundaries (spans from minijinja are snapped
     // where they are made; this keeps any other slip from reaching a renderer).
@@ -169,11 +196,12 @@ pub fn compile(source: &str, file_name: &str, options: &Options) -> Compilation 
         bundle.dialect = options.dialect;
         Some(bundle)
     };
-    Compilation {
+    let compilation = Compilation {
         bundle,
         diagnostics,
         agent_calls: ir.agent_calls,
-    }
+    };
+    (compilation, outline)
 }
 
 /// A role heading before any phase (APL0020) already says that a phase heading is
