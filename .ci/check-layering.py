@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The crates' layering, checked on the resolved dependency graph (`cargo metadata`).
 
-* `aplc-vm`, the sans-IO core, has no async runtime, HTTP stack, socket or TLS crate
+* `aplc-vm`, the sans-IO core, and `aplc-js`, the npm package's WebAssembly module,
+  have no async runtime, HTTP stack, socket or TLS crate
   anywhere in its normal dependency tree, with every feature of every workspace crate on
   (`--all-features`), so it stays ready for `wasm32-unknown-unknown`.
 * Crates depend downwards only: the core depends on no other aplc crate; the compiler on
@@ -36,7 +37,14 @@ ALLOWED_INTERNAL = {
     # The tests' shared helpers depend on no aplc crate (and nothing on them: see
     # `DEV_ONLY`).
     "aplc-test-support": set(),
+    # The npm package's WebAssembly module: the compiler and the core, never the runtime
+    # (no tokio, HTTP, stores or telemetry in the browser), so it is held to the core's
+    # no-I/O rule too (`SANS_IO`).
+    "aplc-js": {"aplc-vm", "aplc-compiler"},
 }
+
+# Crates with no I/O crate anywhere in their normal dependency tree.
+SANS_IO = {"aplc-vm", "aplc-js"}
 
 # Crates only tests may use: no crate has them as a normal dependency.
 DEV_ONLY = {"aplc-test-support"}
@@ -85,11 +93,11 @@ def main():
             if name.startswith("aplc-") and name != crate and name not in allowed:
                 if name != "aplc-workspace-hack":
                     failures.append(f"{crate} must not depend on {name}: {' -> '.join(path)}")
-        if crate == "aplc-vm":
+        if crate in SANS_IO:
             for pid, path in reachable.items():
                 if names[pid] in IO_CRATES:
                     failures.append(
-                        f"the sans-IO core depends on {names[pid]}: {' -> '.join(path)}"
+                        f"{crate} (sans-IO) depends on {names[pid]}: {' -> '.join(path)}"
                     )
 
     for pid, deps in normal.items():
@@ -103,7 +111,7 @@ def main():
         print("\n".join(failures), file=sys.stderr)
         sys.exit(1)
     print(
-        "layering ok: aplc-vm has no I/O crate; crates depend downwards only; "
+        "layering ok: aplc-vm and aplc-js have no I/O crate; crates depend downwards only; "
         "the test helpers are dev-only"
     )
 

@@ -83,6 +83,10 @@ pub(crate) struct ServeArgs {
     /// OTLP endpoint variables); a run joins the trace of its request's `traceparent`.
     #[command(flatten)]
     telemetry: crate::telemetry::TelemetryArgs,
+    /// Serve the playground at /playground from this directory: the built page
+    /// (`playground/dist`, `node playground/build.mjs`), read at each request (spec/js.md).
+    #[arg(long, value_name = "DIR")]
+    playground: Option<PathBuf>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -110,6 +114,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<ExitCode, Failure> {
     config.body_timeout = Duration::from_millis(args.body_timeout_ms);
     config.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
     config.max_connections = args.max_connections;
+    config.playground = args.playground.clone();
     config.telemetry = args.telemetry.pipeline()?.map(std::sync::Arc::new);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

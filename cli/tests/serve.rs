@@ -1315,3 +1315,61 @@ async fn waiting_clients_get_their_runs_without_polls_of_the_store() {
     }
     assert_eq!(model.requests().len(), 24 * 20);
 }
+
+/// `--playground DIR` serves the built page's files at `/playground/` without a token,
+/// only plain names directly in DIR, read at each request; without the flag there is no
+/// such route (spec/js.md, "The playground").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_playground_is_served_from_its_directory() {
+    let model = Model::start();
+    let dir = scratch("playground", &model);
+    let page = dir.join("page");
+    std::fs::create_dir_all(&page).unwrap();
+    std::fs::write(page.join("index.html"), "<!doctype html><title>p</title>").unwrap();
+    std::fs::write(page.join("playground.js"), "console.log(1)").unwrap();
+    std::fs::write(page.join(".secret"), "no").unwrap();
+    std::fs::write(dir.join("outside.txt"), "no").unwrap();
+    let server = Server::start(&dir, &["--playground", "page"]);
+    let http = http();
+    let get = |path: &str| http.get(format!("{}{path}", server.url)).send();
+
+    let index = get("/playground/").await.unwrap();
+    assert_eq!(index.status().as_u16(), 200);
+    assert_eq!(index.headers()["content-type"], "text/html; charset=utf-8");
+    assert!(index.text().await.unwrap().contains("<title>p</title>"));
+    let script = get("/playground/playground.js").await.unwrap();
+    assert_eq!(
+        script.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    // A rebuilt page is served at once.
+    std::fs::write(page.join("playground.js"), "console.log(2)").unwrap();
+    let script = get("/playground/playground.js").await.unwrap();
+    assert_eq!(script.text().await.unwrap(), "console.log(2)");
+    let bare = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{}/playground", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status().as_u16(), 308);
+    for path in [
+        "/playground/.secret",
+        "/playground/..%2foutside.txt",
+        "/playground/../outside.txt",
+        "/playground/missing.js",
+    ] {
+        let response = get(path).await.unwrap();
+        assert_eq!(response.status().as_u16(), 404, "{path}");
+    }
+
+    let without = Server::start(&dir, &[]);
+    let response = http
+        .get(format!("{}/playground/", without.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 404);
+}

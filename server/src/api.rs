@@ -30,8 +30,13 @@ use crate::state::AppState;
 /// The longest idempotency key accepted.
 const MAX_IDEMPOTENCY_KEY: usize = 256;
 
-/// The application: every route, with auth on all but `/healthz`.
-pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
+/// The application: every route, with auth on all but `/healthz` (and the playground's
+/// static files, with `--playground`).
+pub(crate) fn router(
+    state: AppState,
+    max_body_bytes: usize,
+    playground: Option<std::path::PathBuf>,
+) -> Router {
     let protected = Router::new()
         .route("/v1/agents", get(list_agents))
         .route("/v1/agents/{name}/runs", post(submit))
@@ -45,10 +50,13 @@ pub(crate) fn router(state: AppState, max_body_bytes: usize) -> Router {
             state.tokens.clone(),
             crate::auth::require_token,
         ));
-    Router::new()
+    let mut app = Router::new()
         .route("/healthz", get(healthz))
-        .merge(protected)
-        .fallback(not_found)
+        .merge(protected);
+    if let Some(dir) = playground {
+        app = app.merge(crate::playground::routes(dir));
+    }
+    app.fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(middleware::from_fn(log_request))
         .with_state(state)

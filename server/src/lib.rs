@@ -39,6 +39,7 @@ mod logging;
 #[cfg(feature = "mcp")]
 mod mcp;
 mod metrics;
+mod playground;
 mod state;
 pub mod temporal;
 mod work;
@@ -97,6 +98,9 @@ pub struct ServeConfig {
     /// spans join the trace of the `traceparent` its request carried. The caller shuts
     /// it down (flushes) after [`serve`] returns.
     pub telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
+    /// The built playground (`playground/dist`) to serve at `/playground`
+    /// (`--playground DIR`, spec/js.md); `None`: no playground.
+    pub playground: Option<PathBuf>,
 }
 
 impl ServeConfig {
@@ -120,6 +124,7 @@ impl ServeConfig {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_connections: None,
             telemetry: None,
+            playground: None,
         }
     }
 }
@@ -234,7 +239,11 @@ pub async fn serve(config: ServeConfig, ready: impl FnOnce(SocketAddr)) -> Resul
         config.drain_timeout,
         stop.clone(),
     ));
-    let app = api::router(state.clone(), config.max_body_bytes);
+    let app = api::router(
+        state.clone(),
+        config.max_body_bytes,
+        config.playground.clone(),
+    );
     tracing::info!(%address, max_connections = limits.max_connections, "listening");
     ready(address);
     let server = connections::serve(listener, app, limits, stop.clone());
