@@ -401,6 +401,15 @@ fn a_failed_run_is_a_completed_workflow_with_status_failed() {
             .is_some_and(|e| e.contains("no agent `nobody`")),
         "{result:#}"
     );
+    let status = server.ok(&[
+        "workflow",
+        "query",
+        "-w",
+        "failed-2",
+        "--name",
+        "apl.status",
+    ]);
+    assert!(status.contains(r#""status":"failed""#), "{status}");
     // Idle, it stops on SIGTERM with exit 0.
     assert_eq!(worker.terminate(), Some(0));
 }

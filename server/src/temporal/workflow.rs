@@ -83,9 +83,10 @@ impl AplRun {
         let input: RunInput = match serde_json::from_value(input) {
             Ok(input) => input,
             Err(e) => {
-                return Ok(refused(format!(
-                    "the input must be {{\"agent\", \"context\", \"options\"}}: {e}"
-                )));
+                return Ok(refused(
+                    ctx,
+                    format!("the input must be {{\"agent\", \"context\", \"options\"}}: {e}"),
+                ));
             }
         };
         ctx.state_mut(|s| {
@@ -99,7 +100,7 @@ impl AplRun {
             let error = resolved
                 .error
                 .unwrap_or_else(|| "the agent cannot run".into());
-            return Ok(refused(error));
+            return Ok(refused(ctx, error));
         };
         let (host, agent) = match pinned(&input.agent, &hash) {
             Ok(found) => found,
@@ -441,8 +442,10 @@ fn run_options(host: &Host, agent: &Agent, input: &RunInput) -> RunOptions {
     .with_context_json(&input.context)
 }
 
-/// The workflow's result for a run that could not start: `status: failed`.
-fn refused(error: String) -> Json {
+/// The workflow's result for a run that could not start: `status: failed` (and so its
+/// `apl.status`).
+fn refused(ctx: &WorkflowContext<AplRun>, error: String) -> Json {
+    ctx.state_mut(|s| s.status.status = "failed");
     json!({"status": "failed", "context": {}, "error": error})
 }
 
