@@ -44,6 +44,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "cargo run -q -p aplc -- resume r1 --store sqlite:runs.db --tools tools.json --mock refund.mock.json --approve 1-2 --deny \"1-3=over the limit\"",
         "the second half of the flow above; cli/tests/human.rs runs it",
     ),
+    (
+        "cd editors/vscode && npm ci && npx vsce package --skip-license --out aplc.vsix && code --install-extension aplc.vsix",
+        "downloads npm packages and needs VS Code; .ci/run packages the extension from the same lockfile (the VS Code step)",
+    ),
     // spec/cli.md: these need an API key or a model server.
     (
         "export OPENAI_API_KEY=sk-...",
