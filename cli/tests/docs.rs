@@ -64,6 +64,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         ".venv/bin/temporal workflow result --workflow-id hello",
         "as above; cli/tests/temporal.rs reads results with this command",
     ),
+    (
+        "cd editors/vscode && npm ci && npx vsce package --skip-license --out aplc.vsix && code --install-extension aplc.vsix",
+        "downloads npm packages and needs VS Code; .ci/run packages the extension from the same lockfile (the VS Code step)",
+    ),
     // spec/cli.md: these need an API key or a model server.
     (
         "export OPENAI_API_KEY=sk-...",
