@@ -68,6 +68,14 @@ const NOT_RUN: &[(&str, &str)] = &[
         "cd editors/vscode && npm ci && npx vsce package --skip-license --out aplc.vsix && code --install-extension aplc.vsix",
         "downloads npm packages and needs VS Code; .ci/run packages the extension from the same lockfile (the VS Code step)",
     ),
+    (
+        "js/build.sh && (cd playground && npm ci && node build.mjs)",
+        "needs the wasm-bindgen CLI and downloads npm packages; .ci/run builds both (the npm package's and the playground's steps)",
+    ),
+    (
+        "aplc serve --agents agents/ --playground playground/dist",
+        "a server that runs until stopped; playground/test/ (headless Chromium) and cli/tests/serve.rs (the_playground…) serve it",
+    ),
     // spec/cli.md: these need an API key or a model server.
     (
         "export OPENAI_API_KEY=sk-...",
