@@ -54,7 +54,8 @@ pub use run::events::{
     TokenUsage, ToolCallRef, Totals,
 };
 pub use run::machine::{
-    Action, Expecting, Machine, RunOutcome, options_error, run_scripted, run_scripted_with_listener,
+    Action, DeferredCheckpoint, Expecting, HistorySegment, Machine, RunOutcome, options_error,
+    run_scripted, run_scripted_with_listener,
 };
 pub use run::{
     AgentTable, DEFAULT_MAX_AGENT_DEPTH, DEFAULT_MAX_STEPS, DEFAULT_TIMEOUT, RunError,

@@ -11,8 +11,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use aplc_vm::journal::HistorySegment;
-use aplc_vm::{Event, EventKind};
+use aplc_vm::{Event, EventKind, HistorySegment};
 
 use crate::future::BoxFuture;
 use crate::redact::Redactor;

@@ -367,10 +367,6 @@ fn json_from_text(text: &str, what: &str) -> Result<serde_json::Value, JournalEr
     serde_json::from_str(text).map_err(|error| JournalError::Corrupt(format!("{what}: {error}")))
 }
 
-/// A checkpoint whose history segment is written later (durable runs write it off their
-/// own thread).
-pub use crate::run::machine::{DeferredCheckpoint, HistorySegment};
-
 /// A machine's state at rest (its next input is a `poll`), encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
