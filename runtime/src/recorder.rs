@@ -4,6 +4,7 @@
 //! (`spec/durability.md`). No I/O: the driver commits the batches
 //! ([`crate::durable`] holds the store and the lease).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use aplc_vm::journal::Input;
@@ -12,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
 use crate::redact::Redactor;
-use std::sync::Arc;
-
-use crate::store::{Batch, DeferredSegment, Made, QueueStatus, SegmentOutcome, StoredCheckpoint};
+use crate::store::{
+    Batch, DeferredSegment, Made, QueueStatus, SegmentOutcome, StoredCheckpoint, event_weight,
+};
 
 /// The message a non-idempotent tool call in flight at a crash resolves with.
 pub const INTERRUPTED_TOOL: &str = "interrupted; not retried because the tool is not idempotent";
@@ -75,9 +76,9 @@ pub(crate) struct Recorder {
     /// Inputs handed out in batches so far: the number of the first one in `inputs`.
     committed: u64,
     inputs: Vec<Vec<u8>>,
-    /// Written as text by the store's writer, not here (`Batch::render`).
-    events: Made,
-    /// The bytes of `inputs` and the weight of `events` (`Made::weight`).
+    /// Written as text, redacted, by the store's writer, not here (`Batch::render`).
+    events: Vec<Event>,
+    /// The bytes of `inputs` and the weight of `events` (`store::event_weight`).
     bytes: usize,
     /// Provider answers journaled so far.
     provider_inputs: u64,
@@ -112,7 +113,7 @@ impl Recorder {
         Recorder {
             committed,
             inputs: Vec::new(),
-            events: Made::new(redactor.clone()),
+            events: Vec::new(),
             bytes: 0,
             provider_inputs,
             checkpoint_every: checkpoint_every.max(1),
@@ -151,7 +152,8 @@ impl Recorder {
 
     /// Journals `event` (redacted when the store writes it).
     pub(crate) fn event(&mut self, event: Event) {
-        self.bytes += self.events.push(event);
+        self.bytes += event_weight(&event);
+        self.events.push(event);
     }
 
     /// True if what waits for a commit is past `window`: more inputs or bytes than it
@@ -259,8 +261,9 @@ impl Recorder {
             inputs,
             events: Vec::new(),
             made: Made {
+                events: std::mem::take(&mut self.events),
+                redactor: self.redactor.clone(),
                 history: segment.flatten(),
-                ..std::mem::replace(&mut self.events, Made::new(self.redactor.clone()))
             },
             checkpoint,
             steps,

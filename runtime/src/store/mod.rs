@@ -357,15 +357,6 @@ impl SegmentOutcome {
 }
 
 impl Made {
-    /// Made events, redacted by `redactor` when written.
-    pub fn new(redactor: Redactor) -> Made {
-        Made {
-            events: Vec::new(),
-            redactor,
-            history: None,
-        }
-    }
-
     /// About the bytes of their text, without writing it: what a run's window of
     /// uncommitted work counts them as. Every event's fixed fields (names, numbers)
     /// are counted as [`EVENT_WEIGHT`] bytes; the ones that carry text of any length
@@ -373,25 +364,14 @@ impl Made {
     pub fn weight(&self) -> usize {
         self.events.iter().map(event_weight).sum()
     }
-
-    /// Adds `event`; returns its weight.
-    pub fn push(&mut self, event: Event) -> usize {
-        let weight = event_weight(&event);
-        self.events.push(event);
-        weight
-    }
-
-    /// No event.
-    pub fn is_empty(&self) -> bool {
-        self.events.is_empty()
-    }
 }
 
 /// What an event's fixed fields weigh in a run's window (a journaled event's text is
 /// 100–300 bytes without its free text).
 pub const EVENT_WEIGHT: usize = 256;
 
-fn event_weight(event: &Event) -> usize {
+/// What `event` counts for in a run's window ([`Made::weight`]).
+pub(crate) fn event_weight(event: &Event) -> usize {
     let free = match &event.kind {
         EventKind::Error { message, .. } => message.len(),
         EventKind::InputRequested { request } => {
