@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use aplc_test_support::process::{kill9, strip_times, wait_for};
 use serde_json::{Value as Json, json};
-use serving::{Model, root};
+use serving::Model;
 
 /// A secret the worker's environment holds (a provider key): never in history.
 const KEY: &str = "sk-temporal-test-key-9d1c4f";
@@ -294,16 +294,9 @@ impl Drop for Worker {
 /// A scratch directory for one test: `agents/turns.apl`, and a providers file routing
 /// every model to `model` with the key of `$T28_KEY`.
 fn scratch(name: &str, model: &Model) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("temporal")
-        .join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("agents")).expect("scratch dir");
-    std::fs::copy(
-        root().join("fixtures/serve/turns.apl"),
-        dir.join("agents/turns.apl"),
-    )
-    .expect("agent");
+    // `aplc serve`'s scratch directory, with the providers file replaced by one that
+    // names a key (the history must never show it).
+    let dir = serving::scratch(&format!("temporal-{name}"), model);
     providers(&dir, "providers.json", model);
     dir
 }
