@@ -22,8 +22,11 @@ HEAVY = {
 
 
 # Each build is linted as it is checked: `cargo clippy` rather than `cargo check`, so the
-# default-feature builds reuse what `.ci/run`'s workspace clippy compiled (a `cargo check`
-# keeps artifacts of its own: about two minutes more) and every feature set is lint-clean.
+# builds reuse what `.ci/run`'s workspace clippy compiled and every feature set is
+# lint-clean. A build is linted once: the default builds of aplc-server and aplc are the
+# workspace clippy's, and the trees below are read with `cargo tree`, which builds
+# nothing (each clippy of a new feature set re-checks the crates whose features change:
+# about a minute each for the server's tree).
 CHECK = ("cargo", "clippy")
 LINTS = ("--", "-D", "warnings")
 
@@ -47,12 +50,12 @@ def tree(features):
 
 # rmcp's features that only `aplc mcp` needs: the MCP server half.
 RMCP_SERVER = 'rmcp feature "server"'
+MCP_PACKAGES = ["aplc-server", "aplc"]
 
 
 def server_half(package, default):
     """Whether `package` (with or without its default features) has rmcp's server half."""
     chosen = [] if default else ["--no-default-features"]
-    run(*CHECK, "-p", package, "--locked", *chosen, *LINTS)
     out = run(
         "cargo", "tree", "-p", package, "--locked", *chosen,
         "-e", "normal,features", "--prefix", "none",
@@ -62,7 +65,10 @@ def server_half(package, default):
 
 def check_mcp_server(failures):
     """`aplc mcp`'s feature: off, no rmcp server half; on by default, there."""
-    for package in ["aplc-server", "aplc"]:
+    # Both without their defaults, in one build (the server's tree is checked once).
+    packages = [arg for package in MCP_PACKAGES for arg in ("-p", package)]
+    run(*CHECK, *packages, "--locked", "--no-default-features", *LINTS)
+    for package in MCP_PACKAGES:
         if server_half(package, default=False):
             failures.append(f"{package} --no-default-features: rmcp's `server` must not be in the tree")
         if not server_half(package, default=True):
@@ -72,8 +78,12 @@ def check_mcp_server(failures):
 def main():
     failures = []
     check_mcp_server(failures)
+    # Without any feature, tests included: what an embedder with `default-features =
+    # false` builds (`--all-targets` lints the library too).
+    run(*CHECK, *selection([]), "--all-targets", *LINTS)
     for enabled in [[], *([feature] for feature in HEAVY)]:
-        run(*CHECK, *selection(enabled), *LINTS)
+        if enabled:
+            run(*CHECK, *selection(enabled), *LINTS)
         crates = tree(enabled)
         build = "--no-default-features" + "".join(f" --features {f}" for f in enabled)
         for feature, crate in HEAVY.items():
