@@ -23,7 +23,8 @@ use crate::{CompileArgs, Failure};
 pub(crate) struct ReportArgs {
     /// How to print diagnostics: `human` (ariadne reports on stderr, coloured on a
     /// terminal unless NO_COLOR is set) or `json` (JSON Lines on stdout: one object per
-    /// diagnostic with code, severity, message, file, line, column, labels, notes, help).
+    /// diagnostic with code, severity, message, file, line, column, labels, notes, help,
+    /// suggestion).
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = DiagnosticFormat::Human)]
     pub format: DiagnosticFormat,
     /// Report every warning as an error: the file does not check or build (exit 2).
@@ -256,6 +257,19 @@ pub(crate) fn json_lines(diagnostics: &[Diagnostic], file: &str, source: &str) -
                 "labels": labels,
                 "notes": d.notes,
                 "help": d.help,
+                "suggestion": d.suggestion.as_ref().map(|s| {
+                    let (line, column) = position(s.span.start);
+                    let (end_line, end_column) = position(s.span.end);
+                    json!({
+                        "replacement": s.replacement,
+                        "line": line,
+                        "column": column,
+                        "end_line": end_line,
+                        "end_column": end_column,
+                        "start": s.span.start,
+                        "end": s.span.end,
+                    })
+                }),
             })
             .to_string()
         })

@@ -203,7 +203,16 @@ fn check_format_json_prints_json_lines_on_stdout() {
         for line in out.lines() {
             let v: serde_json::Value = serde_json::from_str(line).expect("one object per line");
             for key in [
-                "code", "severity", "message", "file", "line", "column", "labels", "notes", "help",
+                "code",
+                "severity",
+                "message",
+                "file",
+                "line",
+                "column",
+                "labels",
+                "notes",
+                "help",
+                "suggestion",
             ] {
                 assert!(v.get(key).is_some(), "{fixture}: no `{key}` in {line}");
             }
@@ -237,6 +246,48 @@ fn json_columns_count_characters_and_offsets_count_bytes() {
     assert_eq!(
         (label["start"].as_u64(), label["end"].as_u64()),
         (Some(22), Some(26))
+    );
+}
+
+/// Each did-you-mean carries its edit: the bytes `start..end` are the misspelt name,
+/// columns count characters, and the replacement is the name the help names.
+#[test]
+fn json_suggestions_replace_the_misspelt_name() {
+    let o = aplc(&["check", "lsp/did_you_mean.apl", "--format", "json"]);
+    let source = std::fs::read_to_string(fixtures().join("lsp/did_you_mean.apl")).unwrap();
+    let mut fixes = Vec::new();
+    for line in stdout(&o).lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("one object per line");
+        let s = &v["suggestion"];
+        let (start, end) = (s["start"].as_u64().unwrap(), s["end"].as_u64().unwrap());
+        let old = &source[start as usize..end as usize];
+        let replacement = s["replacement"].as_str().unwrap();
+        let help = v["help"].as_str().unwrap_or_default();
+        assert!(
+            help.starts_with("did you mean") && help.contains(replacement),
+            "{help}"
+        );
+        let line_text = source.lines().nth(s["line"].as_u64().unwrap() as usize - 1);
+        let column = s["column"].as_u64().unwrap() as usize;
+        let at: String = line_text.unwrap().chars().skip(column - 1).collect();
+        assert!(at.starts_with(old), "{at:?} {old:?}");
+        assert_eq!(
+            s["end_column"].as_u64(),
+            Some((column + old.chars().count()) as u64)
+        );
+        fixes.push(format!(
+            "{}: {old} -> {replacement}",
+            v["code"].as_str().unwrap()
+        ));
+    }
+    assert_eq!(
+        fixes,
+        [
+            "APL0006: sytem -> system",
+            "APL0023: uppper -> upper",
+            "APL0014: fni -> fin",
+            "APL0022: rnage -> range",
+        ]
     );
 }
 

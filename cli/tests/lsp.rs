@@ -318,10 +318,73 @@ fn code_action_creates_an_unknown_step() {
         json!({"textDocument": {"uri": doc}, "range": {"start": p, "end": p},
                "context": {"diagnostics": []}}),
     );
-    assert_eq!(actions[0]["title"], "Create step `fni`", "{actions}");
-    let edit = &actions[0]["edit"]["changes"][&doc][0];
+    // `fni` is also one edit from `fin`: that fix is offered too, and preferred.
+    let titles: Vec<&Value> = actions
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| &a["title"])
+        .collect();
+    assert_eq!(
+        titles,
+        ["Replace `fni` with `fin`", "Create step `fni`"],
+        "{actions}"
+    );
+    let edit = &actions[1]["edit"]["changes"][&doc][0];
     assert_eq!(edit["newText"], "\n# prompt: fni\n\n");
     assert_eq!(edit["range"]["start"], position(&text, text.len()));
+    client.shutdown();
+}
+
+/// Each diagnostic's did-you-mean is a preferred quick fix; applied as a client applies
+/// it (a `didChange` with the edit's UTF-16 range, on non-ASCII lines), one after the
+/// other, they leave no diagnostic.
+#[test]
+fn did_you_mean_quick_fixes_apply_until_no_diagnostic_is_left() {
+    let mut text = fixture("lsp/did_you_mean.apl");
+    let doc = uri("did_you_mean.apl");
+    let mut client = Client::start(&[]);
+    client.open(&doc, &text);
+    let mut diagnostics = client.diagnostics(&doc, 1);
+    assert_eq!(diagnostics.len(), 4, "{diagnostics:?}");
+    let mut applied = Vec::new();
+    while let Some(d) = diagnostics.first() {
+        assert!(applied.len() < 8, "the fixes do not converge: {applied:?}");
+        let actions = client.result(
+            "textDocument/codeAction",
+            json!({"textDocument": {"uri": doc}, "range": d["range"],
+                   "context": {"diagnostics": [d]}}),
+        );
+        let fix = actions
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["isPreferred"] == true)
+            .unwrap_or_else(|| panic!("no preferred fix for {d}: {actions}"))
+            .clone();
+        assert_eq!(fix["kind"], "quickfix");
+        assert_eq!(
+            fix["diagnostics"],
+            json!([d]),
+            "the fix names its diagnostic"
+        );
+        let edits = fix["edit"]["changes"][&doc].as_array().expect("edits");
+        assert_eq!(edits.len(), 1, "{fix}");
+        let edit = &edits[0];
+        text = lsp_client::apply(&text, edit);
+        let version = client.next_version();
+        client.notify(
+            "textDocument/didChange",
+            json!({"textDocument": {"uri": doc, "version": version},
+                   "contentChanges": [{"range": edit["range"], "text": edit["newText"]}]}),
+        );
+        applied.push(json!({"code": d["code"], "title": fix["title"], "edit": edit}));
+        diagnostics = client.diagnostics(&doc, version);
+    }
+    insta::assert_json_snapshot!(
+        "lsp_did_you_mean",
+        json!({"applied": applied, "fixed": text})
+    );
     client.shutdown();
 }
 

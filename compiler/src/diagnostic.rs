@@ -244,8 +244,21 @@ pub struct Diagnostic {
     pub labels: Vec<Label>,
     /// Extra explanation.
     pub notes: Vec<String>,
-    /// A suggested fix.
+    /// A suggested fix, in words.
     pub help: Option<String>,
+    /// The fix `help` suggests, as an edit a tool can apply, where it is one: a
+    /// did-you-mean replaces the misspelt name with the name meant.
+    pub suggestion: Option<Suggestion>,
+}
+
+/// An edit that applies a diagnostic's fix: replace the text at `span` with
+/// `replacement`. The span lies on one line, on character boundaries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suggestion {
+    /// What to replace, in the `.apl` source.
+    pub span: Span,
+    /// The text that replaces it.
+    pub replacement: String,
 }
 
 impl Diagnostic {
@@ -271,6 +284,7 @@ impl Diagnostic {
             }],
             notes: Vec::new(),
             help: None,
+            suggestion: None,
         }
     }
 
@@ -302,6 +316,22 @@ impl Diagnostic {
     pub fn with_help(mut self, help: impl Into<String>) -> Diagnostic {
         self.help = Some(help.into());
         self
+    }
+
+    /// "did you mean `{shown}`?", with the edit that replaces `span` by `replacement`.
+    /// `shown` is what the help prints: the name meant, or the line as it would read.
+    pub fn with_did_you_mean(
+        self,
+        shown: &str,
+        span: Span,
+        replacement: impl Into<String>,
+    ) -> Diagnostic {
+        let mut diag = self.with_help(format!("did you mean `{shown}`?"));
+        diag.suggestion = Some(Suggestion {
+            span,
+            replacement: replacement.into(),
+        });
+        diag
     }
 
     /// The primary span.

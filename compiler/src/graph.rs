@@ -133,6 +133,7 @@ impl StepGraph {
                                     EdgeTarget::Dynamic => To::Dynamic,
                                 },
                                 span: Span::default(),
+                                value: None,
                                 always: false,
                             })
                             .collect(),
@@ -162,6 +163,8 @@ pub(crate) struct FlowJump {
     pub to: To,
     /// The call, in the `.apl` source.
     pub span: Span,
+    /// The value's expression (a string literal: quotes included), in the source.
+    pub value: Option<Span>,
     /// The write is a statement of its own outside any condition: it happens on every
     /// render of the post phase.
     pub always: bool,
@@ -199,6 +202,7 @@ impl Flow {
                     },
                 },
                 span: span(n.span),
+                value: n.value.map(&span),
                 always: n.always,
             })
             .collect();

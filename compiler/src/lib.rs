@@ -44,7 +44,7 @@ mod variables;
 pub use agents::{AgentCall, AgentName, bundle_agent_calls};
 pub use analyze::RESERVED_VARIABLES;
 pub use aplc_vm::bundle::Bundle;
-pub use diagnostic::{Code, Diagnostic, Label, LineIndex, Severity, Span, render};
+pub use diagnostic::{Code, Diagnostic, Label, LineIndex, Severity, Span, Suggestion, render};
 pub use graph::StepGraph;
 pub use link::{Child, ChildReport, Linked, Resolve, link, link_sources};
 pub use outline::Outline;
@@ -172,6 +172,7 @@ fn compile_parts(
     for label in diagnostics.iter_mut().flat_map(|d| d.labels.iter_mut()) {
         label.span = label.span.snap(source);
     }
+    keep_applicable_suggestions(&mut diagnostics, source);
     phrases::add(&mut diagnostics, source, options.dialect);
     let templates = ir.templates.iter().map(|t| t.source.as_str());
     if let Err(err) = aplc_vm::check_size(ir.steps.len(), templates) {
@@ -202,6 +203,21 @@ fn compile_parts(
         agent_calls: ir.agent_calls,
     };
     (compilation, outline)
+}
+
+/// Drops a suggested edit that could not apply cleanly: out of the source, inside a
+/// character, across lines, or one that changes nothing. The help text stays.
+fn keep_applicable_suggestions(diagnostics: &mut [Diagnostic], source: &str) {
+    for d in diagnostics {
+        let applicable = d.suggestion.as_ref().is_some_and(|s| {
+            source
+                .get(s.span.range())
+                .is_some_and(|old| !old.is_empty() && !old.contains('\n') && old != s.replacement)
+        });
+        if !applicable {
+            d.suggestion = None;
+        }
+    }
 }
 
 /// A role heading before any phase (APL0020) already says that a phase heading is

@@ -444,6 +444,36 @@ fn group_steps<'a, 'src>(
     groups
 }
 
+/// Where the step name `name` is in the phase heading at `heading`: after the colon.
+/// An empty span (which carries no edit) when it is not found there.
+fn heading_name(source: &str, heading: Span, name: &str) -> Span {
+    let Some(text) = source.get(heading.range()) else {
+        return Span::default();
+    };
+    text.find(':')
+        .and_then(|colon| Some(colon + 1 + text[colon + 1..].find(name)?))
+        .map_or(Span::default(), |i| {
+            Span::new(heading.start + i, heading.start + i + name.len())
+        })
+}
+
+/// The inside of the string literal at `literal` when it is exactly `name` in quotes
+/// (no escapes). An empty span (which carries no edit) otherwise.
+fn quoted(source: &str, literal: Option<Span>, name: &str) -> Span {
+    let Some(literal) = literal else {
+        return Span::default();
+    };
+    let text = source.get(literal.range()).unwrap_or_default();
+    let exact = ['\'', '"']
+        .iter()
+        .any(|q| text.strip_prefix(*q).and_then(|t| t.strip_suffix(*q)) == Some(name));
+    if exact {
+        Span::new(literal.start + 1, literal.end - 1)
+    } else {
+        Span::default()
+    }
+}
+
 /// `Duplicate step identifier: <name>` (APL0002), the spec's words (§1.1), for a step
 /// named at `here` whose identifier was first used at `first`.
 fn duplicate_step(name: &str, here: Span, first: Span) -> Diagnostic {
@@ -512,7 +542,11 @@ impl Lowerer<'_, '_> {
                             "a phase heading with another name starts another step: `{}` is not `{s}`",
                             group.name
                         ))
-                        .with_help(format!("did you mean `{s}`?")),
+                        .with_did_you_mean(
+                            s,
+                            heading_name(self.source, group.span, &group.name),
+                            s,
+                        ),
                     None if indented.is_some() => diag.with_help(
                         "remove the indentation of the `# prompt:` heading",
                     ),
@@ -613,7 +647,15 @@ impl Lowerer<'_, '_> {
             ))
         };
         diag = match suggest(word, roles.into_iter()) {
-            Some(s) => diag.with_help(format!("did you mean `## {s}`?")),
+            Some(s) => {
+                // The edit replaces the word only: a trailing colon stays.
+                let hashes = text.len() - text.trim_start_matches('#').len();
+                let at = text[hashes..].find(word).map_or(Span::default(), |i| {
+                    let start = span.start + hashes + i;
+                    Span::new(start, start + word.len())
+                });
+                diag.with_did_you_mean(&format!("## {s}"), at, s)
+            }
             None => diag.with_help(
                 "a `##` at column 0 in a prompt phase starts a role section; to keep this line as text, indent it or put it in a code fence",
             ),
@@ -892,7 +934,7 @@ impl Lowerer<'_, '_> {
                 continue;
             }
             diag = match suggest(name, self.steps.iter().map(|s| s.name.as_str())) {
-                Some(s) => diag.with_help(format!("did you mean `{s}`?")),
+                Some(s) => diag.with_did_you_mean(s, quoted(self.source, jump.value, name), s),
                 None => diag.with_help(format!(
                     "add a step `# prompt: {name}`, or set `next_step` to `return` to end the run"
                 )),

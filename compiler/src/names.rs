@@ -96,7 +96,12 @@ pub(crate) fn check(
                 if globals.iter().any(|g| g == name) || defined.contains(&name.as_str()) {
                     continue;
                 }
-                diags.push(unknown_function(name, t.map.span(*start, *end), globals));
+                // The call starts with the function's name: the edit replaces that.
+                let name_end = start + name.len();
+                let name_span = (t.source.get(*start..name_end) == Some(name.as_str()))
+                    .then(|| t.map.span(*start, name_end));
+                let span = t.map.span(*start, *end);
+                diags.push(unknown_function(name, span, name_span, globals));
             }
         }
         for (kind, uses) in [
@@ -110,13 +115,21 @@ pub(crate) fn check(
                 let (start, end) = name_span(&t.source, (*start, *end), name, kind);
                 let span = t.map.span(start, end);
                 let suggestion = known.suggestion(kind, name);
-                diags.push(unknown_filter(kind, name, span, suggestion));
+                // The edit only where the span is the name itself, not the fallback of
+                // the whole expression.
+                let exact = t.source.get(start..end) == Some(name.as_str());
+                diags.push(unknown_filter(kind, name, span, suggestion, exact));
             }
         }
     }
 }
 
-fn unknown_function(name: &str, span: Span, globals: &[String]) -> Diagnostic {
+fn unknown_function(
+    name: &str,
+    span: Span,
+    name_span: Option<Span>,
+    globals: &[String],
+) -> Diagnostic {
     let diag = Diagnostic::error(
         Code::UnknownFunction,
         format!("Unknown function: {name}"),
@@ -135,7 +148,7 @@ fn unknown_function(name: &str, span: Span, globals: &[String]) -> Diagnostic {
             "to read a context variable that may be unset, call `get_context('name', default)`",
         ),
         _ => match suggest(name, globals.iter().map(String::as_str)) {
-            Some(s) => diag.with_help(format!("did you mean `{s}`?")),
+            Some(s) => did_you_mean(diag, s, name_span),
             None => diag.with_note(format!(
                 "the functions are the helpers {}, Jinja's globals ({}), and macros defined in the same template",
                 backticked(HELPERS.iter().map(|h| h.name)),
@@ -150,6 +163,15 @@ fn unknown_function(name: &str, span: Span, globals: &[String]) -> Diagnostic {
     }
 }
 
+/// "did you mean `s`?", with the edit that writes `s` at `at` when the name's own span
+/// is known.
+fn did_you_mean(diag: Diagnostic, s: &str, at: Option<Span>) -> Diagnostic {
+    match at {
+        Some(at) => diag.with_did_you_mean(s, at, s),
+        None => diag.with_help(format!("did you mean `{s}`?")),
+    }
+}
+
 /// `a`, `b`, `c`: names as the notes list them.
 fn backticked<'a>(names: impl Iterator<Item = &'a str>) -> String {
     names
@@ -158,7 +180,13 @@ fn backticked<'a>(names: impl Iterator<Item = &'a str>) -> String {
         .join(", ")
 }
 
-fn unknown_filter(kind: Kind, name: &str, span: Span, suggestion: Option<&str>) -> Diagnostic {
+fn unknown_filter(
+    kind: Kind,
+    name: &str,
+    span: Span,
+    suggestion: Option<&str>,
+    exact: bool,
+) -> Diagnostic {
     let what = match kind {
         Kind::Filter => "filter",
         Kind::Test => "test",
@@ -168,7 +196,7 @@ fn unknown_filter(kind: Kind, name: &str, span: Span, suggestion: Option<&str>) 
             "no {what} `{name}` exists, so the render fails when it gets here"
         ));
     match suggestion {
-        Some(s) => diag.with_help(format!("did you mean `{s}`?")),
+        Some(s) => did_you_mean(diag, s, exact.then_some(span)),
         None => diag.with_note(format!(
             "APL templates have Jinja2's built-in {what}s; extensions such as Ansible's are not available"
         )),

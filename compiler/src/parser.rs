@@ -231,7 +231,7 @@ fn phase_heading<'src>(line: Line<'src>, diagnostics: &mut Vec<Diagnostic>) -> H
             word_span,
         );
         diag = match suggest(word, PHASES.iter().map(|(k, _)| *k)) {
-            Some(s) => diag.with_help(format!("did you mean `{s}`?")),
+            Some(s) => diag.with_did_you_mean(s, word_span, s),
             // Not a typo of a phase: most likely a Markdown title such as `# Introduction`.
             None => not_a_phase(text, span, invalid),
         };

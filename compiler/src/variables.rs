@@ -106,7 +106,8 @@ pub(crate) fn check(
             _ if set_elsewhere => diag.with_help(format!(
                 "to keep the value for later phases and steps, write it with `set_context('{name}', …)`, then read it as `{{{{ {name} }}}}`"
             )),
-            Some(s) => diag.with_help(format!("did you mean `{s}`?")),
+            // The edit renames the first read, where the warning is.
+            Some(s) => diag.with_did_you_mean(s, spans[0], s),
             None => diag.with_help(format!(
                 "if `{name}` is passed in with `with_context`, declare it before the first step: `{{# inputs: {name} #}}`; to test whether it is set, use `{name} is defined` or `{name} | default(…)`"
             )),

@@ -50,10 +50,6 @@ impl Document {
         self.analysis = None;
     }
 
-    pub(crate) fn lines(&self) -> &Lines {
-        &self.lines
-    }
-
     /// The text, its lines and its analysis (`None` until [`Document::analysis`] ran).
     pub(crate) fn parts(&self) -> (&str, &Lines, &Analysis) {
         static EMPTY: std::sync::OnceLock<Analysis> = std::sync::OnceLock::new();

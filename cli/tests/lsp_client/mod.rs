@@ -219,3 +219,34 @@ pub fn at(text: &str, needle: &str, nth: usize, delta: usize) -> Value {
 pub fn uri(name: &str) -> String {
     format!("file:///work/{name}")
 }
+
+/// The byte offset of the UTF-16 `position` in `text` (the inverse of [`position`]),
+/// as a client applying an edit computes it.
+pub fn offset(text: &str, position: &Value) -> usize {
+    let (Some(line), Some(character)) = (position["line"].as_u64(), position["character"].as_u64())
+    else {
+        panic!("not a position: {position}");
+    };
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(line as usize)
+        .map(str::len)
+        .sum();
+    let mut units = 0;
+    for (i, c) in text[start..].char_indices() {
+        if units >= character as usize || c == '\n' {
+            return start + i;
+        }
+        units += c.len_utf16();
+    }
+    text.len()
+}
+
+/// `text` with one LSP `TextEdit` applied.
+pub fn apply(text: &str, edit: &Value) -> String {
+    let start = offset(text, &edit["range"]["start"]);
+    let end = offset(text, &edit["range"]["end"]);
+    let mut out = text.to_string();
+    out.replace_range(start..end, edit["newText"].as_str().expect("newText"));
+    out
+}

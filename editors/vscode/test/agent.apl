@@ -19,3 +19,5 @@ Ticket : {{ ticket | tojson }} (essai {{ runs }})
 ```
 # Not a phase
 Réponds à {{ ticket }}.
+{# Jinja from source.jinja: attributes, filters without a space, tests, escapes #}
+{{ ticket.title|upper ~ '\n' }}{% if human_input is defined %}{{ get_context('n', runs + 1.5) }}{% endif %}

@@ -72,47 +72,13 @@ pub(crate) fn diagnostics(
     doc: &mut Document,
     options: &Options,
 ) -> Vec<lsp_types::Diagnostic> {
-    let lines = doc.lines().clone();
-    let text = doc.text.clone();
-    let analysis = doc.analysis(options);
-    let location = |span: Span| Location::new(uri.clone(), lines.range(&text, span));
-    analysis
-        .diagnostics
-        .iter()
-        .map(|d| {
-            let primary = d.span();
-            let mut related: Vec<DiagnosticRelatedInformation> = d
-                .labels
-                .iter()
-                .filter(|l| !l.message.is_empty())
-                .map(|l| DiagnosticRelatedInformation {
-                    location: location(l.span),
-                    message: l.message.clone(),
-                })
-                .collect();
-            let extra = d
-                .notes
-                .iter()
-                .map(|n| format!("note: {n}"))
-                .chain(d.help.iter().map(|h| format!("help: {h}")));
-            related.extend(extra.map(|message| DiagnosticRelatedInformation {
-                location: location(primary),
-                message,
-            }));
-            lsp_types::Diagnostic {
-                range: lines.range(&text, primary),
-                severity: Some(match d.severity {
-                    Severity::Error => DiagnosticSeverity::ERROR,
-                    Severity::Warning => DiagnosticSeverity::WARNING,
-                }),
-                code: Some(NumberOrString::String(d.code.as_str().to_string())),
-                source: Some("aplc".to_string()),
-                message: d.message.clone(),
-                related_information: (!related.is_empty()).then_some(related),
-                ..lsp_types::Diagnostic::default()
-            }
-        })
-        .collect()
+    with_view(doc, options, |v| {
+        v.analysis
+            .diagnostics
+            .iter()
+            .map(|d| v.diagnostic(uri, d))
+            .collect()
+    })
 }
 
 /// The text, its lines and its analysis, borrowed together.
@@ -129,6 +95,42 @@ impl View<'_> {
 
     fn offset(&self, position: lsp_types::Position) -> usize {
         self.lines.offset(self.text, position)
+    }
+
+    /// One compiler diagnostic as the protocol's (see [`diagnostics`]).
+    fn diagnostic(&self, uri: &Uri, d: &aplc_compiler::Diagnostic) -> lsp_types::Diagnostic {
+        let location = |span: Span| Location::new(uri.clone(), self.range(span));
+        let primary = d.span();
+        let mut related: Vec<DiagnosticRelatedInformation> = d
+            .labels
+            .iter()
+            .filter(|l| !l.message.is_empty())
+            .map(|l| DiagnosticRelatedInformation {
+                location: location(l.span),
+                message: l.message.clone(),
+            })
+            .collect();
+        let extra = d
+            .notes
+            .iter()
+            .map(|n| format!("note: {n}"))
+            .chain(d.help.iter().map(|h| format!("help: {h}")));
+        related.extend(extra.map(|message| DiagnosticRelatedInformation {
+            location: location(primary),
+            message,
+        }));
+        lsp_types::Diagnostic {
+            range: self.range(primary),
+            severity: Some(match d.severity {
+                Severity::Error => DiagnosticSeverity::ERROR,
+                Severity::Warning => DiagnosticSeverity::WARNING,
+            }),
+            code: Some(NumberOrString::String(d.code.as_str().to_string())),
+            source: Some("aplc".to_string()),
+            message: d.message.clone(),
+            related_information: (!related.is_empty()).then_some(related),
+            ..lsp_types::Diagnostic::default()
+        }
     }
 }
 
