@@ -12,6 +12,17 @@ export interface Diagnostic {
   labels: { primary: boolean; message: string; line: number; column: number; endLine: number; endColumn: number }[];
   notes: string[];
   help: string | null;
+  /** The edit `help` suggests (a did-you-mean), where it is one: replace the range with `replacement`. */
+  suggestion: Suggestion | null;
+}
+
+/** An edit that applies a diagnostic's fix: replace `line:column` to `endLine:endColumn` (1-based, in characters) with `replacement`. */
+export interface Suggestion {
+  replacement: string;
+  line: number;
+  column: number;
+  endLine: number;
+  endColumn: number;
 }
 
 export interface CheckResult {

@@ -48,6 +48,14 @@ fn row(lines: &LineIndex, source: &str, d: &Diagnostic) -> Json {
         "labels": labels,
         "notes": d.notes,
         "help": d.help,
+        "suggestion": d.suggestion.as_ref().map(|s| {
+            let (line, column) = position(s.span.start);
+            let (end_line, end_column) = position(s.span.end);
+            json!({
+                "replacement": s.replacement, "line": line, "column": column,
+                "endLine": end_line, "endColumn": end_column,
+            })
+        }),
     })
 }
 
@@ -137,6 +145,20 @@ mod tests {
         assert!(first["line"].as_u64().unwrap() >= 5, "{first}");
         assert!(first["endColumn"].as_u64().is_some(), "{first}");
         assert!(report["rendered"].as_str().unwrap().contains("x.apl"));
+    }
+
+    #[test]
+    fn a_did_you_mean_carries_its_edit() {
+        let source =
+            "# prompt: fin\n## user\nhi\n\n# post: fin\n{{ set_context('next_step', 'fni') }}\n";
+        let c = compile(source, "x.apl", &Options::default());
+        let report = check_report(source, "x.apl", &c.diagnostics);
+        let suggestion = &report["diagnostics"][0]["suggestion"];
+        assert_eq!(suggestion["replacement"], "fin", "{report}");
+        // `fni` inside the quotes of line 6.
+        assert_eq!(suggestion["line"], 6, "{suggestion}");
+        assert_eq!(suggestion["column"], 30, "{suggestion}");
+        assert_eq!(suggestion["endColumn"], 33, "{suggestion}");
     }
 
     #[test]
