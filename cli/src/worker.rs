@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use aplc_runtime::store::StoreUrl;
 use aplc_server::temporal::{WorkerConfig, run_worker};
 use aplc_server::{LogFormat, ServeError};
 use clap::Args;
@@ -41,6 +42,11 @@ pub(crate) struct WorkerArgs {
     /// (Temporal retries them elsewhere), in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_DRAIN_TIMEOUT.as_millis() as u64)]
     drain_timeout_ms: u64,
+    /// Where long runs keep the checkpoints they continue-as-new from: `sqlite:PATH`
+    /// (one worker, or workers of one machine) or `postgres://USER@HOST/DB` (any
+    /// workers of the task queue; all must use the same).
+    #[arg(long, value_name = "URL", default_value = aplc_server::temporal::DEFAULT_STORE)]
+    store: String,
 }
 
 pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
@@ -51,6 +57,7 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     config.tools = args.tools;
     config.max_concurrent_runs = args.max_concurrent_runs;
     config.drain_timeout = Duration::from_millis(args.drain_timeout_ms);
+    config.store = Some(StoreUrl::parse(&args.store).map_err(|e| Failure::usage(e.to_string()))?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

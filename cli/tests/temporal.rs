@@ -45,15 +45,17 @@ fn free_port() -> u16 {
     listener.local_addr().expect("address").port()
 }
 
-/// `temporal server start-dev`, headless, on free ports, with a database in `dir`;
-/// its process group is killed when dropped.
+/// `temporal server start-dev`, headless, on free ports, its database in memory (a
+/// database file costs an fsync per history write: two thirds of a step's time, 120 ms
+/// against 40 ms, on the machine of benches/README.md); its process group is killed when
+/// dropped.
 struct DevServer {
     child: Option<Child>,
     address: String,
 }
 
 impl DevServer {
-    fn start(dir: &Path) -> DevServer {
+    fn start() -> DevServer {
         let (port, ui_port) = (free_port(), free_port());
         let child = Command::new(temporal_cli())
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
@@ -63,8 +65,6 @@ impl DevServer {
                 "--ui-port",
                 &ui_port.to_string(),
             ])
-            .arg("--db-filename")
-            .arg(dir.join("temporal.db"))
             .args(["--log-level", "error"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -345,7 +345,7 @@ fn aplc_run(dir: &Path, context: &Json) -> Json {
 fn a_workflow_ends_with_the_context_aplc_run_gives() {
     let model = Model::start();
     let dir = scratch("same_context", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let _worker = Worker::start(&server, &dir, "same");
     let context = json!({"turns": 3, "tag": "a"});
     server.start_run(
@@ -365,13 +365,98 @@ fn a_workflow_ends_with_the_context_aplc_run_gives() {
     assert!(!history.contains(KEY), "the key is in the history");
 }
 
+/// Long runs: a run of 20 steps that may make 5 per workflow run continues as new at
+/// least 3 times, each time carrying only a reference to its checkpoint in the worker's
+/// store, and ends with the context `aplc run` gives (`context_history` whole).
+#[test]
+fn a_long_run_continues_as_new_and_ends_with_the_context_aplc_run_gives() {
+    const TURNS: u64 = 20;
+    let model = Model::start();
+    let dir = scratch("continue", &model);
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "continue");
+    let context = json!({"turns": TURNS, "tag": "c"});
+    let input = json!({"agent": "turns", "context": context, "options": {"checkpoint_every": 5}});
+    server.start_run("continue", "continue-1", &input);
+    let result = server.result("continue-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(&dir, &context));
+    assert_eq!(
+        model.prompts_of("c").len(),
+        TURNS as usize,
+        "each turn asked once"
+    );
+    let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='continue-1'"]);
+    let runs: u64 = runs
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        runs >= 4,
+        "{runs} workflow runs: it did not continue as new 3 times"
+    );
+    // The latest run's input is a reference to the checkpoints, not the checkpoints.
+    let history: Json = serde_json::from_str(&server.history("continue-1")).expect("history");
+    let started = &history["events"][0]["workflowExecutionStartedEventAttributes"];
+    let carried = started["input"]["payloads"][0]["data"]
+        .as_str()
+        .expect("an input");
+    assert!(
+        carried.contains("\"resume\"") && carried.len() < 1024,
+        "{carried}"
+    );
+    assert!(
+        dir.join("aplc-temporal.db").is_file(),
+        "no checkpoint store"
+    );
+}
+
+/// The long-run benchmark of benches/README.md, "Temporal" (not a timed test: it prints;
+/// `--ignored` runs it): a run of `LONG_TURNS` steps, which continues as new whenever
+/// Temporal suggests it, completes; the time per step, and how many workflow runs it took.
+#[test]
+#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture long"]
+fn bench_a_long_run_on_temporal() {
+    let turns: u64 = std::env::var("APLC_LONG_TURNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20_000);
+    let model = Model::start();
+    let dir = scratch("long", &model);
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "long");
+    let input = json!({
+        "agent": "turns",
+        "context": {"turns": turns, "tag": "l"},
+        "options": {"max_steps": turns + 1, "timeout_ms": 86_400_000},
+    });
+    let started = std::time::Instant::now();
+    server.start_run("long", "long-1", &input);
+    let result = server.result("long-1");
+    let took = started.elapsed();
+    assert_eq!(result["status"], "completed", "{}", result["error"]);
+    assert_eq!(result["context"]["turn"], turns);
+    let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='long-1'"]);
+    eprintln!(
+        "a run of {turns} steps on Temporal: {:.1} s, {:.1} ms/step, {} workflow runs, \
+         context_history omitted: {}",
+        took.as_secs_f64(),
+        took.as_secs_f64() * 1000.0 / turns as f64,
+        runs.split_whitespace().last().unwrap_or("?"),
+        result["context_history_omitted"],
+    );
+}
+
 /// A run that fails (its step budget) is a completed workflow whose result says
 /// `status: failed` with the error; an unknown agent too.
 #[test]
 fn a_failed_run_is_a_completed_workflow_with_status_failed() {
     let model = Model::start();
     let dir = scratch("failed", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let mut worker = Worker::start(&server, &dir, "failed");
     let input =
         json!({"agent": "turns", "context": {"turns": 5, "tag": "b"}, "options": {"max_steps": 2}});
@@ -457,7 +542,7 @@ fn runs_complete_when_a_worker_is_killed_and_no_answered_call_is_sent_again() {
     let model = Model::start();
     model.delay(500);
     let dir = scratch("failover", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let mut doomed = Worker::start(&server, &dir, "failover");
     let _survivor = Worker::start(&server, &dir, "failover");
     // Started at once (one CLI process each), so the kill finds most runs mid-way.
@@ -533,7 +618,7 @@ fn a_run_goes_on_only_on_the_bundle_it_started_with() {
     )
     .expect("edited agent");
     providers(&edited, "providers.json", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let mut first = Worker::start(&server, &dir, "pinned");
     let input = json!({"agent": "turns", "context": {"turns": 2, "tag": "p"}});
     server.start_run("pinned", "pinned-1", &input);
@@ -594,7 +679,7 @@ fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
     }});
     std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
     let ledger = || std::fs::read_to_string(dir.join("ledger.log")).unwrap_or_default();
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let tools = ["--tools", "tools.json"];
     let mut doomed = Worker::start_with(&server, &dir, "once", &tools);
     server.start_run(
@@ -642,7 +727,7 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
          Confirmed: {{ human_input }} for run {{ tag }}.\n",
     )
     .expect("agent");
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let _worker = Worker::start(&server, &dir, "human");
     server.start_run(
         "human",
@@ -723,7 +808,7 @@ async fn bench_temporal_against_serve() {
     const ALONE_TURNS: u64 = 40;
     let model = Model::start();
     let dir = scratch("bench", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let _worker = Worker::start(&server, &dir, "bench");
     let completed = |server: &DevServer| -> usize {
         // Each count is a CLI process: a few a second, not one per 10 ms, which would

@@ -21,15 +21,19 @@ use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions, Ur
 use temporalio_sdk::runtime::worker_tuner::{FixedSizeSlotSupplier, TunerHolder, WorkerTuner};
 use temporalio_sdk::{Runtime, Worker, WorkerOptions};
 
+use aplc_runtime::store::StoreUrl;
+
 use crate::ServeError;
 use crate::agents::Agents;
 use crate::equip::Equipment;
 
 mod activities;
+mod checkpoints;
 mod payload;
 mod workflow;
 
 use activities::AplActivities;
+use checkpoints::Checkpoints;
 use workflow::AplRun;
 
 /// How `aplc worker --temporal` is set up: its flags.
@@ -52,6 +56,9 @@ pub struct WorkerConfig {
     pub max_concurrent_runs: usize,
     /// How long in-flight activities may finish after SIGTERM.
     pub drain_timeout: Duration,
+    /// The store of long runs' checkpoints (continue-as-new), shared by the workers of
+    /// the task queue; `None`: `sqlite:aplc-temporal.db` in the working directory.
+    pub store: Option<StoreUrl>,
 }
 
 impl WorkerConfig {
@@ -66,6 +73,7 @@ impl WorkerConfig {
             tools: None,
             max_concurrent_runs: crate::DEFAULT_MAX_CONCURRENT_RUNS,
             drain_timeout: crate::DEFAULT_DRAIN_TIMEOUT,
+            store: None,
         }
     }
 }
@@ -74,7 +82,11 @@ impl WorkerConfig {
 pub(crate) struct Host {
     pub(crate) agents: Arc<Agents>,
     pub(crate) equipment: Equipment,
+    pub(crate) checkpoints: Checkpoints,
 }
+
+/// The store of checkpoints when `--store` is not given: one worker's.
+pub const DEFAULT_STORE: &str = "sqlite:aplc-temporal.db";
 
 static HOST: OnceLock<Arc<Host>> = OnceLock::new();
 
@@ -94,7 +106,16 @@ pub async fn run_worker(config: WorkerConfig, ready: impl FnOnce()) -> Result<()
     )?;
     let _mcp = equipment.start_mcp().await?;
     let agents = Agents::load(config.agents.clone())?;
-    let host = Arc::new(Host { agents, equipment });
+    let store = match config.store.clone() {
+        Some(url) => url,
+        None => StoreUrl::parse(DEFAULT_STORE)?,
+    };
+    let checkpoints = Checkpoints::open(&store).await?;
+    let host = Arc::new(Host {
+        agents,
+        equipment,
+        checkpoints,
+    });
     if HOST.set(host.clone()).is_err() {
         return Err(ServeError::Config("one Temporal worker per process".into()));
     }
