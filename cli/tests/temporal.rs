@@ -365,6 +365,60 @@ fn a_workflow_ends_with_the_context_aplc_run_gives() {
     assert!(!history.contains(KEY), "the key is in the history");
 }
 
+/// `apl.Run` as Temporal's Rust client knows it: a JSON input, a JSON result.
+struct AplRun;
+
+impl temporalio_common::WorkflowDefinition for AplRun {
+    type Input = Json;
+    type Output = Json;
+    fn name(&self) -> &str {
+        "apl.Run"
+    }
+}
+
+impl temporalio_common::HasWorkflowDefinition for AplRun {
+    type Run = Self;
+}
+
+/// A workflow started from Rust, with Temporal's SDK client (not the CLI), ends with the
+/// context `aplc run` gives.
+#[tokio::test]
+async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
+    use temporalio_client::{
+        Client, ClientOptions, Connection, ConnectionOptions, WorkflowGetResultOptions,
+        WorkflowStartOptions,
+    };
+    let model = Model::start();
+    let dir = scratch("from_rust", &model);
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "rust");
+    let url: temporalio_client::Url = format!("http://{}", server.address).parse().expect("a URL");
+    let connection = Connection::connect(ConnectionOptions::new(url).build())
+        .await
+        .expect("connect to the dev server");
+    let client = Client::new(connection, ClientOptions::new("default").build()).expect("client");
+    let context = json!({"turns": 2, "tag": "rust"});
+    let handle = client
+        .start_workflow(
+            AplRun,
+            json!({"agent": "turns", "context": context}),
+            WorkflowStartOptions::new("rust", "rust-1").build(),
+        )
+        .await
+        .expect("start apl.Run");
+    let result = tokio::time::timeout(
+        WORKFLOW_WAIT,
+        handle.get_result(WorkflowGetResultOptions::default()),
+    )
+    .await
+    .expect("the workflow ended in time")
+    .expect("its result");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(&dir, &context));
+}
+
 /// Long runs: a run of 20 steps that may make 5 per workflow run continues as new at
 /// least 3 times, each time carrying only a reference to its checkpoint in the worker's
 /// store, and ends with the context `aplc run` gives (`context_history` whole).
