@@ -47,6 +47,26 @@ pub(crate) struct WorkerArgs {
     /// workers of the task queue; all must use the same).
     #[arg(long, value_name = "URL", default_value = aplc_server::temporal::DEFAULT_STORE)]
     store: String,
+    /// Connect with TLS (implied by the other `--tls-*` flags and by an API key), as
+    /// Temporal Cloud asks.
+    #[arg(long)]
+    tls: bool,
+    /// The CA certificate (PEM) that signs the server's; without it, the system's roots.
+    #[arg(long, value_name = "CA.pem")]
+    tls_ca: Option<PathBuf>,
+    /// This worker's certificate (PEM), for mutual TLS; with `--tls-key`.
+    #[arg(long, value_name = "CERT.pem")]
+    tls_cert: Option<PathBuf>,
+    /// This worker's private key (PEM), for mutual TLS; with `--tls-cert`.
+    #[arg(long, value_name = "KEY.pem")]
+    tls_key: Option<PathBuf>,
+    /// The name the server's certificate must carry, if not the address's host.
+    #[arg(long, value_name = "NAME")]
+    tls_domain: Option<String>,
+    /// The environment variable holding a Temporal API key (Temporal Cloud), e.g.
+    /// `TEMPORAL_API_KEY`: the key itself is never a flag, and never printed.
+    #[arg(long, value_name = "VAR")]
+    api_key_env: Option<String>,
 }
 
 pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
@@ -57,6 +77,12 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     config.tools = args.tools;
     config.max_concurrent_runs = args.max_concurrent_runs;
     config.drain_timeout = Duration::from_millis(args.drain_timeout_ms);
+    config.tls.enabled = args.tls;
+    config.tls.ca = args.tls_ca;
+    config.tls.cert = args.tls_cert;
+    config.tls.key = args.tls_key;
+    config.tls.domain = args.tls_domain;
+    config.api_key_env = args.api_key_env;
     config.store = Some(StoreUrl::parse(&args.store).map_err(|e| Failure::usage(e.to_string()))?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

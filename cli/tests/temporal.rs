@@ -5,7 +5,7 @@
 
 mod serving;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -501,6 +501,65 @@ fn bench_a_long_run_on_temporal() {
         took.as_secs_f64() * 1000.0 / turns as f64,
         runs.split_whitespace().last().unwrap_or("?"),
         result["context_history_omitted"],
+    );
+}
+
+/// Temporal Cloud's flags: `--tls-*` are checked before anything (usage errors, exit 2),
+/// a missing `--api-key-env` variable is named without a value, and a key makes the
+/// worker speak TLS (a server without it fails the handshake: exit 1), the key itself
+/// never in its output, even at `RUST_LOG=trace`.
+#[test]
+fn tls_flags_are_checked_and_the_api_key_never_shows() {
+    const API_KEY: &str = "tmprl-api-key-test-5b7e01";
+    let model = Model::start();
+    let dir = scratch("tls", &model);
+    // A frontend that speaks no TLS: it answers any connection in plain HTTP and closes.
+    let plain = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = plain.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        for stream in plain.incoming().flatten() {
+            let _ = (&stream).write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let worker = |extra: &[&str]| -> (Option<i32>, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_aplc"))
+            .current_dir(&dir)
+            .args(["worker", "--temporal", &address, "--task-queue", "tls"])
+            .args(["--agents", "agents", "--providers", "providers.json"])
+            .args(extra)
+            .env("T28_KEY", KEY)
+            .env("T28_API_KEY", API_KEY)
+            .env_remove("T28_NO_KEY")
+            .env("RUST_LOG", "trace")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run aplc worker");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = worker(&["--tls-cert", "client.pem"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("--tls-cert and --tls-key go together"),
+        "{text}"
+    );
+    let (code, text) = worker(&["--tls-ca", "missing-ca.pem"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("--tls-ca missing-ca.pem"), "{text}");
+    let (code, text) = worker(&["--api-key-env", "T28_NO_KEY"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("`T28_NO_KEY` is not set"), "{text}");
+    let (code, text) = worker(&["--api-key-env", "T28_API_KEY"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("cannot reach Temporal"), "{text}");
+    assert!(
+        text.contains("InvalidContentType"),
+        "TLS was not tried: {text}"
+    );
+    assert!(
+        !text.contains(API_KEY),
+        "the API key is in the output:\n{text}"
     );
 }
 
