@@ -468,11 +468,43 @@ fn a_long_run_continues_as_new_and_ends_with_the_context_aplc_run_gives() {
     );
 }
 
+/// A continued run goes on only from its checkpoints: a worker whose store lacks them
+/// fails the workflow task (the history says why) and sends nothing; a worker of the
+/// run's store then finishes it.
+#[test]
+fn a_continued_run_goes_on_only_where_its_checkpoints_are() {
+    let model = Model::start();
+    model.delay(1_500);
+    let dir = scratch("checkpoint_store", &model);
+    let server = DevServer::start();
+    let mut first = Worker::start(&server, &dir, "stored");
+    let context = json!({"turns": 3, "tag": "s"});
+    let input = json!({"agent": "turns", "context": context, "options": {"checkpoint_every": 1}});
+    server.start_run("stored", "stored-1", &input);
+    // The second call is made by the second workflow run: the run continued as new.
+    wait_for("the second call", WORKFLOW_WAIT, || {
+        model.prompts_of("s").len() >= 2
+    });
+    first.kill();
+    let elsewhere = ["--store", "sqlite:elsewhere.db"];
+    let mut other = Worker::start_with(&server, &dir, "stored", &elsewhere);
+    wait_for("a failed workflow task", WORKFLOW_WAIT, || {
+        server.history("stored-1").contains("checkpoint store")
+    });
+    other.kill();
+    let _same = Worker::start(&server, &dir, "stored");
+    let result = server.result("stored-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(&dir, &context));
+}
+
 /// The long-run benchmark of benches/README.md, "Temporal" (not a timed test: it prints;
 /// `--ignored` runs it): a run of `LONG_TURNS` steps, which continues as new whenever
 /// Temporal suggests it, completes; the time per step, and how many workflow runs it took.
 #[test]
-#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture long"]
+#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture bench_a_long_run"]
 fn bench_a_long_run_on_temporal() {
     let turns: u64 = std::env::var("APLC_LONG_TURNS")
         .ok()
@@ -914,7 +946,7 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
 /// Temporal (one worker, a dev server on SQLite) and on `aplc serve` (SQLite store),
 /// against the same instant fake model.
 #[tokio::test]
-#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture"]
+#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture bench_temporal_against_serve"]
 async fn bench_temporal_against_serve() {
     const BENCH_RUNS: usize = 50;
     const BENCH_TURNS: u64 = 10;
