@@ -67,6 +67,11 @@ pub(crate) struct WorkerArgs {
     /// `TEMPORAL_API_KEY`: the key itself is never a flag, and never printed.
     #[arg(long, value_name = "VAR")]
     api_key_env: Option<String>,
+    /// OpenTelemetry export of every provider and tool call's span (`--otel`,
+    /// `--otel-content`, or the OTLP endpoint variables); a call's span nests under the
+    /// trace context (`_tracer-data`) its workflow was started with.
+    #[command(flatten)]
+    telemetry: crate::telemetry::TelemetryArgs,
 }
 
 pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
@@ -84,6 +89,8 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     config.tls.domain = args.tls_domain;
     config.api_key_env = args.api_key_env;
     config.store = Some(StoreUrl::parse(&args.store).map_err(|e| Failure::usage(e.to_string()))?);
+    config.telemetry = args.telemetry.pipeline()?.map(std::sync::Arc::new);
+    let telemetry = config.telemetry.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -92,6 +99,10 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         // One line on stdout for scripts and tests: the worker polls.
         println!("worker polling");
     }));
+    // The calls are over (or cancelled, to run elsewhere): their last spans go out now.
+    if let Some(telemetry) = &telemetry {
+        crate::telemetry::shut_down(telemetry);
+    }
     runtime.shutdown_timeout(crate::serve::SHUTDOWN_GRACE);
     match ran {
         Ok(()) => Ok(ExitCode::SUCCESS),

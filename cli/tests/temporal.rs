@@ -218,6 +218,17 @@ impl Worker {
 
     /// [`Worker::start`] with `extra` flags.
     fn start_with(server: &DevServer, dir: &Path, queue: &str, extra: &[&str]) -> Worker {
+        Worker::start_env(server, dir, queue, extra, &[])
+    }
+
+    /// [`Worker::start_with`] with `env` set too.
+    fn start_env(
+        server: &DevServer,
+        dir: &Path,
+        queue: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let child = Command::new(env!("CARGO_BIN_EXE_aplc"))
             .current_dir(dir)
             .args([
@@ -232,6 +243,7 @@ impl Worker {
             .env("T28_KEY", KEY)
             .env_remove("OPENAI_API_KEY")
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -417,6 +429,90 @@ async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
     let mut got = result["context"].clone();
     strip_times(&mut got);
     assert_eq!(got, aplc_run(&dir, &context));
+}
+
+/// Tracing: a workflow started with a `_tracer-data` header (as Temporal's SDKs write
+/// it) has its provider calls' `chat` spans, exported by a worker with `--otel`, in that
+/// header's trace, directly under its span, across its continue-as-new too.
+#[tokio::test]
+async fn provider_call_spans_nest_under_the_workflows_trace_context() {
+    use temporalio_client::{
+        Client, ClientOptions, Connection, ConnectionOptions, WorkflowGetResultOptions,
+        WorkflowStartOptions,
+    };
+    use temporalio_common::protos::temporal::api::common::v1::{Header, Payload};
+    const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+    const SPAN_ID: &str = "b7ad6b7169203331";
+    const TURNS: usize = 6;
+    let model = Model::start();
+    let dir = scratch("traced", &model);
+    let server = DevServer::start();
+    let receiver = aplc_test_support::otlp::Receiver::start(200);
+    let endpoint = receiver.endpoint();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let mut worker = Worker::start_env(&server, &dir, "traced", &["--otel"], &env);
+    let url: temporalio_client::Url = format!("http://{}", server.address).parse().expect("a URL");
+    let connection = Connection::connect(ConnectionOptions::new(url).build())
+        .await
+        .expect("connect to the dev server");
+    let client = Client::new(connection, ClientOptions::new("default").build()).expect("client");
+    let tracer_data = Payload {
+        metadata: [("encoding".to_owned(), b"json/plain".to_vec())].into(),
+        data: json!({"traceparent": format!("00-{TRACE_ID}-{SPAN_ID}-01")})
+            .to_string()
+            .into_bytes(),
+        ..Default::default()
+    };
+    let header = Header {
+        fields: [("_tracer-data".to_owned(), tracer_data)].into(),
+    };
+    let mut options = WorkflowStartOptions::new("traced", "traced-1").build();
+    options.header = Some(header);
+    let handle = client
+        .start_workflow(
+            AplRun,
+            // Two steps per workflow run: it continues as new twice.
+            json!({"agent": "turns", "context": {"turns": TURNS, "tag": "traced"},
+                   "options": {"checkpoint_every": 2}}),
+            options,
+        )
+        .await
+        .expect("start apl.Run");
+    let result = tokio::time::timeout(
+        WORKFLOW_WAIT,
+        handle.get_result(WorkflowGetResultOptions::default()),
+    )
+    .await
+    .expect("the workflow ended in time")
+    .expect("its result");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='traced-1'"]);
+    let runs: u64 = runs
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        runs >= 3,
+        "{runs} workflow runs: it did not continue as new"
+    );
+    // SIGTERM: the worker sends its last spans before it exits.
+    assert_eq!(worker.terminate(), Some(0));
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let chats: Vec<_> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert_eq!(
+        chats.len(),
+        TURNS,
+        "one chat span per provider call: {chats:#?}"
+    );
+    for chat in &chats {
+        assert_eq!(hex(&chat.trace_id), TRACE_ID, "{chat:#?}");
+        assert_eq!(hex(&chat.parent_span_id), SPAN_ID, "{chat:#?}");
+    }
 }
 
 /// Long runs: a run of 20 steps that may make 5 per workflow run continues as new at

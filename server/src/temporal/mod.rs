@@ -32,6 +32,7 @@ use crate::equip::Equipment;
 mod activities;
 mod checkpoints;
 mod payload;
+mod trace_header;
 mod workflow;
 
 use activities::AplActivities;
@@ -66,6 +67,10 @@ pub struct WorkerConfig {
     /// The environment variable holding an API key (Temporal Cloud): sent as a bearer
     /// token, over TLS. The key itself is never printed, logged or in an error.
     pub api_key_env: Option<String>,
+    /// The OpenTelemetry pipeline, when export is on (spec/telemetry.md): each provider
+    /// and tool call's span, under the trace context its workflow was started with. The
+    /// caller shuts it down after [`run_worker`] returned.
+    pub telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
 }
 
 /// `--tls` and its files: PEM paths, read at start.
@@ -109,6 +114,7 @@ impl WorkerConfig {
             store: None,
             tls: TlsConfig::default(),
             api_key_env: None,
+            telemetry: None,
         }
     }
 }
@@ -118,6 +124,7 @@ pub(crate) struct Host {
     pub(crate) agents: Arc<Agents>,
     pub(crate) equipment: Equipment,
     pub(crate) checkpoints: Checkpoints,
+    pub(crate) telemetry: Option<Arc<aplc_runtime::telemetry::Telemetry>>,
 }
 
 /// How long the worker waits for Temporal's frontend to take its connection.
@@ -159,6 +166,7 @@ pub async fn run_worker(config: WorkerConfig, ready: impl FnOnce()) -> Result<()
         agents,
         equipment,
         checkpoints,
+        telemetry: config.telemetry.clone(),
     });
     if HOST.set(host.clone()).is_err() {
         return Err(ServeError::Config("one Temporal worker per process".into()));
@@ -170,6 +178,7 @@ pub async fn run_worker(config: WorkerConfig, ready: impl FnOnce()) -> Result<()
         .register_activities(AplActivities::new(host))
         .register_workflow::<AplRun>()
         .map_err(|e| ServeError::Config(format!("temporal workflow: {e}")))?
+        .workflow_interceptor(trace_header::constructor())
         .tuner(tuner(config.max_concurrent_runs))
         .graceful_shutdown_period(config.drain_timeout)
         .build();
