@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use aplc_runtime::store::StoreUrl;
 use aplc_server::temporal::{WorkerConfig, run_worker};
 use aplc_server::{LogFormat, ServeError};
 use clap::Args;
@@ -41,6 +42,36 @@ pub(crate) struct WorkerArgs {
     /// (Temporal retries them elsewhere), in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = aplc_server::DEFAULT_DRAIN_TIMEOUT.as_millis() as u64)]
     drain_timeout_ms: u64,
+    /// Where long runs keep the checkpoints they continue-as-new from: `sqlite:PATH`
+    /// (one worker, or workers of one machine) or `postgres://USER@HOST/DB` (any
+    /// workers of the task queue; all must use the same).
+    #[arg(long, value_name = "URL", default_value = aplc_server::temporal::DEFAULT_STORE)]
+    store: String,
+    /// Connect with TLS (implied by the other `--tls-*` flags and by an API key), as
+    /// Temporal Cloud asks.
+    #[arg(long)]
+    tls: bool,
+    /// The CA certificate (PEM) that signs the server's; without it, the system's roots.
+    #[arg(long, value_name = "CA.pem")]
+    tls_ca: Option<PathBuf>,
+    /// This worker's certificate (PEM), for mutual TLS; with `--tls-key`.
+    #[arg(long, value_name = "CERT.pem")]
+    tls_cert: Option<PathBuf>,
+    /// This worker's private key (PEM), for mutual TLS; with `--tls-cert`.
+    #[arg(long, value_name = "KEY.pem")]
+    tls_key: Option<PathBuf>,
+    /// The name the server's certificate must carry, if not the address's host.
+    #[arg(long, value_name = "NAME")]
+    tls_domain: Option<String>,
+    /// The environment variable holding a Temporal API key (Temporal Cloud), e.g.
+    /// `TEMPORAL_API_KEY`: the key itself is never a flag, and never printed.
+    #[arg(long, value_name = "VAR")]
+    api_key_env: Option<String>,
+    /// OpenTelemetry export of every provider and tool call's span (`--otel`,
+    /// `--otel-content`, or the OTLP endpoint variables); a call's span nests under the
+    /// trace context (`_tracer-data`) its workflow was started with.
+    #[command(flatten)]
+    telemetry: crate::telemetry::TelemetryArgs,
 }
 
 pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
@@ -51,6 +82,15 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
     config.tools = args.tools;
     config.max_concurrent_runs = args.max_concurrent_runs;
     config.drain_timeout = Duration::from_millis(args.drain_timeout_ms);
+    config.tls.enabled = args.tls;
+    config.tls.ca = args.tls_ca;
+    config.tls.cert = args.tls_cert;
+    config.tls.key = args.tls_key;
+    config.tls.domain = args.tls_domain;
+    config.api_key_env = args.api_key_env;
+    config.store = Some(StoreUrl::parse(&args.store).map_err(|e| Failure::usage(e.to_string()))?);
+    config.telemetry = args.telemetry.pipeline()?.map(std::sync::Arc::new);
+    let telemetry = config.telemetry.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -59,6 +99,10 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<ExitCode, Failure> {
         // One line on stdout for scripts and tests: the worker polls.
         println!("worker polling");
     }));
+    // The calls are over (or cancelled, to run elsewhere): their last spans go out now.
+    if let Some(telemetry) = &telemetry {
+        crate::telemetry::shut_down(telemetry);
+    }
     runtime.shutdown_timeout(crate::serve::SHUTDOWN_GRACE);
     match ran {
         Ok(()) => Ok(ExitCode::SUCCESS),

@@ -5,7 +5,7 @@
 
 mod serving;
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -45,15 +45,17 @@ fn free_port() -> u16 {
     listener.local_addr().expect("address").port()
 }
 
-/// `temporal server start-dev`, headless, on free ports, with a database in `dir`;
-/// its process group is killed when dropped.
+/// `temporal server start-dev`, headless, on free ports, its database in memory (a
+/// database file costs an fsync per history write: two thirds of a step's time, 120 ms
+/// against 40 ms, on the machine of benches/README.md); its process group is killed when
+/// dropped.
 struct DevServer {
     child: Option<Child>,
     address: String,
 }
 
 impl DevServer {
-    fn start(dir: &Path) -> DevServer {
+    fn start() -> DevServer {
         let (port, ui_port) = (free_port(), free_port());
         let child = Command::new(temporal_cli())
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
@@ -63,8 +65,6 @@ impl DevServer {
                 "--ui-port",
                 &ui_port.to_string(),
             ])
-            .arg("--db-filename")
-            .arg(dir.join("temporal.db"))
             .args(["--log-level", "error"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -218,6 +218,17 @@ impl Worker {
 
     /// [`Worker::start`] with `extra` flags.
     fn start_with(server: &DevServer, dir: &Path, queue: &str, extra: &[&str]) -> Worker {
+        Worker::start_env(server, dir, queue, extra, &[])
+    }
+
+    /// [`Worker::start_with`] with `env` set too.
+    fn start_env(
+        server: &DevServer,
+        dir: &Path,
+        queue: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let child = Command::new(env!("CARGO_BIN_EXE_aplc"))
             .current_dir(dir)
             .args([
@@ -232,6 +243,7 @@ impl Worker {
             .env("T28_KEY", KEY)
             .env_remove("OPENAI_API_KEY")
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -345,7 +357,7 @@ fn aplc_run(dir: &Path, context: &Json) -> Json {
 fn a_workflow_ends_with_the_context_aplc_run_gives() {
     let model = Model::start();
     let dir = scratch("same_context", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let _worker = Worker::start(&server, &dir, "same");
     let context = json!({"turns": 3, "tag": "a"});
     server.start_run(
@@ -365,13 +377,327 @@ fn a_workflow_ends_with_the_context_aplc_run_gives() {
     assert!(!history.contains(KEY), "the key is in the history");
 }
 
+/// `apl.Run` as Temporal's Rust client knows it: a JSON input, a JSON result.
+struct AplRun;
+
+impl temporalio_common::WorkflowDefinition for AplRun {
+    type Input = Json;
+    type Output = Json;
+    fn name(&self) -> &str {
+        "apl.Run"
+    }
+}
+
+impl temporalio_common::HasWorkflowDefinition for AplRun {
+    type Run = Self;
+}
+
+/// A workflow started from Rust, with Temporal's SDK client (not the CLI), ends with the
+/// context `aplc run` gives.
+#[tokio::test]
+async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
+    use temporalio_client::{
+        Client, ClientOptions, Connection, ConnectionOptions, WorkflowGetResultOptions,
+        WorkflowStartOptions,
+    };
+    let model = Model::start();
+    let dir = scratch("from_rust", &model);
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "rust");
+    let url: temporalio_client::Url = format!("http://{}", server.address).parse().expect("a URL");
+    let connection = Connection::connect(ConnectionOptions::new(url).build())
+        .await
+        .expect("connect to the dev server");
+    let client = Client::new(connection, ClientOptions::new("default").build()).expect("client");
+    let context = json!({"turns": 2, "tag": "rust"});
+    let handle = client
+        .start_workflow(
+            AplRun,
+            json!({"agent": "turns", "context": context}),
+            WorkflowStartOptions::new("rust", "rust-1").build(),
+        )
+        .await
+        .expect("start apl.Run");
+    let result = tokio::time::timeout(
+        WORKFLOW_WAIT,
+        handle.get_result(WorkflowGetResultOptions::default()),
+    )
+    .await
+    .expect("the workflow ended in time")
+    .expect("its result");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(&dir, &context));
+}
+
+/// Tracing: a workflow started with a `_tracer-data` header (as Temporal's SDKs write
+/// it) has its provider calls' `chat` spans, exported by a worker with `--otel`, in that
+/// header's trace, directly under its span, across its continue-as-new too.
+#[tokio::test]
+async fn provider_call_spans_nest_under_the_workflows_trace_context() {
+    use temporalio_client::{
+        Client, ClientOptions, Connection, ConnectionOptions, WorkflowGetResultOptions,
+        WorkflowStartOptions,
+    };
+    use temporalio_common::protos::temporal::api::common::v1::{Header, Payload};
+    const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+    const SPAN_ID: &str = "b7ad6b7169203331";
+    const TURNS: usize = 6;
+    let model = Model::start();
+    let dir = scratch("traced", &model);
+    let server = DevServer::start();
+    let receiver = aplc_test_support::otlp::Receiver::start(200);
+    let endpoint = receiver.endpoint();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let mut worker = Worker::start_env(&server, &dir, "traced", &["--otel"], &env);
+    let url: temporalio_client::Url = format!("http://{}", server.address).parse().expect("a URL");
+    let connection = Connection::connect(ConnectionOptions::new(url).build())
+        .await
+        .expect("connect to the dev server");
+    let client = Client::new(connection, ClientOptions::new("default").build()).expect("client");
+    let tracer_data = Payload {
+        metadata: [("encoding".to_owned(), b"json/plain".to_vec())].into(),
+        data: json!({"traceparent": format!("00-{TRACE_ID}-{SPAN_ID}-01")})
+            .to_string()
+            .into_bytes(),
+        ..Default::default()
+    };
+    let header = Header {
+        fields: [("_tracer-data".to_owned(), tracer_data)].into(),
+    };
+    let mut options = WorkflowStartOptions::new("traced", "traced-1").build();
+    options.header = Some(header);
+    let handle = client
+        .start_workflow(
+            AplRun,
+            // Two steps per workflow run: it continues as new twice.
+            json!({"agent": "turns", "context": {"turns": TURNS, "tag": "traced"},
+                   "options": {"checkpoint_every": 2}}),
+            options,
+        )
+        .await
+        .expect("start apl.Run");
+    let result = tokio::time::timeout(
+        WORKFLOW_WAIT,
+        handle.get_result(WorkflowGetResultOptions::default()),
+    )
+    .await
+    .expect("the workflow ended in time")
+    .expect("its result");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='traced-1'"]);
+    let runs: u64 = runs
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        runs >= 3,
+        "{runs} workflow runs: it did not continue as new"
+    );
+    // SIGTERM: the worker sends its last spans before it exits.
+    assert_eq!(worker.terminate(), Some(0));
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let chats: Vec<_> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert_eq!(
+        chats.len(),
+        TURNS,
+        "one chat span per provider call: {chats:#?}"
+    );
+    for chat in &chats {
+        assert_eq!(hex(&chat.trace_id), TRACE_ID, "{chat:#?}");
+        assert_eq!(hex(&chat.parent_span_id), SPAN_ID, "{chat:#?}");
+    }
+}
+
+/// Long runs: a run of 20 steps that may make 5 per workflow run continues as new at
+/// least 3 times, each time carrying only a reference to its checkpoint in the worker's
+/// store, and ends with the context `aplc run` gives (`context_history` whole).
+#[test]
+fn a_long_run_continues_as_new_and_ends_with_the_context_aplc_run_gives() {
+    const TURNS: u64 = 20;
+    let model = Model::start();
+    let dir = scratch("continue", &model);
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "continue");
+    let context = json!({"turns": TURNS, "tag": "c"});
+    let input = json!({"agent": "turns", "context": context, "options": {"checkpoint_every": 5}});
+    server.start_run("continue", "continue-1", &input);
+    let result = server.result("continue-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(&dir, &context));
+    assert_eq!(
+        model.prompts_of("c").len(),
+        TURNS as usize,
+        "each turn asked once"
+    );
+    let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='continue-1'"]);
+    let runs: u64 = runs
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        runs >= 4,
+        "{runs} workflow runs: it did not continue as new 3 times"
+    );
+    // The latest run's input is a reference to the checkpoints, not the checkpoints.
+    let history: Json = serde_json::from_str(&server.history("continue-1")).expect("history");
+    let started = &history["events"][0]["workflowExecutionStartedEventAttributes"];
+    let carried = started["input"]["payloads"][0]["data"]
+        .as_str()
+        .expect("an input");
+    assert!(
+        carried.contains("\"resume\"") && carried.len() < 1024,
+        "{carried}"
+    );
+    assert!(
+        dir.join("aplc-temporal.db").is_file(),
+        "no checkpoint store"
+    );
+}
+
+/// A continued run goes on only from its checkpoints: a worker whose store lacks them
+/// fails the workflow task (the history says why) and sends nothing; a worker of the
+/// run's store then finishes it.
+#[test]
+fn a_continued_run_goes_on_only_where_its_checkpoints_are() {
+    let model = Model::start();
+    model.delay(1_500);
+    let dir = scratch("checkpoint_store", &model);
+    let server = DevServer::start();
+    let mut first = Worker::start(&server, &dir, "stored");
+    let context = json!({"turns": 3, "tag": "s"});
+    let input = json!({"agent": "turns", "context": context, "options": {"checkpoint_every": 1}});
+    server.start_run("stored", "stored-1", &input);
+    // The second call is made by the second workflow run: the run continued as new.
+    wait_for("the second call", WORKFLOW_WAIT, || {
+        model.prompts_of("s").len() >= 2
+    });
+    first.kill();
+    let elsewhere = ["--store", "sqlite:elsewhere.db"];
+    let mut other = Worker::start_with(&server, &dir, "stored", &elsewhere);
+    wait_for("a failed workflow task", WORKFLOW_WAIT, || {
+        server.history("stored-1").contains("checkpoint store")
+    });
+    other.kill();
+    let _same = Worker::start(&server, &dir, "stored");
+    let result = server.result("stored-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(&dir, &context));
+}
+
+/// The long-run benchmark of benches/README.md, "Temporal" (not a timed test: it prints;
+/// `--ignored` runs it): a run of `LONG_TURNS` steps, which continues as new whenever
+/// Temporal suggests it, completes; the time per step, and how many workflow runs it took.
+#[test]
+#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture bench_a_long_run"]
+fn bench_a_long_run_on_temporal() {
+    let turns: u64 = std::env::var("APLC_LONG_TURNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20_000);
+    let model = Model::start();
+    let dir = scratch("long", &model);
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "long");
+    let input = json!({
+        "agent": "turns",
+        "context": {"turns": turns, "tag": "l"},
+        "options": {"max_steps": turns + 1, "timeout_ms": 86_400_000},
+    });
+    let started = std::time::Instant::now();
+    server.start_run("long", "long-1", &input);
+    let result = server.result("long-1");
+    let took = started.elapsed();
+    assert_eq!(result["status"], "completed", "{}", result["error"]);
+    assert_eq!(result["context"]["turn"], turns);
+    let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='long-1'"]);
+    eprintln!(
+        "a run of {turns} steps on Temporal: {:.1} s, {:.1} ms/step, {} workflow runs, \
+         context_history omitted: {}",
+        took.as_secs_f64(),
+        took.as_secs_f64() * 1000.0 / turns as f64,
+        runs.split_whitespace().last().unwrap_or("?"),
+        result["context_history_omitted"],
+    );
+}
+
+/// Temporal Cloud's flags: `--tls-*` are checked before anything (usage errors, exit 2),
+/// a missing `--api-key-env` variable is named without a value, and a key makes the
+/// worker speak TLS (a server without it fails the handshake: exit 1), the key itself
+/// never in its output, even at `RUST_LOG=trace`.
+#[test]
+fn tls_flags_are_checked_and_the_api_key_never_shows() {
+    const API_KEY: &str = "tmprl-api-key-test-5b7e01";
+    let model = Model::start();
+    let dir = scratch("tls", &model);
+    // A frontend that speaks no TLS: it answers any connection in plain HTTP and closes.
+    let plain = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = plain.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        for stream in plain.incoming().flatten() {
+            let _ = (&stream).write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let worker = |extra: &[&str]| -> (Option<i32>, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_aplc"))
+            .current_dir(&dir)
+            .args(["worker", "--temporal", &address, "--task-queue", "tls"])
+            .args(["--agents", "agents", "--providers", "providers.json"])
+            .args(extra)
+            .env("T28_KEY", KEY)
+            .env("T28_API_KEY", API_KEY)
+            .env_remove("T28_NO_KEY")
+            .env("RUST_LOG", "trace")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run aplc worker");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = worker(&["--tls-cert", "client.pem"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("--tls-cert and --tls-key go together"),
+        "{text}"
+    );
+    let (code, text) = worker(&["--tls-ca", "missing-ca.pem"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("--tls-ca missing-ca.pem"), "{text}");
+    let (code, text) = worker(&["--api-key-env", "T28_NO_KEY"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("`T28_NO_KEY` is not set"), "{text}");
+    let (code, text) = worker(&["--api-key-env", "T28_API_KEY"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("cannot reach Temporal"), "{text}");
+    assert!(
+        text.contains("InvalidContentType"),
+        "TLS was not tried: {text}"
+    );
+    assert!(
+        !text.contains(API_KEY),
+        "the API key is in the output:\n{text}"
+    );
+}
+
 /// A run that fails (its step budget) is a completed workflow whose result says
 /// `status: failed` with the error; an unknown agent too.
 #[test]
 fn a_failed_run_is_a_completed_workflow_with_status_failed() {
     let model = Model::start();
     let dir = scratch("failed", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let mut worker = Worker::start(&server, &dir, "failed");
     let input =
         json!({"agent": "turns", "context": {"turns": 5, "tag": "b"}, "options": {"max_steps": 2}});
@@ -457,7 +783,7 @@ fn runs_complete_when_a_worker_is_killed_and_no_answered_call_is_sent_again() {
     let model = Model::start();
     model.delay(500);
     let dir = scratch("failover", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let mut doomed = Worker::start(&server, &dir, "failover");
     let _survivor = Worker::start(&server, &dir, "failover");
     // Started at once (one CLI process each), so the kill finds most runs mid-way.
@@ -533,7 +859,7 @@ fn a_run_goes_on_only_on_the_bundle_it_started_with() {
     )
     .expect("edited agent");
     providers(&edited, "providers.json", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let mut first = Worker::start(&server, &dir, "pinned");
     let input = json!({"agent": "turns", "context": {"turns": 2, "tag": "p"}});
     server.start_run("pinned", "pinned-1", &input);
@@ -594,7 +920,7 @@ fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
     }});
     std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
     let ledger = || std::fs::read_to_string(dir.join("ledger.log")).unwrap_or_default();
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let tools = ["--tools", "tools.json"];
     let mut doomed = Worker::start_with(&server, &dir, "once", &tools);
     server.start_run(
@@ -642,7 +968,7 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
          Confirmed: {{ human_input }} for run {{ tag }}.\n",
     )
     .expect("agent");
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let _worker = Worker::start(&server, &dir, "human");
     server.start_run(
         "human",
@@ -716,14 +1042,14 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
 /// Temporal (one worker, a dev server on SQLite) and on `aplc serve` (SQLite store),
 /// against the same instant fake model.
 #[tokio::test]
-#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture"]
+#[ignore = "a benchmark: cargo test -p aplc --test temporal -- --ignored --nocapture bench_temporal_against_serve"]
 async fn bench_temporal_against_serve() {
     const BENCH_RUNS: usize = 50;
     const BENCH_TURNS: u64 = 10;
     const ALONE_TURNS: u64 = 40;
     let model = Model::start();
     let dir = scratch("bench", &model);
-    let server = DevServer::start(&dir);
+    let server = DevServer::start();
     let _worker = Worker::start(&server, &dir, "bench");
     let completed = |server: &DevServer| -> usize {
         // Each count is a CLI process: a few a second, not one per 10 ms, which would

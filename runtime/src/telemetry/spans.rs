@@ -185,6 +185,59 @@ impl RunTrace {
         }
     }
 
+    /// One provider call made apart from the run's events (an activity of a run on
+    /// Temporal, whose workflow holds the machine): its `chat` span, from now until the
+    /// answer, directly under the details' parent, with the metrics of the call.
+    pub async fn provider_call(
+        &self,
+        provider: &dyn Provider,
+        request: &ProviderRequest,
+        call: &CallContext,
+    ) -> Result<Completion, ProviderError> {
+        let started = SystemTime::now();
+        self.lock().open_chat(&request.model, started);
+        let result = self.provider(provider).complete(request, call).await;
+        let at = SystemTime::now();
+        let latency_ms = at.duration_since(started).unwrap_or_default().as_secs_f64() * 1000.0;
+        let (usage, finish_reason, error) = match &result {
+            Ok(completion) => {
+                let usage = completion.usage.as_ref().and_then(|usage| {
+                    (usage.input_tokens.is_some() || usage.output_tokens.is_some()).then(|| {
+                        aplc_vm::TokenUsage {
+                            input_tokens: usage.input_tokens.unwrap_or(0),
+                            output_tokens: usage.output_tokens.unwrap_or(0),
+                        }
+                    })
+                });
+                let reason = completion.finish_reason.as_ref().map(|r| r.as_str());
+                (usage, reason, None)
+            }
+            Err(e) => {
+                let error = aplc_vm::EventError {
+                    kind: e.kind.as_str().to_owned(),
+                    message: e.message.clone(),
+                };
+                (None, None, Some(error))
+            }
+        };
+        self.lock()
+            .provider_result(usage, finish_reason, latency_ms, error.as_ref(), at);
+        result
+    }
+
+    /// One tool call made apart from the run's events (as [`RunTrace::provider_call`]):
+    /// its `execute_tool` span starts now; [`RunTrace::tool_ended`] ends it.
+    pub fn tool_started(&self, tool: &str, call_id: &str) {
+        self.lock()
+            .open_tool(tool, call_id, None, SystemTime::now());
+    }
+
+    /// Ends the span [`RunTrace::tool_started`] began, failed if `with_error`.
+    pub fn tool_ended(&self, with_error: bool) {
+        self.lock()
+            .tool_result(with_error, false, SystemTime::now());
+    }
+
     /// The run's trace id, once its span has started (and after it ended): what a
     /// server can hand back to its caller.
     pub fn trace_id(&self) -> Option<TraceId> {

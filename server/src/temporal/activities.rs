@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aplc_runtime::driver::CallContext;
+use aplc_runtime::telemetry::{RunDetails, RunTrace};
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
-use super::Host;
 use super::payload::{ProviderAnswer, ProviderCall, Resolved, RunInput, ToolAnswer, ToolCallInput};
+use super::{Host, trace_header};
 
 /// How often a long activity tells Temporal it is alive; the workflow's heartbeat
 /// timeout is a few of these.
@@ -61,7 +62,13 @@ impl AplActivities {
         let request = call.request();
         let (remaining, deadline) = deadline(call.remaining_ms);
         let context = CallContext::new(deadline);
-        let work = self.host.equipment.provider.complete(&request, &context);
+        let provider = &*self.host.equipment.provider;
+        let work = async {
+            match self.trace(&ctx) {
+                Some(trace) => trace.provider_call(provider, &request, &context).await,
+                None => provider.complete(&request, &context).await,
+            }
+        };
         let Some(answer) = heartbeating(&ctx, remaining, work).await? else {
             return Ok(None);
         };
@@ -82,9 +89,32 @@ impl AplActivities {
     ) -> Result<Option<ToolAnswer>, ActivityError> {
         let invocation = call.invocation();
         let (remaining, _) = deadline(call.remaining_ms);
+        let trace = self.trace(&ctx);
+        if let Some(trace) = &trace {
+            trace.tool_started(&invocation.name, &invocation.id);
+        }
         // The toolbox redacts what its tools answer.
         let work = self.host.equipment.toolbox.call(&invocation);
-        heartbeating(&ctx, remaining, work).await
+        let answer = heartbeating(&ctx, remaining, work).await;
+        if let Some(trace) = &trace {
+            // A call cut short (the deadline, a cancel) ends its span failed too.
+            trace.tool_ended(!matches!(answer, Ok(Some(Ok(_)))));
+        }
+        answer
+    }
+}
+
+impl AplActivities {
+    /// The spans of one call when telemetry is on: in the trace of the `_tracer-data`
+    /// header the workflow passed on (or a trace of their own without one).
+    fn trace(&self, ctx: &ActivityContext) -> Option<RunTrace> {
+        let telemetry = self.host.telemetry.as_ref()?;
+        Some(telemetry.run(RunDetails {
+            parent: trace_header::parent(ctx.headers()),
+            run_id: ctx.info().workflow_id.clone(),
+            agent: None,
+            redactor: self.host.equipment.durable.redactor.clone(),
+        }))
     }
 }
 

@@ -28,6 +28,30 @@ pub struct RunInput {
     /// The run's limits.
     #[serde(default)]
     pub options: RunInputOptions,
+    /// Set by the run itself when it continues as new: where it goes on from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+}
+
+/// What a run carries across continue-as-new (spec/temporal.md §6): a reference to its
+/// checkpoints in the worker's store and a few counters, never the checkpoints: the
+/// payload stays small however long the run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// The run's key in the store: `temporal/WORKFLOW_ID/FIRST_RUN_ID`.
+    pub key: String,
+    /// How many checkpoints of the run the store holds; the newest is the one to go on
+    /// from.
+    pub checkpoints: u64,
+    /// The bundle the run is pinned to.
+    pub bundle_hash: String,
+    /// The run's clock at the checkpoint, in milliseconds.
+    pub elapsed_ms: u64,
+    /// `apl.status`'s counters so far.
+    pub provider_calls: u64,
+    /// (As `provider_calls`.)
+    pub tool_calls: u64,
 }
 
 /// `options` of [`RunInput`].
@@ -40,7 +64,10 @@ pub struct RunInputOptions {
     /// The most steps the run may enter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u64>,
-    /// Steps between checkpoints (continue-as-new carries the newest).
+    /// At most this many steps in one workflow run: then it checkpoints and continues as
+    /// new (it does sooner when Temporal suggests it, or at [`CONTINUE_AT_EVENTS`]).
+    ///
+    /// [`CONTINUE_AT_EVENTS`]: super::workflow::CONTINUE_AT_EVENTS
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every: Option<u64>,
 }

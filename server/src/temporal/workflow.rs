@@ -27,12 +27,12 @@ use serde_json::{Value as Json, json};
 use temporalio_common::RetryPolicy;
 use temporalio_macros::{workflow, workflow_methods};
 use temporalio_sdk::{
-    ActivityOptions, LocalActivityOptions, SyncWorkflowContext, WorkflowContext,
-    WorkflowContextView, WorkflowResult, WorkflowTermination,
+    ActivityOptions, ContinueAsNewOptions, LocalActivityOptions, SyncWorkflowContext,
+    WorkflowContext, WorkflowContextView, WorkflowResult, WorkflowTermination,
 };
 
 use super::activities::{AplActivities, HEARTBEAT_EVERY};
-use super::payload::{ProviderCall, RunInput, ToolCallInput};
+use super::payload::{ProviderCall, Resume, RunInput, ToolCallInput};
 use super::{Host, host};
 use crate::agents::Agent;
 
@@ -50,6 +50,11 @@ const IDEMPOTENT_TOOL_ATTEMPTS: u32 = 3;
 /// The largest final context with `context_history` in the result, in bytes: Temporal
 /// warns at 512 KiB per payload, and fails over 2 MiB.
 const MAX_RESULT_WITH_HISTORY: usize = 256 * 1024;
+
+/// A workflow run continues as new once its history has this many events, if Temporal
+/// did not suggest it sooner (it does at 4,096 by default), well before its warning at
+/// 10,240.
+pub(crate) const CONTINUE_AT_EVENTS: u32 = 8_000;
 
 /// One run, and what its queries see of it.
 #[workflow]
@@ -93,33 +98,15 @@ impl AplRun {
             s.status.status = "starting";
             s.status.agent.clone_from(&input.agent);
         });
-        let resolved = ctx
-            .execute_local_activity(AplActivities::resolve, input.clone(), resolve_options())
-            .await?;
-        let Some(hash) = resolved.bundle_hash else {
-            let error = resolved
-                .error
-                .unwrap_or_else(|| "the agent cannot run".into());
-            return Ok(refused(ctx, error));
+        let started = match input.resume.clone() {
+            None => start(ctx, &input).await?,
+            Some(resume) => Ok(go_on(ctx, &input, resume).await),
         };
-        let (host, agent) = match pinned(&input.agent, &hash) {
-            Ok(found) => found,
-            Err(message) => {
-                // aplc's fault, not the run's: this worker cannot run the pinned bundle.
-                // The workflow task fails, and Temporal retries it until a worker that has
-                // the bundle takes it.
-                tracing::warn!(agent = %input.agent, bundle_hash = %hash, "{message}");
-                ctx.force_task_fail(std::io::Error::other(message));
-                std::future::pending::<()>().await;
-                unreachable!("a failed workflow task is not polled again");
-            }
+        let (host, machine, run) = match started {
+            Ok(started) => started,
+            Err(error) => return Ok(refused(ctx, error)),
         };
-        ctx.state_mut(|s| {
-            s.status.status = "running";
-            s.status.bundle_hash = Some(hash.clone());
-        });
-        let machine = Machine::new(agent.program.clone(), run_options(&host, &agent, &input));
-        let outcome = drive(ctx, &host, machine).await?;
+        let outcome = drive(ctx, &host, machine, run, &input).await?;
         let result = result_of(&outcome);
         ctx.state_mut(|s| {
             s.status.status = result["status"].as_str().map_or("failed", |status| {
@@ -200,6 +187,182 @@ impl AplRun {
     }
 }
 
+/// A new run: pins its bundle (`apl.resolve`) and makes its machine; `Err` when the run
+/// cannot start (the workflow's result then says why).
+async fn start(
+    ctx: &mut WorkflowContext<AplRun>,
+    input: &RunInput,
+) -> Result<Result<Started, String>, WorkflowTermination> {
+    let resolved = ctx
+        .execute_local_activity(AplActivities::resolve, input.clone(), resolve_options())
+        .await?;
+    let Some(hash) = resolved.bundle_hash else {
+        let error = resolved
+            .error
+            .unwrap_or_else(|| "the agent cannot run".into());
+        return Ok(Err(error));
+    };
+    let (host, agent) = pinned_or_fail(ctx, &input.agent, &hash).await;
+    running(ctx, &hash);
+    let machine = Machine::new(agent.program.clone(), run_options(&host, &agent, input));
+    let run = Continuation {
+        key: format!("temporal/{}/{}", ctx.workflow_id(), ctx.run_id()),
+        checkpoints: 0,
+        bundle_hash: hash,
+        agent,
+        history_start: 0,
+        started_steps: 0,
+        elapsed: Duration::ZERO,
+    };
+    Ok(Ok((host, machine, run)))
+}
+
+/// A run that continued as new: its machine again, from its checkpoints in the worker's
+/// store. A worker that lacks the bundle or cannot read the checkpoints fails the
+/// workflow task (Temporal retries it), as for a bundle mismatch.
+async fn go_on(ctx: &mut WorkflowContext<AplRun>, input: &RunInput, resume: Resume) -> Started {
+    let (host, agent) = pinned_or_fail(ctx, &input.agent, &resume.bundle_hash).await;
+    let restored = host
+        .checkpoints
+        .read(&resume.key, resume.checkpoints)
+        .and_then(|stored| {
+            let segments: Vec<(u64, &[u8])> = (stored.segments.iter())
+                .map(|(start, bytes)| (*start, bytes.as_slice()))
+                .collect();
+            let options = run_options(&host, &agent, input);
+            Machine::restore(agent.program.clone(), options, &segments, &stored.state).map_err(
+                |e| {
+                    format!(
+                        "run `{}`: checkpoint {}: {e}",
+                        resume.key, resume.checkpoints
+                    )
+                },
+            )
+        });
+    let machine = match restored {
+        Ok(machine) => machine,
+        Err(message) => fail_task(ctx, message).await,
+    };
+    running(ctx, &resume.bundle_hash);
+    ctx.state_mut(|s| {
+        s.status.provider_calls = resume.provider_calls;
+        s.status.tool_calls = resume.tool_calls;
+        s.status.steps = machine.steps();
+    });
+    let run = Continuation {
+        key: resume.key,
+        checkpoints: resume.checkpoints,
+        bundle_hash: resume.bundle_hash,
+        agent,
+        history_start: machine.history_len(),
+        started_steps: machine.steps(),
+        elapsed: Duration::from_millis(resume.elapsed_ms),
+    };
+    (host, machine, run)
+}
+
+/// A run under way: its host, its machine, where it stands towards continue-as-new.
+type Started = (Arc<Host>, Machine, Continuation);
+
+/// `apl.status` says the run is running, on bundle `hash`.
+fn running(ctx: &WorkflowContext<AplRun>, hash: &str) {
+    ctx.state_mut(|s| {
+        s.status.status = "running";
+        s.status.bundle_hash = Some(hash.to_owned());
+    });
+}
+
+/// This worker's host and agent `name` of bundle `hash`; without them, the workflow task
+/// fails (aplc's fault, not the run's), and Temporal retries it until a worker that has
+/// the bundle takes it.
+async fn pinned_or_fail(
+    ctx: &WorkflowContext<AplRun>,
+    name: &str,
+    hash: &str,
+) -> (Arc<Host>, Arc<Agent>) {
+    match pinned(name, hash) {
+        Ok(found) => found,
+        Err(message) => fail_task(ctx, message).await,
+    }
+}
+
+/// Fails the workflow task with `message` (Temporal retries it) and never returns.
+async fn fail_task<T>(ctx: &WorkflowContext<AplRun>, message: String) -> T {
+    tracing::warn!("{message}");
+    ctx.force_task_fail(std::io::Error::other(message));
+    // A failed workflow task is not polled again: this workflow code ends here.
+    std::future::pending::<T>().await
+}
+
+/// Where a workflow run stands towards its continue-as-new (spec/temporal.md §6).
+struct Continuation {
+    /// The run's key in the store.
+    key: String,
+    /// Checkpoints of it stored before this workflow run.
+    checkpoints: u64,
+    bundle_hash: String,
+    agent: Arc<Agent>,
+    /// The first `context_history` entry the stored checkpoints lack.
+    history_start: u64,
+    /// The machine's steps when this workflow run began.
+    started_steps: u64,
+    /// The run's clock when this workflow run began.
+    elapsed: Duration,
+}
+
+impl Continuation {
+    /// Whether the run should continue as new now: it made a step since this workflow
+    /// run began, and Temporal suggests it, or its history reached
+    /// [`CONTINUE_AT_EVENTS`], or it made `checkpoint_every` steps.
+    fn due(&self, ctx: &WorkflowContext<AplRun>, machine: &Machine, every: Option<u64>) -> bool {
+        let steps = machine.steps().saturating_sub(self.started_steps);
+        steps > 0
+            && (ctx.continue_as_new_suggested()
+                || ctx.history_length() >= CONTINUE_AT_EVENTS
+                || every.is_some_and(|every| steps >= every))
+    }
+}
+
+/// Checkpoints the run into the worker's store and continues as new with a reference to
+/// it; `Ok(())` when the machine is not at rest (a child run is going on), to try again
+/// after its next input.
+fn continue_as_new(
+    ctx: &WorkflowContext<AplRun>,
+    host: &Host,
+    machine: &Machine,
+    run: &Continuation,
+    input: &RunInput,
+    at: Duration,
+) -> Result<Result<(), String>, WorkflowTermination> {
+    let Ok(checkpoint) = machine.checkpoint(run.history_start) else {
+        return Ok(Ok(()));
+    };
+    let steps = machine.steps();
+    if let Err(message) = host
+        .checkpoints
+        .write(&run.key, &run.agent, steps, checkpoint)
+    {
+        return Ok(Err(message));
+    }
+    let status = ctx.state(|s| s.status.clone());
+    let next = RunInput {
+        agent: input.agent.clone(),
+        context: serde_json::Map::new(),
+        options: input.options.clone(),
+        resume: Some(Resume {
+            key: run.key.clone(),
+            checkpoints: run.checkpoints + 1,
+            bundle_hash: run.bundle_hash.clone(),
+            elapsed_ms: u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
+            provider_calls: status.provider_calls,
+            tool_calls: status.tool_calls,
+        }),
+    };
+    let next = serde_json::to_value(next).unwrap_or(Json::Null);
+    ctx.continue_as_new(next, ContinueAsNewOptions::default())?;
+    Ok(Ok(()))
+}
+
 /// The request id and the reply of an answer's body (the rules of
 /// `POST /v1/runs/{id}/input`).
 fn read_answer(body: &Json) -> Result<(String, Reply), String> {
@@ -220,17 +383,17 @@ fn read_answer(body: &Json) -> Result<(String, Reply), String> {
 
 /// The run's clock: workflow time since the run started, less the time it waited for
 /// people (its clock stands still meanwhile, spec/human.md §3).
+/// After a continue-as-new, it goes on from the clock of the checkpoint (`elapsed`).
 struct Clock {
     start: SystemTime,
+    elapsed: Duration,
     waited: Duration,
 }
 
 impl Clock {
     fn at(&self, ctx: &WorkflowContext<AplRun>) -> Duration {
-        now(ctx)
-            .duration_since(self.start)
-            .unwrap_or_default()
-            .saturating_sub(self.waited)
+        let since = now(ctx).duration_since(self.start).unwrap_or_default();
+        (self.elapsed + since).saturating_sub(self.waited)
     }
 }
 
@@ -239,12 +402,22 @@ async fn drive(
     ctx: &mut WorkflowContext<AplRun>,
     host: &Host,
     mut machine: Machine,
+    run: Continuation,
+    input: &RunInput,
 ) -> Result<RunOutcome, WorkflowTermination> {
     let mut clock = Clock {
         start: now(ctx),
+        elapsed: run.elapsed,
         waited: Duration::ZERO,
     };
+    let every = input.options.checkpoint_every;
     loop {
+        if run.due(ctx, &machine, every) {
+            let at = clock.at(ctx);
+            if let Err(message) = continue_as_new(ctx, host, &machine, &run, input, at)? {
+                fail_task(ctx, message).await
+            }
+        }
         let action = machine.apply(Input::Poll { at: clock.at(ctx) });
         match action {
             Action::Continue => continue,
