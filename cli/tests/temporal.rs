@@ -114,6 +114,27 @@ impl DevServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The text of query `name` of workflow `id` (`temporal workflow query`). Temporal
+    /// answers a query between workflow tasks: on a loaded machine one can be in flight
+    /// past the CLI's wait ("Workflow is busy"), so that answer is asked again, a few times.
+    fn query(&self, id: &str, name: &str, json: bool) -> String {
+        let mut args = vec!["workflow", "query", "-w", id, "--name", name];
+        if json {
+            args.extend(["-o", "json"]);
+        }
+        for _ in 0..10 {
+            let out = self.cli(&args);
+            if out.status.success() {
+                return String::from_utf8_lossy(&out.stdout).into_owned();
+            }
+            if !String::from_utf8_lossy(&out.stderr).contains("Workflow is busy") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        self.ok(&args)
+    }
+
     /// Spawns `temporal workflow start` of an `apl.Run` workflow `id` on `queue`.
     fn start_command(&self, queue: &str, id: &str, input: &Json) -> Child {
         Command::new(temporal_cli())
@@ -720,14 +741,7 @@ fn a_failed_run_is_a_completed_workflow_with_status_failed() {
             .is_some_and(|e| e.contains("no agent `nobody`")),
         "{result:#}"
     );
-    let status = server.ok(&[
-        "workflow",
-        "query",
-        "-w",
-        "failed-2",
-        "--name",
-        "apl.status",
-    ]);
+    let status = server.query("failed-2", "apl.status", false);
     assert!(status.contains(r#""status":"failed""#), "{status}");
     // Idle, it stops on SIGTERM with exit 0.
     assert_eq!(worker.terminate(), Some(0));
@@ -976,9 +990,7 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
         &json!({"agent": "ask", "context": {"tag": "h"}}),
     );
     let query = |name: &str| -> Json {
-        let text = server.ok(&[
-            "workflow", "query", "-w", "human-1", "--name", name, "-o", "json",
-        ]);
+        let text = server.query("human-1", name, true);
         let out: Json = serde_json::from_str(&text).expect("query JSON");
         out["queryResult"][0].clone()
     };
