@@ -413,23 +413,40 @@ impl temporalio_common::HasWorkflowDefinition for AplRun {
     type Run = Self;
 }
 
+/// Temporal's SDK client, connected to `server`'s default namespace.
+async fn sdk_client(server: &DevServer) -> temporalio_client::Client {
+    use temporalio_client::{Client, ClientOptions, Connection, ConnectionOptions, Url};
+    let url: Url = format!("http://{}", server.address).parse().expect("a URL");
+    let connection = Connection::connect(ConnectionOptions::new(url).build())
+        .await
+        .expect("connect to the dev server");
+    Client::new(connection, ClientOptions::new("default").build()).expect("client")
+}
+
+/// The result of the workflow `handle` started, within [`WORKFLOW_WAIT`].
+async fn workflow_result(
+    handle: temporalio_client::WorkflowHandle<temporalio_client::Client, AplRun>,
+) -> Json {
+    use temporalio_client::WorkflowGetResultOptions;
+    tokio::time::timeout(
+        WORKFLOW_WAIT,
+        handle.get_result(WorkflowGetResultOptions::default()),
+    )
+    .await
+    .expect("the workflow ended in time")
+    .expect("its result")
+}
+
 /// A workflow started from Rust, with Temporal's SDK client (not the CLI), ends with the
 /// context `aplc run` gives.
 #[tokio::test]
 async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
-    use temporalio_client::{
-        Client, ClientOptions, Connection, ConnectionOptions, WorkflowGetResultOptions,
-        WorkflowStartOptions,
-    };
+    use temporalio_client::WorkflowStartOptions;
     let model = Model::start();
     let dir = scratch("from_rust", &model);
     let server = DevServer::start();
     let _worker = Worker::start(&server, &dir, "rust");
-    let url: temporalio_client::Url = format!("http://{}", server.address).parse().expect("a URL");
-    let connection = Connection::connect(ConnectionOptions::new(url).build())
-        .await
-        .expect("connect to the dev server");
-    let client = Client::new(connection, ClientOptions::new("default").build()).expect("client");
+    let client = sdk_client(&server).await;
     let context = json!({"turns": 2, "tag": "rust"});
     let handle = client
         .start_workflow(
@@ -439,13 +456,7 @@ async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
         )
         .await
         .expect("start apl.Run");
-    let result = tokio::time::timeout(
-        WORKFLOW_WAIT,
-        handle.get_result(WorkflowGetResultOptions::default()),
-    )
-    .await
-    .expect("the workflow ended in time")
-    .expect("its result");
+    let result = workflow_result(handle).await;
     assert_eq!(result["status"], "completed", "{result:#}");
     let mut got = result["context"].clone();
     strip_times(&mut got);
@@ -457,10 +468,7 @@ async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
 /// header's trace, directly under its span, across its continue-as-new too.
 #[tokio::test]
 async fn provider_call_spans_nest_under_the_workflows_trace_context() {
-    use temporalio_client::{
-        Client, ClientOptions, Connection, ConnectionOptions, WorkflowGetResultOptions,
-        WorkflowStartOptions,
-    };
+    use temporalio_client::WorkflowStartOptions;
     use temporalio_common::protos::temporal::api::common::v1::{Header, Payload};
     const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
     const SPAN_ID: &str = "b7ad6b7169203331";
@@ -472,11 +480,7 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
     let endpoint = receiver.endpoint();
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
     let mut worker = Worker::start_env(&server, &dir, "traced", &["--otel"], &env);
-    let url: temporalio_client::Url = format!("http://{}", server.address).parse().expect("a URL");
-    let connection = Connection::connect(ConnectionOptions::new(url).build())
-        .await
-        .expect("connect to the dev server");
-    let client = Client::new(connection, ClientOptions::new("default").build()).expect("client");
+    let client = sdk_client(&server).await;
     let tracer_data = Payload {
         metadata: [("encoding".to_owned(), b"json/plain".to_vec())].into(),
         data: json!({"traceparent": format!("00-{TRACE_ID}-{SPAN_ID}-01")})
@@ -499,13 +503,7 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
         )
         .await
         .expect("start apl.Run");
-    let result = tokio::time::timeout(
-        WORKFLOW_WAIT,
-        handle.get_result(WorkflowGetResultOptions::default()),
-    )
-    .await
-    .expect("the workflow ended in time")
-    .expect("its result");
+    let result = workflow_result(handle).await;
     assert_eq!(result["status"], "completed", "{result:#}");
     let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='traced-1'"]);
     let runs: u64 = runs
