@@ -135,6 +135,16 @@ impl DevServer {
         self.ok(&args)
     }
 
+    /// How many workflow runs workflow `id` has had (each continue-as-new starts one).
+    fn workflow_runs(&self, id: &str) -> u64 {
+        let query = format!("WorkflowId='{id}'");
+        let out = self.ok(&["workflow", "count", "--query", &query]);
+        out.split_whitespace()
+            .last()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Spawns `temporal workflow start` of an `apl.Run` workflow `id` on `queue`.
     fn start_command(&self, queue: &str, id: &str, input: &Json) -> Child {
         Command::new(temporal_cli())
@@ -505,12 +515,7 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
         .expect("start apl.Run");
     let result = workflow_result(handle).await;
     assert_eq!(result["status"], "completed", "{result:#}");
-    let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='traced-1'"]);
-    let runs: u64 = runs
-        .split_whitespace()
-        .last()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let runs = server.workflow_runs("traced-1");
     assert!(
         runs >= 3,
         "{runs} workflow runs: it did not continue as new"
@@ -557,12 +562,7 @@ fn a_long_run_continues_as_new_and_ends_with_the_context_aplc_run_gives() {
         TURNS as usize,
         "each turn asked once"
     );
-    let runs = server.ok(&["workflow", "count", "--query", "WorkflowId='continue-1'"]);
-    let runs: u64 = runs
-        .split_whitespace()
-        .last()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let runs = server.workflow_runs("continue-1");
     assert!(
         runs >= 4,
         "{runs} workflow runs: it did not continue as new 3 times"
