@@ -352,6 +352,33 @@ fn providers(dir: &Path, name: &str, model: &Model) {
     std::fs::write(dir.join(name), routes.to_string()).expect("providers");
 }
 
+/// `result` is a completed run's, and its context (times aside) is the one `aplc run`
+/// gives for `context` over the same scripted answers.
+fn assert_completed_as_aplc_run(result: &Json, dir: &Path, context: &Json) {
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    assert_eq!(got, aplc_run(dir, context));
+}
+
+/// Workflow `id`'s task fails on `wrong`, a worker that must not run it, with `why` in
+/// the history; `wrong` is killed, and a worker of `dir` on task queue `queue` finishes
+/// the run: its result.
+fn fails_then_finishes(
+    server: &DevServer,
+    (id, queue): (&str, &str),
+    mut wrong: Worker,
+    why: &str,
+    dir: &Path,
+) -> Json {
+    wait_for("a failed workflow task", WORKFLOW_WAIT, || {
+        server.history(id).contains(why)
+    });
+    wrong.kill();
+    let _right = Worker::start(server, dir, queue);
+    server.result(id)
+}
+
 /// `aplc run agents/turns.apl --json` in `dir` with `context`, against a fresh fake
 /// model: the final context, times stripped.
 fn aplc_run(dir: &Path, context: &Json) -> Json {
@@ -397,11 +424,8 @@ fn a_workflow_ends_with_the_context_aplc_run_gives() {
         &json!({"agent": "turns", "context": context}),
     );
     let result = server.result("same-1");
-    assert_eq!(result["status"], "completed", "{result:#}");
+    assert_completed_as_aplc_run(&result, &dir, &context);
     assert!(result.get("error").is_none(), "{result:#}");
-    let mut got = result["context"].clone();
-    strip_times(&mut got);
-    assert_eq!(got, aplc_run(&dir, &context));
     assert_eq!(model.prompts_of("a").len(), 3, "each turn asked once");
     let history = server.history("same-1");
     assert!(history.contains("apl.provider_call"), "{history}");
@@ -467,10 +491,7 @@ async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
         .await
         .expect("start apl.Run");
     let result = workflow_result(handle).await;
-    assert_eq!(result["status"], "completed", "{result:#}");
-    let mut got = result["context"].clone();
-    strip_times(&mut got);
-    assert_eq!(got, aplc_run(&dir, &context));
+    assert_completed_as_aplc_run(&result, &dir, &context);
 }
 
 /// Tracing: a workflow started with a `_tracer-data` header (as Temporal's SDKs write
@@ -553,10 +574,7 @@ fn a_long_run_continues_as_new_and_ends_with_the_context_aplc_run_gives() {
     let input = json!({"agent": "turns", "context": context, "options": {"checkpoint_every": 5}});
     server.start_run("continue", "continue-1", &input);
     let result = server.result("continue-1");
-    assert_eq!(result["status"], "completed", "{result:#}");
-    let mut got = result["context"].clone();
-    strip_times(&mut got);
-    assert_eq!(got, aplc_run(&dir, &context));
+    assert_completed_as_aplc_run(&result, &dir, &context);
     assert_eq!(
         model.prompts_of("c").len(),
         TURNS as usize,
@@ -602,17 +620,15 @@ fn a_continued_run_goes_on_only_where_its_checkpoints_are() {
     });
     first.kill();
     let elsewhere = ["--store", "sqlite:elsewhere.db"];
-    let mut other = Worker::start_with(&server, &dir, "stored", &elsewhere);
-    wait_for("a failed workflow task", WORKFLOW_WAIT, || {
-        server.history("stored-1").contains("checkpoint store")
-    });
-    other.kill();
-    let _same = Worker::start(&server, &dir, "stored");
-    let result = server.result("stored-1");
-    assert_eq!(result["status"], "completed", "{result:#}");
-    let mut got = result["context"].clone();
-    strip_times(&mut got);
-    assert_eq!(got, aplc_run(&dir, &context));
+    let other = Worker::start_with(&server, &dir, "stored", &elsewhere);
+    let result = fails_then_finishes(
+        &server,
+        ("stored-1", "stored"),
+        other,
+        "checkpoint store",
+        &dir,
+    );
+    assert_completed_as_aplc_run(&result, &dir, &context);
 }
 
 /// The long-run benchmark of benches/README.md, "Temporal" (not a timed test: it prints;
@@ -879,13 +895,8 @@ fn a_run_goes_on_only_on_the_bundle_it_started_with() {
         !model.prompts_of("p").is_empty()
     });
     first.kill();
-    let mut other = Worker::start(&server, &edited, "pinned");
-    wait_for("a failed workflow task", WORKFLOW_WAIT, || {
-        server.history("pinned-1").contains("lacks bundle")
-    });
-    other.kill();
-    let _same = Worker::start(&server, &dir, "pinned");
-    let result = server.result("pinned-1");
+    let other = Worker::start(&server, &edited, "pinned");
+    let result = fails_then_finishes(&server, ("pinned-1", "pinned"), other, "lacks bundle", &dir);
     assert_eq!(result["status"], "completed", "{result:#}");
     assert_eq!(result["context"]["turn"], 2, "{result:#}");
     let prompts = model.prompts_of("p");
