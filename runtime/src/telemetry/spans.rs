@@ -201,16 +201,8 @@ impl RunTrace {
         let latency_ms = at.duration_since(started).unwrap_or_default().as_secs_f64() * 1000.0;
         let (usage, finish_reason, error) = match &result {
             Ok(completion) => {
-                let usage = completion.usage.as_ref().and_then(|usage| {
-                    (usage.input_tokens.is_some() || usage.output_tokens.is_some()).then(|| {
-                        aplc_vm::TokenUsage {
-                            input_tokens: usage.input_tokens.unwrap_or(0),
-                            output_tokens: usage.output_tokens.unwrap_or(0),
-                        }
-                    })
-                });
                 let reason = completion.finish_reason.as_ref().map(|r| r.as_str());
-                (usage, reason, None)
+                (aplc_vm::TokenUsage::of(completion), reason, None)
             }
             Err(e) => {
                 let error = aplc_vm::EventError {

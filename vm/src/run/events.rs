@@ -365,6 +365,20 @@ pub struct TokenUsage {
     pub output_tokens: u64,
 }
 
+impl TokenUsage {
+    /// The tokens `completion` reports, if it reports any (a count it leaves out is 0).
+    pub fn of(completion: &crate::Completion) -> Option<TokenUsage> {
+        let usage = completion.usage.as_ref()?;
+        if usage.input_tokens.is_none() && usage.output_tokens.is_none() {
+            return None;
+        }
+        Some(TokenUsage {
+            input_tokens: usage.input_tokens.unwrap_or(0),
+            output_tokens: usage.output_tokens.unwrap_or(0),
+        })
+    }
+}
+
 /// A failure with a machine-readable kind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventError {
@@ -713,17 +727,8 @@ impl Recorder {
         }
         match result {
             Ok(completion) => {
-                let usage = completion.usage.as_ref().and_then(|usage| {
-                    if usage.input_tokens.is_none() && usage.output_tokens.is_none() {
-                        return None;
-                    }
-                    Some(TokenUsage {
-                        input_tokens: usage.input_tokens.unwrap_or(0),
-                        output_tokens: usage.output_tokens.unwrap_or(0),
-                    })
-                });
                 let reason = completion.finish_reason.as_ref().map(|r| r.as_str());
-                self.provider_result(step, usage, reason, None);
+                self.provider_result(step, TokenUsage::of(completion), reason, None);
             }
             Err(err) => {
                 let error = Some((err.kind.as_str(), err.message.as_str()));
