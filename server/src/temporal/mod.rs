@@ -263,9 +263,16 @@ fn tls_options(tls: &TlsConfig) -> Result<Option<TlsOptions>, ServeError> {
     if !tls.wanted() {
         return Ok(None);
     }
+    // Bounded, as every file aplc takes in whole (runtime/src/files.rs).
     let read = |flag: &str, path: &PathBuf| {
-        std::fs::read(path)
-            .map_err(|e| ServeError::Config(format!("{flag} {}: {e}", path.display())))
+        use aplc_runtime::files::{MAX_INPUT_LEN, ReadError, read_at_most};
+        read_at_most(path, MAX_INPUT_LEN, "files").map_err(|e| {
+            let why = match e {
+                ReadError::Io { source, .. } => source.to_string(),
+                other => other.to_string(),
+            };
+            ServeError::Config(format!("{flag} {}: {why}", path.display()))
+        })
     };
     let client = match (&tls.cert, &tls.key) {
         (None, None) => None,
