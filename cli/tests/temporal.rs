@@ -382,23 +382,49 @@ fn fails_then_finishes(
 /// `aplc run agents/turns.apl --json` in `dir` with `context`, against a fresh fake
 /// model: the final context, times stripped.
 fn aplc_run(dir: &Path, context: &Json) -> Json {
+    aplc_run_waiting(dir, "agents/turns.apl", context, &[])
+}
+
+/// `aplc run AGENT --json` in `dir` with `context`, against a fresh fake model: the final
+/// context, times stripped. With `resumes`, the run has a store and nobody to ask: it
+/// waits for people (exit 4), and each of `resumes` is a pause, then `aplc resume` with
+/// those flags (`--input ID=JSON`), the last of which ends the run.
+fn aplc_run_waiting(
+    dir: &Path,
+    agent: &str,
+    context: &Json,
+    resumes: &[(Duration, &[&str])],
+) -> Json {
     let model = Model::start();
     providers(dir, "run-providers.json", &model);
     std::fs::write(dir.join("context.json"), context.to_string()).expect("context");
-    let out = aplc_test_support::process::command(
-        Path::new(env!("CARGO_BIN_EXE_aplc")),
-        dir,
-        &[
-            "run",
-            "agents/turns.apl",
-            "--providers",
-            "run-providers.json",
-        ],
-    )
-    .args(["--context", "context.json", "--json", "--quiet"])
-    .env("T28_KEY", KEY)
-    .output()
-    .expect("aplc run");
+    let _ = std::fs::remove_file(dir.join("run.db"));
+    let aplc = |args: &[&str]| {
+        let mut command =
+            aplc_test_support::process::command(Path::new(env!("CARGO_BIN_EXE_aplc")), dir, args);
+        command
+            .args(["--providers", "run-providers.json", "--json", "--quiet"])
+            .env("T28_KEY", KEY);
+        if !resumes.is_empty() {
+            command.args(["--store", "sqlite:run.db", "--no-input"]);
+        }
+        command.output().expect("aplc")
+    };
+    let mut out = if resumes.is_empty() {
+        aplc(&["run", agent, "--context", "context.json"])
+    } else {
+        aplc(&["run", agent, "--context", "context.json", "--run-id", "r"])
+    };
+    for (pause, flags) in resumes {
+        assert_eq!(
+            out.status.code(),
+            Some(4),
+            "the run does not wait: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(*pause);
+        out = aplc(&[&["resume", "r"], *flags].concat());
+    }
     let mut context: Json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "aplc run --json: {e}\n{}",
@@ -1055,6 +1081,100 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
     let status = query("apl.status");
     assert_eq!(status["status"], "completed", "{status:#}");
     assert_eq!(status["provider_calls"], 2, "{status:#}");
+}
+
+/// An agent that asks twice: first with a short timeout, then with a long one.
+const ASK_TWICE: &str = "{# inputs: tag #}\n# prompt: ask\n## user\nAsk for run {{ tag }}.\n\n\
+# post: ask\n{{ set_context('await_input', {'prompt': 'First for ' ~ tag ~ '?', 'timeout_ms': 1500}) }}\n\
+{{ set_context('next_step', 'again') }}\n\n# prompt: again\n## user\nFirst: {{ human_input }} for run {{ tag }}.\n\n\
+# post: again\n{{ set_context('await_input', {'prompt': 'Second for ' ~ tag ~ '?', 'schema': {'type': 'boolean'}, 'timeout_ms': 600000}) }}\n\
+{{ set_context('next_step', 'confirm') }}\n\n# prompt: confirm\n## user\nSecond: {{ human_input }} for run {{ tag }}.\n";
+
+/// A request's `timeout_ms` on Temporal: the first request, unanswered, is answered by its
+/// timeout (a workflow timer) and `apl.input` refuses it afterwards; the second, answered
+/// before its timeout, takes the answer (its timer is cancelled). The run ends with the
+/// context `aplc run` gives when its store applies the same timeout and answer.
+#[test]
+fn a_request_is_answered_by_its_timeout_unless_a_person_answers_first() {
+    let model = Model::start();
+    let dir = scratch("request_timeout", &model);
+    std::fs::write(dir.join("agents/ask.apl"), ASK_TWICE).expect("agent");
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "timeouts");
+    let context = json!({"tag": "t"});
+    server.start_run(
+        "timeouts",
+        "timeout-1",
+        &json!({"agent": "ask", "context": context}),
+    );
+    let pending = || -> Json {
+        let text = server.query("timeout-1", "apl.pending", true);
+        let out: Json = serde_json::from_str(&text).expect("query JSON");
+        out["queryResult"][0].clone()
+    };
+    wait_for("the second request", WORKFLOW_WAIT, || {
+        pending()[0]["prompt"] == "Second for t?"
+    });
+    let second = pending();
+    assert_eq!(second[0]["id"], "2-0", "{second:#}");
+    assert_eq!(second[0]["timeout_ms"], 600_000, "{second:#}");
+    assert!(second[0]["requested_at"].is_string(), "{second:#}");
+    assert!(second[0].get("requested_at_ms").is_none(), "{second:#}");
+    let update = |body: &Json| {
+        server.cli(&[
+            "workflow",
+            "update",
+            "execute",
+            "-w",
+            "timeout-1",
+            "--name",
+            "apl.input",
+            "--input",
+            &body.to_string(),
+        ])
+    };
+    let late = update(&json!({"id": "1-0", "value": "too late"}));
+    assert!(
+        !late.status.success(),
+        "an answer after the timeout was taken"
+    );
+    let why = String::from_utf8_lossy(&late.stderr);
+    assert!(
+        why.contains("request `1-0` timed out: no answer within 1500 ms"),
+        "{why}"
+    );
+    let taken = update(&json!({"id": "2-0", "value": true}));
+    assert!(
+        taken.status.success(),
+        "{}",
+        String::from_utf8_lossy(&taken.stderr)
+    );
+    let result = server.result("timeout-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert!(
+        result.to_string().contains("no answer within 1500 ms"),
+        "{result:#}"
+    );
+    assert_eq!(result["context"]["human_input"], true, "{result:#}");
+    let prompts = model.prompts();
+    assert!(
+        prompts.contains(&"First: None for run t.".to_string())
+            && prompts.contains(&"Second: True for run t.".to_string()),
+        "{prompts:?}"
+    );
+    let history = server.history("timeout-1");
+    assert!(history.contains("EVENT_TYPE_TIMER_FIRED"), "{history}");
+    assert!(history.contains("EVENT_TYPE_TIMER_CANCELED"), "{history}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    let resumes: [(Duration, &[&str]); 2] = [
+        (Duration::from_millis(2_000), &[]),
+        (Duration::ZERO, &["--input", "2-0=true"]),
+    ];
+    assert_eq!(
+        got,
+        aplc_run_waiting(&dir, "agents/ask.apl", &context, &resumes)
+    );
 }
 
 /// The throughput benchmark of benches/README.md, "Temporal" (not a timed test: it

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aplc_runtime::INTERRUPTED_TOOL;
-use aplc_runtime::human::reply_from_json;
-use aplc_vm::human::{HumanAnswer, InputRequest, Reply};
+use aplc_runtime::human::{Pending, reply_from_json, timed_out};
+use aplc_vm::human::{HumanAnswer, Reply};
 use aplc_vm::journal::Input;
 use aplc_vm::{
     Action, Expecting, Machine, ProviderError, ProviderErrorKind, RunOptions, RunOutcome,
@@ -26,9 +26,11 @@ use aplc_vm::{
 use serde_json::{Value as Json, json};
 use temporalio_common::RetryPolicy;
 use temporalio_macros::{workflow, workflow_methods};
+use temporalio_sdk::workflows::select;
 use temporalio_sdk::{
-    ActivityOptions, ContinueAsNewOptions, LocalActivityOptions, SyncWorkflowContext,
-    WorkflowContext, WorkflowContextView, WorkflowResult, WorkflowTermination,
+    ActivityOptions, CancellableFuture, ContinueAsNewOptions, LocalActivityOptions,
+    SyncWorkflowContext, TimerResult, WorkflowContext, WorkflowContextView, WorkflowResult,
+    WorkflowTermination,
 };
 
 use super::activities::{AplActivities, HEARTBEAT_EVERY};
@@ -62,10 +64,14 @@ pub(crate) const CONTINUE_AT_EVENTS: u32 = 8_000;
 pub struct AplRun {
     /// What `apl.status` answers.
     status: Status,
-    /// The requests for a person the run waits on, not yet answered (`apl.pending`).
-    pending: Vec<InputRequest>,
+    /// The requests for a person the run waits on, not yet answered (`apl.pending`),
+    /// each with the workflow time it was asked at.
+    pending: Vec<Pending>,
     /// Answers `apl.input` took, not yet handed to the machine.
     answers: Vec<HumanAnswer>,
+    /// The requests of this workflow run answered by their timeout, with their
+    /// `timeout_ms`: `apl.input` refuses them, saying so.
+    timed_out: Vec<(String, u64)>,
 }
 
 /// What `apl.status` answers: how far the run is.
@@ -133,13 +139,14 @@ impl AplRun {
     pub fn pending(&self, _ctx: &WorkflowContextView) -> Json {
         Json::Array(
             self.unanswered()
-                .map(|r| serde_json::to_value(r).unwrap_or(Json::Null))
+                .map(|p| crate::api::shown(p.to_json()))
                 .collect(),
         )
     }
 
-    /// Refuses an answer that names no pending request or does not fit it (its kind, its
-    /// schema): the update is rejected, and nothing enters history.
+    /// Refuses an answer that names no pending request (none, one answered, one whose
+    /// timeout passed) or does not fit it (its kind, its schema): the update is
+    /// rejected, and nothing enters history.
     #[update_validator(input)]
     fn check_input(
         &self,
@@ -147,11 +154,16 @@ impl AplRun {
         body: &Json,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let (id, reply) = read_answer(body)?;
-        let request = self
+        if let Some((_, timeout_ms)) = self.timed_out.iter().find(|(expired, _)| *expired == id) {
+            return Err(
+                format!("request `{id}` timed out: no answer within {timeout_ms} ms").into(),
+            );
+        }
+        let pending = self
             .unanswered()
-            .find(|r| r.id == id)
+            .find(|p| p.request.id == id)
             .ok_or_else(|| format!("the run waits for no request `{id}` (or it is answered)"))?;
-        request.check(&reply)?;
+        pending.request.check(&reply)?;
         Ok(())
     }
 
@@ -163,27 +175,29 @@ impl AplRun {
         let Ok((id, reply)) = read_answer(&body) else {
             return json!({"accepted": false});
         };
-        let answered_at_ms = ctx
-            .workflow_time()
-            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         self.answers.push(HumanAnswer {
             id,
             reply,
             by: "temporal".into(),
-            answered_at_ms,
+            answered_at_ms: epoch_ms(ctx.workflow_time()),
         });
-        let pending: Vec<&str> = self.unanswered().map(|r| r.id.as_str()).collect();
+        let pending: Vec<&str> = self.unanswered().map(|p| p.request.id.as_str()).collect();
         json!({"accepted": true, "pending": pending})
     }
 }
 
 impl AplRun {
     /// The pending requests without an answer, here or queued for the machine.
-    fn unanswered(&self) -> impl Iterator<Item = &InputRequest> {
+    fn unanswered(&self) -> impl Iterator<Item = &Pending> {
         self.pending
             .iter()
-            .filter(|r| !self.answers.iter().any(|a| a.id == r.id))
+            .filter(|p| !self.answers.iter().any(|a| a.id == p.request.id))
+    }
+
+    /// When the first timeout among the unanswered requests passes (ms since the epoch,
+    /// workflow time), if any has one.
+    fn next_expiry(&self) -> Option<i64> {
+        self.unanswered().filter_map(Pending::expires_at_ms).min()
     }
 }
 
@@ -477,29 +491,79 @@ async fn drive(
     Ok(machine.into_outcome())
 }
 
-/// Waits until a person answered every request the machine waits on (`apl.input`),
-/// handing each answer to the machine at `paused`, the time the run began to wait.
+/// Waits until every request the machine waits on has its answer: a person's
+/// (`apl.input`), or its timeout's once `timeout_ms` of workflow time passed since it was
+/// asked (a Temporal timer, so replays and other workers see the same). Each answer is
+/// handed to the machine at `paused`, the time the run began to wait.
+///
+/// A run never continues as new while it waits (it does only at the top of its loop),
+/// so when a request was asked, workflow time recorded in this workflow run's history,
+/// is the same on every replay.
 async fn wait_for_people(
     ctx: &mut WorkflowContext<AplRun>,
     machine: &mut Machine,
     paused: Duration,
 ) -> Result<(), WorkflowTermination> {
-    let requests: Vec<InputRequest> = machine.pending_requests().into_iter().cloned().collect();
+    let requested_at_ms = epoch_ms(ctx.workflow_time());
+    let requests: Vec<Pending> = (machine.pending_requests().into_iter())
+        .map(|request| Pending {
+            request: request.clone(),
+            requested_at_ms,
+        })
+        .collect();
     ctx.state_mut(|s| {
         s.status.status = "waiting";
         s.pending = requests;
     });
     while machine.expecting() == Expecting::Answer {
-        ctx.wait_condition(|s| !s.answers.is_empty()).await?;
+        let expiry = ctx.state(AplRun::next_expiry);
+        let mut expired_at = None;
+        match expiry {
+            None => ctx.wait_condition(|s| !s.answers.is_empty()).await?,
+            Some(at) => {
+                let left = at.saturating_sub(epoch_ms(ctx.workflow_time()));
+                if left > 0 {
+                    let wait = Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
+                    let mut timer = std::pin::pin!(ctx.timer(wait));
+                    select! {
+                        answered = ctx.wait_condition(|s| !s.answers.is_empty()) => {
+                            // Cancelled, so a wait answered in time leaves no timer behind.
+                            timer.cancel();
+                            answered?;
+                        }
+                        fired = timer.as_mut() => {
+                            // Not when cancelled with the workflow: the wait's condition
+                            // says so at the next turn.
+                            if matches!(fired, TimerResult::Fired) {
+                                expired_at = Some(at);
+                            }
+                        }
+                    }
+                } else {
+                    expired_at = Some(at);
+                }
+            }
+        }
+        // Answers first: one taken before the timer fired (in the same workflow task
+        // too) wins over the timeout.
         let answers = ctx.state_mut(|s| std::mem::take(&mut s.answers));
         for answer in answers {
-            let id = answer.id.clone();
-            // Checked by the update's validator; a second answer to one request (two
-            // updates in one task) is dropped, as the store keeps the first.
-            if machine.check_answer(&answer).is_ok() {
-                let _ = machine.apply(Input::Answer { at: paused, answer });
+            take_answer(ctx, machine, paused, answer);
+        }
+        if let Some(at) = expired_at {
+            let now = epoch_ms(ctx.workflow_time()).max(at);
+            let expired: Vec<Pending> = ctx.state(|s| {
+                s.unanswered()
+                    .filter(|p| p.expires_at_ms().is_some_and(|expiry| expiry <= at))
+                    .cloned()
+                    .collect()
+            });
+            for pending in expired {
+                let request = pending.request;
+                take_answer(ctx, machine, paused, timed_out(&request.id, now));
+                let timeout_ms = request.timeout_ms.unwrap_or_default();
+                ctx.state_mut(|s| s.timed_out.push((request.id, timeout_ms)));
             }
-            ctx.state_mut(|s| s.pending.retain(|r| r.id != id));
         }
     }
     ctx.state_mut(|s| {
@@ -507,6 +571,22 @@ async fn wait_for_people(
         s.pending.clear();
     });
     Ok(())
+}
+
+/// Hands `answer` to the machine at `paused`; the request is pending no more.
+fn take_answer(
+    ctx: &WorkflowContext<AplRun>,
+    machine: &mut Machine,
+    paused: Duration,
+    answer: HumanAnswer,
+) {
+    let id = answer.id.clone();
+    // Checked by the update's validator; a second answer to one request (two updates in
+    // one task) is dropped, as the store keeps the first.
+    if machine.check_answer(&answer).is_ok() {
+        let _ = machine.apply(Input::Answer { at: paused, answer });
+    }
+    ctx.state_mut(|s| s.pending.retain(|p| p.request.id != id));
 }
 
 /// Performs a provider call: its answer, or `None` when the run's deadline passed. A call
@@ -582,6 +662,13 @@ fn resolve_options() -> LocalActivityOptions {
 /// The workflow's time now.
 fn now(ctx: &WorkflowContext<AplRun>) -> SystemTime {
     ctx.workflow_time().unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// A workflow time in ms since the Unix epoch (0 without one), as answers and requests
+/// keep their times.
+fn epoch_ms(time: Option<SystemTime>) -> i64 {
+    time.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// This worker's host and its agent whose bundle is `hash`, or why it has none.
