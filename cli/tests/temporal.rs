@@ -525,10 +525,6 @@ async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
 /// header's trace, directly under its span, across its continue-as-new too.
 #[tokio::test]
 async fn provider_call_spans_nest_under_the_workflows_trace_context() {
-    use temporalio_client::WorkflowStartOptions;
-    use temporalio_common::protos::temporal::api::common::v1::{Header, Payload};
-    const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
-    const SPAN_ID: &str = "b7ad6b7169203331";
     const TURNS: usize = 6;
     let model = Model::start();
     let dir = scratch("traced", &model);
@@ -538,25 +534,13 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
     let mut worker = Worker::start_env(&server, &dir, "traced", &["--otel"], &env);
     let client = sdk_client(&server).await;
-    let tracer_data = Payload {
-        metadata: [("encoding".to_owned(), b"json/plain".to_vec())].into(),
-        data: json!({"traceparent": format!("00-{TRACE_ID}-{SPAN_ID}-01")})
-            .to_string()
-            .into_bytes(),
-        ..Default::default()
-    };
-    let header = Header {
-        fields: [("_tracer-data".to_owned(), tracer_data)].into(),
-    };
-    let mut options = WorkflowStartOptions::new("traced", "traced-1").build();
-    options.header = Some(header);
     let handle = client
         .start_workflow(
             AplRun,
             // Two steps per workflow run: it continues as new twice.
             json!({"agent": "turns", "context": {"turns": TURNS, "tag": "traced"},
                    "options": {"checkpoint_every": 2}}),
-            options,
+            traced_options("traced", "traced-1"),
         )
         .await
         .expect("start apl.Run");
@@ -569,7 +553,6 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
     );
     // SIGTERM: the worker sends its last spans before it exits.
     assert_eq!(worker.terminate(), Some(0));
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let chats: Vec<_> = receiver
         .spans()
         .into_iter()
@@ -584,6 +567,94 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
         assert_eq!(hex(&chat.trace_id), TRACE_ID, "{chat:#?}");
         assert_eq!(hex(&chat.parent_span_id), SPAN_ID, "{chat:#?}");
     }
+}
+
+/// The trace id of the `_tracer-data` header of [`traced_options`].
+const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+/// The span id (the parent) of the `_tracer-data` header of [`traced_options`].
+const SPAN_ID: &str = "b7ad6b7169203331";
+
+/// The start options of workflow `id` on `queue` with a `_tracer-data` header, as
+/// Temporal's SDKs write it: a W3C `traceparent` of [`TRACE_ID`] and [`SPAN_ID`].
+fn traced_options(queue: &str, id: &str) -> temporalio_client::WorkflowStartOptions {
+    use temporalio_common::protos::temporal::api::common::v1::{Header, Payload};
+    let tracer_data = Payload {
+        metadata: [("encoding".to_owned(), b"json/plain".to_vec())].into(),
+        data: json!({"traceparent": format!("00-{TRACE_ID}-{SPAN_ID}-01")})
+            .to_string()
+            .into_bytes(),
+        ..Default::default()
+    };
+    let header = Header {
+        fields: [("_tracer-data".to_owned(), tracer_data)].into(),
+    };
+    let mut options = temporalio_client::WorkflowStartOptions::new(queue, id).build();
+    options.header = Some(header);
+    options
+}
+
+/// Bytes (an OTLP id) in lower-case hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Tracing: a tool call's `execute_tool {tool}` span, exported by a worker with `--otel`,
+/// is in the trace of the workflow's `_tracer-data` header, directly under its span, with
+/// the attributes of spec/telemetry.md.
+#[tokio::test]
+async fn tool_call_spans_nest_under_the_workflows_trace_context() {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+    let model = Model::answering(paying_model);
+    let dir = scratch("traced_tool", &model);
+    std::fs::write(dir.join("agents/pay.apl"), PAY_AGENT).expect("agent");
+    let manifest = pay_manifest("cat > /dev/null && echo '{\"paid\": true}'");
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
+    let server = DevServer::start();
+    let receiver = aplc_test_support::otlp::Receiver::start(200);
+    let endpoint = receiver.endpoint();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let flags = ["--otel", "--tools", "tools.json"];
+    let mut worker = Worker::start_env(&server, &dir, "traced-tool", &flags, &env);
+    let client = sdk_client(&server).await;
+    let handle = client
+        .start_workflow(
+            AplRun,
+            json!({"agent": "pay", "context": {"tag": "i-9"}}),
+            traced_options("traced-tool", "traced-tool-1"),
+        )
+        .await
+        .expect("start apl.Run");
+    let result = workflow_result(handle).await;
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let answered = &result["context"]["result_tool_calls"][0];
+    assert_eq!(answered["with_error"], false, "{result:#}");
+    assert_eq!(worker.terminate(), Some(0));
+    let tools: Vec<_> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.name.starts_with("execute_tool"))
+        .collect();
+    assert_eq!(tools.len(), 1, "one execute_tool span: {tools:#?}");
+    let span = &tools[0];
+    assert_eq!(span.name, "execute_tool pay", "{span:#?}");
+    assert_eq!(hex(&span.trace_id), TRACE_ID, "{span:#?}");
+    assert_eq!(hex(&span.parent_span_id), SPAN_ID, "{span:#?}");
+    assert_eq!(span.kind, SpanKind::Internal as i32, "{span:#?}");
+    let string = |key: &str| aplc_test_support::otlp::string(span, key);
+    assert_eq!(
+        string("gen_ai.operation.name").as_deref(),
+        Some("execute_tool")
+    );
+    assert_eq!(string("gen_ai.tool.name").as_deref(), Some("pay"));
+    assert_eq!(string("gen_ai.tool.call.id").as_deref(), Some("call-1"));
+    assert_eq!(string("gen_ai.tool.type").as_deref(), Some("function"));
+    assert_eq!(
+        aplc_test_support::otlp::attribute(span, "aplc.tool.reused"),
+        Some(&Value::BoolValue(false)),
+        "{span:#?}"
+    );
+    assert_eq!(string("error.type"), None, "{span:#?}");
 }
 
 /// Long runs: a run of 20 steps that may make 5 per workflow run continues as new at
@@ -941,22 +1012,13 @@ fn paying_model(body: &str) -> Json {
     }]})
 }
 
-/// A tool that is not idempotent runs at most once: its worker is killed while it runs,
-/// and the call resolves as interrupted, as a durable resume resolves it; the tool is not
-/// run again.
-#[test]
-fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
-    let model = Model::answering(paying_model);
-    let dir = scratch("at_most_once", &model);
-    std::fs::write(
-        dir.join("agents/pay.apl"),
-        "# pre: pay\n{{ set_context('allowed_tools', ['pay']) }}\n\n# prompt: pay\n## user\nInvoice {{ tag }}.\n",
-    )
-    .expect("agent");
-    // It logs its arguments, then takes long enough for the kill to land while it runs.
-    let pay = "cat >> ledger.log && echo >> ledger.log && sleep 5 && echo '{\"paid\": true}'";
-    let manifest = json!({"pay": {
-        "command": ["sh", "-c", pay],
+/// An agent that calls `pay` with the invoice of its `tag` (the model asks for it).
+const PAY_AGENT: &str = "# pre: pay\n{{ set_context('allowed_tools', ['pay']) }}\n\n# prompt: pay\n## user\nInvoice {{ tag }}.\n";
+
+/// A tools manifest of `pay`, an invoice's payment, which runs `script` with `sh -c`.
+fn pay_manifest(script: &str) -> Json {
+    json!({"pay": {
+        "command": ["sh", "-c", script],
         "timeout_ms": 60_000,
         "descriptor": {
             "description": "Pay an invoice",
@@ -966,8 +1028,20 @@ fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
                 "required": ["invoice"],
             },
         },
-    }});
-    std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
+    }})
+}
+
+/// A tool that is not idempotent runs at most once: its worker is killed while it runs,
+/// and the call resolves as interrupted, as a durable resume resolves it; the tool is not
+/// run again.
+#[test]
+fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
+    let model = Model::answering(paying_model);
+    let dir = scratch("at_most_once", &model);
+    std::fs::write(dir.join("agents/pay.apl"), PAY_AGENT).expect("agent");
+    // It logs its arguments, then takes long enough for the kill to land while it runs.
+    let pay = "cat >> ledger.log && echo >> ledger.log && sleep 5 && echo '{\"paid\": true}'";
+    std::fs::write(dir.join("tools.json"), pay_manifest(pay).to_string()).expect("manifest");
     let ledger = || std::fs::read_to_string(dir.join("ledger.log")).unwrap_or_default();
     let server = DevServer::start();
     let tools = ["--tools", "tools.json"];
