@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use aplc_runtime::INTERRUPTED_TOOL;
 use aplc_runtime::human::{Pending, reply_from_json, timed_out};
 use aplc_vm::human::{HumanAnswer, Reply};
-use aplc_vm::journal::Input;
+use aplc_vm::journal::{Input, JournalError};
 use aplc_vm::{
     Action, Expecting, Machine, ProviderError, ProviderErrorKind, RunOptions, RunOutcome,
 };
@@ -34,6 +34,7 @@ use temporalio_sdk::{
 };
 
 use super::activities::{AplActivities, HEARTBEAT_EVERY};
+use super::continuation::{Progress, RETRY_AFTER_EVENTS, Schedule};
 use super::payload::{ProviderCall, Resume, RunInput, ToolCallInput};
 use super::{Host, host};
 use crate::agents::Agent;
@@ -52,11 +53,6 @@ const IDEMPOTENT_TOOL_ATTEMPTS: u32 = 3;
 /// The largest final context with `context_history` in the result, in bytes: Temporal
 /// warns at 512 KiB per payload, and fails over 2 MiB.
 const MAX_RESULT_WITH_HISTORY: usize = 256 * 1024;
-
-/// A workflow run continues as new once its history has this many events, if Temporal
-/// did not suggest it sooner (it does at 4,096 by default), well before its warning at
-/// 10,240.
-pub(crate) const CONTINUE_AT_EVENTS: u32 = 8_000;
 
 /// One run, and what its queries see of it.
 #[workflow]
@@ -225,7 +221,7 @@ async fn start(
         bundle_hash: hash,
         agent,
         history_start: 0,
-        started_steps: 0,
+        schedule: Schedule::new(0, input.options.checkpoint_every),
         elapsed: Duration::ZERO,
     };
     Ok(Ok((host, machine, run)))
@@ -269,7 +265,7 @@ async fn go_on(ctx: &mut WorkflowContext<AplRun>, input: &RunInput, resume: Resu
         bundle_hash: resume.bundle_hash,
         agent,
         history_start: machine.history_len(),
-        started_steps: machine.steps(),
+        schedule: Schedule::new(machine.steps(), input.options.checkpoint_every),
         elapsed: Duration::from_millis(resume.elapsed_ms),
     };
     (host, machine, run)
@@ -318,38 +314,62 @@ struct Continuation {
     agent: Arc<Agent>,
     /// The first `context_history` entry the stored checkpoints lack.
     history_start: u64,
-    /// The machine's steps when this workflow run began.
-    started_steps: u64,
+    /// When it tries to continue as new.
+    schedule: Schedule,
     /// The run's clock when this workflow run began.
     elapsed: Duration,
 }
 
 impl Continuation {
-    /// Whether the run should continue as new now: it made a step since this workflow
-    /// run began, and Temporal suggests it, or its history reached
-    /// [`CONTINUE_AT_EVENTS`], or it made `checkpoint_every` steps.
-    fn due(&self, ctx: &WorkflowContext<AplRun>, machine: &Machine, every: Option<u64>) -> bool {
-        let steps = machine.steps().saturating_sub(self.started_steps);
-        steps > 0
-            && (ctx.continue_as_new_suggested()
-                || ctx.history_length() >= CONTINUE_AT_EVENTS
-                || every.is_some_and(|every| steps >= every))
+    /// Whether the run should try to continue as new now ([`Schedule::due`]).
+    fn due(&self, ctx: &WorkflowContext<AplRun>, machine: &Machine) -> bool {
+        self.schedule.due(progress(ctx, machine))
+    }
+}
+
+/// How far the run is, for its [`Schedule`].
+fn progress(ctx: &WorkflowContext<AplRun>, machine: &Machine) -> Progress {
+    Progress {
+        steps: machine.steps(),
+        events: ctx.history_length(),
+        suggested: ctx.continue_as_new_suggested(),
     }
 }
 
 /// Checkpoints the run into the worker's store and continues as new with a reference to
-/// it; `Ok(())` when the machine is not at rest (a child run is going on), to try again
-/// after its next input.
+/// it. `Ok(())` when it cannot now: the machine is not at rest (a child run is going on:
+/// it tries again after its next input), or its checkpoint is refused (a variable holds
+/// a value with no durable form: it warns, once, and tries again after another
+/// threshold's worth of steps or events, [`Schedule::refused`]). `Err` when the store
+/// cannot take the checkpoint.
 fn continue_as_new(
     ctx: &WorkflowContext<AplRun>,
     host: &Host,
     machine: &Machine,
-    run: &Continuation,
+    run: &mut Continuation,
     input: &RunInput,
     at: Duration,
 ) -> Result<Result<(), String>, WorkflowTermination> {
-    let Ok(checkpoint) = machine.checkpoint(run.history_start) else {
-        return Ok(Ok(()));
+    let checkpoint = match machine.checkpoint(run.history_start) {
+        Ok(checkpoint) => checkpoint,
+        Err(JournalError::NotAtRest(_)) => return Ok(Ok(())),
+        Err(refused) => {
+            let first = run.schedule.refused(progress(ctx, machine));
+            // Replays decide the same, and need not say it again.
+            if first && !ctx.is_replaying() {
+                let events = format!("{RETRY_AFTER_EVENTS} history events");
+                let again = match input.options.checkpoint_every {
+                    Some(steps) => format!("{steps} steps or {events}"),
+                    None => events,
+                };
+                tracing::warn!(
+                    workflow_id = ctx.workflow_id(),
+                    "the run cannot continue as new yet: {refused}; it tries again after \
+                     another {again}"
+                );
+            }
+            return Ok(Ok(()));
+        }
     };
     let steps = machine.steps();
     if let Err(message) = host
@@ -416,7 +436,7 @@ async fn drive(
     ctx: &mut WorkflowContext<AplRun>,
     host: &Host,
     mut machine: Machine,
-    run: Continuation,
+    mut run: Continuation,
     input: &RunInput,
 ) -> Result<RunOutcome, WorkflowTermination> {
     let mut clock = Clock {
@@ -424,11 +444,10 @@ async fn drive(
         elapsed: run.elapsed,
         waited: Duration::ZERO,
     };
-    let every = input.options.checkpoint_every;
     loop {
-        if run.due(ctx, &machine, every) {
+        if run.due(ctx, &machine) {
             let at = clock.at(ctx);
-            if let Err(message) = continue_as_new(ctx, host, &machine, &run, input, at)? {
+            if let Err(message) = continue_as_new(ctx, host, &machine, &mut run, input, at)? {
                 fail_task(ctx, message).await
             }
         }
