@@ -728,6 +728,42 @@ fn a_continued_run_goes_on_only_where_its_checkpoints_are() {
     assert_completed_as_aplc_run(&result, &dir, &context);
 }
 
+/// `resume` is the run's own: a workflow started with the `resume` another workflow's
+/// continued run carries (its key, its checkpoints, its bundle) does not go on from them:
+/// it ends `failed`, saying why, and asks the model nothing.
+#[test]
+fn a_run_does_not_go_on_from_another_workflows_checkpoints() {
+    let model = Model::start();
+    let dir = scratch("own_resume", &model);
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "own");
+    let input = json!({"agent": "turns", "context": {"turns": 3, "tag": "o"},
+                       "options": {"checkpoint_every": 1}});
+    server.start_run("own", "own-1", &input);
+    assert_eq!(server.result("own-1")["status"], "completed");
+    let history: Json = serde_json::from_str(&server.history("own-1")).expect("history");
+    let started = &history["events"][0]["workflowExecutionStartedEventAttributes"];
+    let carried = started["input"]["payloads"][0]["data"]
+        .as_str()
+        .expect("an input");
+    let carried: Json = serde_json::from_str(carried).expect("a JSON input");
+    let key = carried["resume"]["key"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(key.starts_with("temporal/own-1/"), "{carried:#}");
+    let asked = model.prompts().len();
+    server.start_run("own", "thief-1", &carried);
+    let result = server.result("thief-1");
+    assert_eq!(result["status"], "failed", "{result:#}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!("names checkpoints of another workflow (`{key}`)")),
+        "{error}"
+    );
+    assert_eq!(model.prompts().len(), asked, "the run asked the model");
+}
+
 /// The long-run benchmark of benches/README.md, "Temporal" (not a timed test: it prints;
 /// `--ignored` runs it): a run of `LONG_TURNS` steps, which continues as new whenever
 /// Temporal suggests it, completes; the time per step, and how many workflow runs it took.

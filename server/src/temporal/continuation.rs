@@ -2,6 +2,8 @@
 //! alone: the steps it made, its history's length, Temporal's suggestion. Pure, so the
 //! decision is the same on every replay and is tested without a server; the workflow
 //! ([`super::workflow`]) checkpoints and continues when [`Schedule::due`] says so.
+//!
+//! Also here: whose checkpoints a run may go on from ([`own_key`]).
 
 /// A workflow run continues as new once its history has this many events, if Temporal
 /// did not suggest it sooner (it does at 4,096 by default), well before its warning at
@@ -79,6 +81,31 @@ impl Schedule {
     }
 }
 
+/// Checks that `key`, the run key of an input's `resume`, is one the workflow
+/// `workflow_id` wrote: `temporal/WORKFLOW_ID/FIRST_RUN_ID` (the workflow id is kept
+/// across continue-as-new). A caller who writes a `resume` of another workflow's key
+/// would read that workflow's checkpoints from the worker's store; the message says why
+/// the run does not start.
+pub(crate) fn own_key(key: &str, workflow_id: &str) -> Result<(), String> {
+    let run_id = key
+        .strip_prefix("temporal/")
+        .and_then(|rest| rest.strip_prefix(workflow_id))
+        .and_then(|rest| rest.strip_prefix('/'));
+    match run_id {
+        Some(run_id) if !run_id.is_empty() && !run_id.contains('/') => Ok(()),
+        _ => Err(format!(
+            "the input's `resume` names checkpoints of another workflow (`{key}`): a run goes \
+             on only from its own (`temporal/{workflow_id}/…`); leave `resume` out, the run \
+             writes it when it continues as new"
+        )),
+    }
+}
+
+/// The run key of a new run: `temporal/WORKFLOW_ID/RUN_ID`.
+pub(crate) fn key_of(workflow_id: &str, run_id: &str) -> String {
+    format!("temporal/{workflow_id}/{run_id}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,5 +161,24 @@ mod tests {
         assert!(!schedule.due(suggested(701, 4_106)));
         assert!(!schedule.due(suggested(1_000, 4_100 + RETRY_AFTER_EVENTS - 1)));
         assert!(schedule.due(suggested(1_000, 4_100 + RETRY_AFTER_EVENTS)));
+    }
+
+    #[test]
+    fn a_run_goes_on_only_from_its_own_checkpoints() {
+        let run = "0195e0d4-7c2a-7d3e-9f1b-2a4c6e8f0b1d";
+        assert!(own_key(&key_of("orders-7", run), "orders-7").is_ok());
+        assert!(own_key(&key_of("a/b", run), "a/b").is_ok());
+        for (key, id) in [
+            (key_of("orders-8", run), "orders-7"),
+            (key_of("orders-77", run), "orders-7"),
+            (key_of("orders-7/x", run), "orders-7"),
+            ("temporal/orders-7/".to_owned(), "orders-7"),
+            ("temporal/orders-7".to_owned(), "orders-7"),
+            (format!("orders-7/{run}"), "orders-7"),
+            (format!("other/orders-7/{run}"), "orders-7"),
+        ] {
+            let error = own_key(&key, id).expect_err(&key);
+            assert!(error.contains("another workflow"), "{error}");
+        }
     }
 }

@@ -34,7 +34,7 @@ use temporalio_sdk::{
 };
 
 use super::activities::{AplActivities, HEARTBEAT_EVERY};
-use super::continuation::{Progress, RETRY_AFTER_EVENTS, Schedule};
+use super::continuation::{Progress, RETRY_AFTER_EVENTS, Schedule, key_of, own_key};
 use super::payload::{ProviderCall, Resume, RunInput, ToolCallInput};
 use super::{Host, host};
 use crate::agents::Agent;
@@ -102,7 +102,10 @@ impl AplRun {
         });
         let started = match input.resume.clone() {
             None => start(ctx, &input).await?,
-            Some(resume) => Ok(go_on(ctx, &input, resume).await),
+            Some(resume) => match own_key(&resume.key, ctx.workflow_id()) {
+                Ok(()) => Ok(go_on(ctx, &input, resume).await),
+                Err(error) => Err(error),
+            },
         };
         let (host, machine, run) = match started {
             Ok(started) => started,
@@ -216,7 +219,7 @@ async fn start(
     running(ctx, &hash);
     let machine = Machine::new(agent.program.clone(), run_options(&host, &agent, input));
     let run = Continuation {
-        key: format!("temporal/{}/{}", ctx.workflow_id(), ctx.run_id()),
+        key: key_of(ctx.workflow_id(), ctx.run_id()),
         checkpoints: 0,
         bundle_hash: hash,
         agent,
