@@ -4,6 +4,8 @@
 //! run as child processes, and workflows are started and read with the same CLI.
 
 mod serving;
+#[path = "temporal/tls.rs"]
+mod tls;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -260,15 +262,20 @@ impl Worker {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Worker {
+        Worker::start_at(&server.address, dir, queue, extra, env)
+    }
+
+    /// [`Worker::start_env`] with the frontend at `address` (a proxy before the server).
+    fn start_at(
+        address: &str,
+        dir: &Path,
+        queue: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let child = Command::new(env!("CARGO_BIN_EXE_aplc"))
             .current_dir(dir)
-            .args([
-                "worker",
-                "--temporal",
-                &server.address,
-                "--task-queue",
-                queue,
-            ])
+            .args(["worker", "--temporal", address, "--task-queue", queue])
             .args(["--agents", "agents", "--providers", "providers.json"])
             .args(extra)
             .env("T28_KEY", KEY)
