@@ -57,7 +57,20 @@ struct DevServer {
 }
 
 impl DevServer {
+    /// Starts a dev server, on other ports again if it exits at start: ports are picked
+    /// free and released, so another test's server (or the server's own random ports) may
+    /// take one first, and the CLI then exits ("address already in use").
     fn start() -> DevServer {
+        for _ in 0..3 {
+            if let Some(server) = DevServer::try_start() {
+                return server;
+            }
+        }
+        panic!("the Temporal dev server exited at start 3 times (ports taken?)");
+    }
+
+    /// A dev server on free ports once it answers, or `None` if it exited first.
+    fn try_start() -> Option<DevServer> {
         let (port, ui_port) = (free_port(), free_port());
         let child = Command::new(temporal_cli())
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
@@ -74,23 +87,27 @@ impl DevServer {
             .process_group(0)
             .spawn()
             .expect("start temporal server start-dev");
-        let server = DevServer {
+        let mut server = DevServer {
             child: Some(child),
             address: format!("127.0.0.1:{port}"),
         };
+        let mut exited = false;
         wait_for("the Temporal dev server", Duration::from_secs(120), || {
-            server
-                .cli(&[
-                    "operator",
-                    "namespace",
-                    "describe",
-                    "--namespace",
-                    "default",
-                ])
-                .status
-                .success()
+            let child = server.child.as_mut().expect("started");
+            exited = !matches!(child.try_wait(), Ok(None));
+            exited
+                || server
+                    .cli(&[
+                        "operator",
+                        "namespace",
+                        "describe",
+                        "--namespace",
+                        "default",
+                    ])
+                    .status
+                    .success()
         });
-        server
+        (!exited).then_some(server)
     }
 
     /// Runs the `temporal` CLI against this server.
