@@ -6,7 +6,6 @@
 //! `$APLC_MCP_PYTHON`, which `.ci/run` sets).
 
 mod serving;
-#[path = "temporal/tls.rs"]
 mod tls;
 
 use std::io::{BufRead, BufReader, Write};
