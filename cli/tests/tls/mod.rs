@@ -233,10 +233,9 @@ fn mutual_tls_needs_the_workers_certificate() {
     );
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("cannot reach Temporal"), "{text}");
-    assert!(
-        text.contains("CertificateRequired"),
-        "not the certificate's want: {text}"
-    );
+    // What the worker is told varies: in TLS 1.3 its side of the handshake is done before
+    // the frontend checks for a certificate, so the frontend's alert (`CertificateRequired`)
+    // may reach it, or only the closed connection. The frontend's own record says why.
     let refused = frontend.refused();
     assert!(
         refused.iter().any(|why| why.contains("no certificates")),
