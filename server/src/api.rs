@@ -437,7 +437,7 @@ impl RunView {
 }
 
 /// A stored request as the API shows it: without the store's own fields.
-fn shown(mut request: JsonValue) -> JsonValue {
+pub(crate) fn shown(mut request: JsonValue) -> JsonValue {
     if let JsonValue::Object(map) = &mut request {
         map.remove("requested_at_ms");
         map.remove("expires_at_ms");

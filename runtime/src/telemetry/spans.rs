@@ -218,10 +218,11 @@ impl RunTrace {
     }
 
     /// One tool call made apart from the run's events (as [`RunTrace::provider_call`]):
-    /// its `execute_tool` span starts now; [`RunTrace::tool_ended`] ends it.
-    pub fn tool_started(&self, tool: &str, call_id: &str) {
+    /// its `execute_tool` span starts now, with `mcp.*` attributes for a tool of MCP
+    /// server `mcp_server`; [`RunTrace::tool_ended`] ends it.
+    pub fn tool_started(&self, tool: &str, call_id: &str, mcp_server: Option<&str>) {
         self.lock()
-            .open_tool(tool, call_id, None, SystemTime::now());
+            .open_tool(tool, call_id, mcp_server, SystemTime::now());
     }
 
     /// Ends the span [`RunTrace::tool_started`] began, failed if `with_error`.

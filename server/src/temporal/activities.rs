@@ -91,7 +91,13 @@ impl AplActivities {
         let (remaining, _) = deadline(call.remaining_ms);
         let trace = self.trace(&ctx);
         if let Some(trace) = &trace {
-            trace.tool_started(&invocation.name, &invocation.id);
+            // A tool of an MCP server: its span names the server (spec/telemetry.md).
+            let registry = self.host.equipment.toolbox.registry();
+            let origin = registry
+                .get(&invocation.name)
+                .and_then(|spec| spec.origin());
+            let server = origin.and_then(|origin| origin.server());
+            trace.tool_started(&invocation.name, &invocation.id, server);
         }
         // The toolbox redacts what its tools answer.
         let work = self.host.equipment.toolbox.call(&invocation);

@@ -31,6 +31,7 @@ use crate::equip::Equipment;
 
 mod activities;
 mod checkpoints;
+mod continuation;
 mod payload;
 mod trace_header;
 mod workflow;

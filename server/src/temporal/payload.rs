@@ -67,7 +67,7 @@ pub struct RunInputOptions {
     /// At most this many steps in one workflow run: then it checkpoints and continues as
     /// new (it does sooner when Temporal suggests it, or at [`CONTINUE_AT_EVENTS`]).
     ///
-    /// [`CONTINUE_AT_EVENTS`]: super::workflow::CONTINUE_AT_EVENTS
+    /// [`CONTINUE_AT_EVENTS`]: super::continuation::CONTINUE_AT_EVENTS
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every: Option<u64>,
 }

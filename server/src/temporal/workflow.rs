@@ -17,21 +17,24 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use aplc_runtime::INTERRUPTED_TOOL;
-use aplc_runtime::human::reply_from_json;
-use aplc_vm::human::{HumanAnswer, InputRequest, Reply};
-use aplc_vm::journal::Input;
+use aplc_runtime::human::{Pending, reply_from_json, timed_out};
+use aplc_vm::human::{HumanAnswer, Reply};
+use aplc_vm::journal::{Input, JournalError};
 use aplc_vm::{
     Action, Expecting, Machine, ProviderError, ProviderErrorKind, RunOptions, RunOutcome,
 };
 use serde_json::{Value as Json, json};
 use temporalio_common::RetryPolicy;
 use temporalio_macros::{workflow, workflow_methods};
+use temporalio_sdk::workflows::select;
 use temporalio_sdk::{
-    ActivityOptions, ContinueAsNewOptions, LocalActivityOptions, SyncWorkflowContext,
-    WorkflowContext, WorkflowContextView, WorkflowResult, WorkflowTermination,
+    ActivityOptions, CancellableFuture, ContinueAsNewOptions, LocalActivityOptions,
+    SyncWorkflowContext, TimerResult, WorkflowContext, WorkflowContextView, WorkflowResult,
+    WorkflowTermination,
 };
 
 use super::activities::{AplActivities, HEARTBEAT_EVERY};
+use super::continuation::{Progress, RETRY_AFTER_EVENTS, Schedule, key_of, own_key};
 use super::payload::{ProviderCall, Resume, RunInput, ToolCallInput};
 use super::{Host, host};
 use crate::agents::Agent;
@@ -51,21 +54,20 @@ const IDEMPOTENT_TOOL_ATTEMPTS: u32 = 3;
 /// warns at 512 KiB per payload, and fails over 2 MiB.
 const MAX_RESULT_WITH_HISTORY: usize = 256 * 1024;
 
-/// A workflow run continues as new once its history has this many events, if Temporal
-/// did not suggest it sooner (it does at 4,096 by default), well before its warning at
-/// 10,240.
-pub(crate) const CONTINUE_AT_EVENTS: u32 = 8_000;
-
 /// One run, and what its queries see of it.
 #[workflow]
 #[derive(Default)]
 pub struct AplRun {
     /// What `apl.status` answers.
     status: Status,
-    /// The requests for a person the run waits on, not yet answered (`apl.pending`).
-    pending: Vec<InputRequest>,
+    /// The requests for a person the run waits on, not yet answered (`apl.pending`),
+    /// each with the workflow time it was asked at.
+    pending: Vec<Pending>,
     /// Answers `apl.input` took, not yet handed to the machine.
     answers: Vec<HumanAnswer>,
+    /// The requests of this workflow run answered by their timeout, with their
+    /// `timeout_ms`: `apl.input` refuses them, saying so.
+    timed_out: Vec<(String, u64)>,
 }
 
 /// What `apl.status` answers: how far the run is.
@@ -100,7 +102,10 @@ impl AplRun {
         });
         let started = match input.resume.clone() {
             None => start(ctx, &input).await?,
-            Some(resume) => Ok(go_on(ctx, &input, resume).await),
+            Some(resume) => match own_key(&resume.key, ctx.workflow_id()) {
+                Ok(()) => Ok(go_on(ctx, &input, resume).await),
+                Err(error) => Err(error),
+            },
         };
         let (host, machine, run) = match started {
             Ok(started) => started,
@@ -133,13 +138,14 @@ impl AplRun {
     pub fn pending(&self, _ctx: &WorkflowContextView) -> Json {
         Json::Array(
             self.unanswered()
-                .map(|r| serde_json::to_value(r).unwrap_or(Json::Null))
+                .map(|p| crate::api::shown(p.to_json()))
                 .collect(),
         )
     }
 
-    /// Refuses an answer that names no pending request or does not fit it (its kind, its
-    /// schema): the update is rejected, and nothing enters history.
+    /// Refuses an answer that names no pending request (none, one answered, one whose
+    /// timeout passed) or does not fit it (its kind, its schema): the update is
+    /// rejected, and nothing enters history.
     #[update_validator(input)]
     fn check_input(
         &self,
@@ -147,11 +153,16 @@ impl AplRun {
         body: &Json,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let (id, reply) = read_answer(body)?;
-        let request = self
+        if let Some((_, timeout_ms)) = self.timed_out.iter().find(|(expired, _)| *expired == id) {
+            return Err(
+                format!("request `{id}` timed out: no answer within {timeout_ms} ms").into(),
+            );
+        }
+        let pending = self
             .unanswered()
-            .find(|r| r.id == id)
+            .find(|p| p.request.id == id)
             .ok_or_else(|| format!("the run waits for no request `{id}` (or it is answered)"))?;
-        request.check(&reply)?;
+        pending.request.check(&reply)?;
         Ok(())
     }
 
@@ -163,27 +174,29 @@ impl AplRun {
         let Ok((id, reply)) = read_answer(&body) else {
             return json!({"accepted": false});
         };
-        let answered_at_ms = ctx
-            .workflow_time()
-            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         self.answers.push(HumanAnswer {
             id,
             reply,
             by: "temporal".into(),
-            answered_at_ms,
+            answered_at_ms: epoch_ms(ctx.workflow_time()),
         });
-        let pending: Vec<&str> = self.unanswered().map(|r| r.id.as_str()).collect();
+        let pending: Vec<&str> = self.unanswered().map(|p| p.request.id.as_str()).collect();
         json!({"accepted": true, "pending": pending})
     }
 }
 
 impl AplRun {
     /// The pending requests without an answer, here or queued for the machine.
-    fn unanswered(&self) -> impl Iterator<Item = &InputRequest> {
+    fn unanswered(&self) -> impl Iterator<Item = &Pending> {
         self.pending
             .iter()
-            .filter(|r| !self.answers.iter().any(|a| a.id == r.id))
+            .filter(|p| !self.answers.iter().any(|a| a.id == p.request.id))
+    }
+
+    /// When the first timeout among the unanswered requests passes (ms since the epoch,
+    /// workflow time), if any has one.
+    fn next_expiry(&self) -> Option<i64> {
+        self.unanswered().filter_map(Pending::expires_at_ms).min()
     }
 }
 
@@ -206,12 +219,12 @@ async fn start(
     running(ctx, &hash);
     let machine = Machine::new(agent.program.clone(), run_options(&host, &agent, input));
     let run = Continuation {
-        key: format!("temporal/{}/{}", ctx.workflow_id(), ctx.run_id()),
+        key: key_of(ctx.workflow_id(), ctx.run_id()),
         checkpoints: 0,
         bundle_hash: hash,
         agent,
         history_start: 0,
-        started_steps: 0,
+        schedule: Schedule::new(0, input.options.checkpoint_every),
         elapsed: Duration::ZERO,
     };
     Ok(Ok((host, machine, run)))
@@ -255,7 +268,7 @@ async fn go_on(ctx: &mut WorkflowContext<AplRun>, input: &RunInput, resume: Resu
         bundle_hash: resume.bundle_hash,
         agent,
         history_start: machine.history_len(),
-        started_steps: machine.steps(),
+        schedule: Schedule::new(machine.steps(), input.options.checkpoint_every),
         elapsed: Duration::from_millis(resume.elapsed_ms),
     };
     (host, machine, run)
@@ -304,38 +317,62 @@ struct Continuation {
     agent: Arc<Agent>,
     /// The first `context_history` entry the stored checkpoints lack.
     history_start: u64,
-    /// The machine's steps when this workflow run began.
-    started_steps: u64,
+    /// When it tries to continue as new.
+    schedule: Schedule,
     /// The run's clock when this workflow run began.
     elapsed: Duration,
 }
 
 impl Continuation {
-    /// Whether the run should continue as new now: it made a step since this workflow
-    /// run began, and Temporal suggests it, or its history reached
-    /// [`CONTINUE_AT_EVENTS`], or it made `checkpoint_every` steps.
-    fn due(&self, ctx: &WorkflowContext<AplRun>, machine: &Machine, every: Option<u64>) -> bool {
-        let steps = machine.steps().saturating_sub(self.started_steps);
-        steps > 0
-            && (ctx.continue_as_new_suggested()
-                || ctx.history_length() >= CONTINUE_AT_EVENTS
-                || every.is_some_and(|every| steps >= every))
+    /// Whether the run should try to continue as new now ([`Schedule::due`]).
+    fn due(&self, ctx: &WorkflowContext<AplRun>, machine: &Machine) -> bool {
+        self.schedule.due(progress(ctx, machine))
+    }
+}
+
+/// How far the run is, for its [`Schedule`].
+fn progress(ctx: &WorkflowContext<AplRun>, machine: &Machine) -> Progress {
+    Progress {
+        steps: machine.steps(),
+        events: ctx.history_length(),
+        suggested: ctx.continue_as_new_suggested(),
     }
 }
 
 /// Checkpoints the run into the worker's store and continues as new with a reference to
-/// it; `Ok(())` when the machine is not at rest (a child run is going on), to try again
-/// after its next input.
+/// it. `Ok(())` when it cannot now: the machine is not at rest (a child run is going on:
+/// it tries again after its next input), or its checkpoint is refused (a variable holds
+/// a value with no durable form: it warns, once, and tries again after another
+/// threshold's worth of steps or events, [`Schedule::refused`]). `Err` when the store
+/// cannot take the checkpoint.
 fn continue_as_new(
     ctx: &WorkflowContext<AplRun>,
     host: &Host,
     machine: &Machine,
-    run: &Continuation,
+    run: &mut Continuation,
     input: &RunInput,
     at: Duration,
 ) -> Result<Result<(), String>, WorkflowTermination> {
-    let Ok(checkpoint) = machine.checkpoint(run.history_start) else {
-        return Ok(Ok(()));
+    let checkpoint = match machine.checkpoint(run.history_start) {
+        Ok(checkpoint) => checkpoint,
+        Err(JournalError::NotAtRest(_)) => return Ok(Ok(())),
+        Err(refused) => {
+            let first = run.schedule.refused(progress(ctx, machine));
+            // Replays decide the same, and need not say it again.
+            if first && !ctx.is_replaying() {
+                let events = format!("{RETRY_AFTER_EVENTS} history events");
+                let again = match input.options.checkpoint_every {
+                    Some(steps) => format!("{steps} steps or {events}"),
+                    None => events,
+                };
+                tracing::warn!(
+                    workflow_id = ctx.workflow_id(),
+                    "the run cannot continue as new yet: {refused}; it tries again after \
+                     another {again}"
+                );
+            }
+            return Ok(Ok(()));
+        }
     };
     let steps = machine.steps();
     if let Err(message) = host
@@ -402,7 +439,7 @@ async fn drive(
     ctx: &mut WorkflowContext<AplRun>,
     host: &Host,
     mut machine: Machine,
-    run: Continuation,
+    mut run: Continuation,
     input: &RunInput,
 ) -> Result<RunOutcome, WorkflowTermination> {
     let mut clock = Clock {
@@ -410,11 +447,10 @@ async fn drive(
         elapsed: run.elapsed,
         waited: Duration::ZERO,
     };
-    let every = input.options.checkpoint_every;
     loop {
-        if run.due(ctx, &machine, every) {
+        if run.due(ctx, &machine) {
             let at = clock.at(ctx);
-            if let Err(message) = continue_as_new(ctx, host, &machine, &run, input, at)? {
+            if let Err(message) = continue_as_new(ctx, host, &machine, &mut run, input, at)? {
                 fail_task(ctx, message).await
             }
         }
@@ -477,29 +513,79 @@ async fn drive(
     Ok(machine.into_outcome())
 }
 
-/// Waits until a person answered every request the machine waits on (`apl.input`),
-/// handing each answer to the machine at `paused`, the time the run began to wait.
+/// Waits until every request the machine waits on has its answer: a person's
+/// (`apl.input`), or its timeout's once `timeout_ms` of workflow time passed since it was
+/// asked (a Temporal timer, so replays and other workers see the same). Each answer is
+/// handed to the machine at `paused`, the time the run began to wait.
+///
+/// A run never continues as new while it waits (it does only at the top of its loop),
+/// so when a request was asked, workflow time recorded in this workflow run's history,
+/// is the same on every replay.
 async fn wait_for_people(
     ctx: &mut WorkflowContext<AplRun>,
     machine: &mut Machine,
     paused: Duration,
 ) -> Result<(), WorkflowTermination> {
-    let requests: Vec<InputRequest> = machine.pending_requests().into_iter().cloned().collect();
+    let requested_at_ms = epoch_ms(ctx.workflow_time());
+    let requests: Vec<Pending> = (machine.pending_requests().into_iter())
+        .map(|request| Pending {
+            request: request.clone(),
+            requested_at_ms,
+        })
+        .collect();
     ctx.state_mut(|s| {
         s.status.status = "waiting";
         s.pending = requests;
     });
     while machine.expecting() == Expecting::Answer {
-        ctx.wait_condition(|s| !s.answers.is_empty()).await?;
+        let expiry = ctx.state(AplRun::next_expiry);
+        let mut expired_at = None;
+        match expiry {
+            None => ctx.wait_condition(|s| !s.answers.is_empty()).await?,
+            Some(at) => {
+                let left = at.saturating_sub(epoch_ms(ctx.workflow_time()));
+                if left > 0 {
+                    let wait = Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
+                    let mut timer = std::pin::pin!(ctx.timer(wait));
+                    select! {
+                        answered = ctx.wait_condition(|s| !s.answers.is_empty()) => {
+                            // Cancelled, so a wait answered in time leaves no timer behind.
+                            timer.cancel();
+                            answered?;
+                        }
+                        fired = timer.as_mut() => {
+                            // Not when cancelled with the workflow: the wait's condition
+                            // says so at the next turn.
+                            if matches!(fired, TimerResult::Fired) {
+                                expired_at = Some(at);
+                            }
+                        }
+                    }
+                } else {
+                    expired_at = Some(at);
+                }
+            }
+        }
+        // Answers first: one taken before the timer fired (in the same workflow task
+        // too) wins over the timeout.
         let answers = ctx.state_mut(|s| std::mem::take(&mut s.answers));
         for answer in answers {
-            let id = answer.id.clone();
-            // Checked by the update's validator; a second answer to one request (two
-            // updates in one task) is dropped, as the store keeps the first.
-            if machine.check_answer(&answer).is_ok() {
-                let _ = machine.apply(Input::Answer { at: paused, answer });
+            take_answer(ctx, machine, paused, answer);
+        }
+        if let Some(at) = expired_at {
+            let now = epoch_ms(ctx.workflow_time()).max(at);
+            let expired: Vec<Pending> = ctx.state(|s| {
+                s.unanswered()
+                    .filter(|p| p.expires_at_ms().is_some_and(|expiry| expiry <= at))
+                    .cloned()
+                    .collect()
+            });
+            for pending in expired {
+                let request = pending.request;
+                take_answer(ctx, machine, paused, timed_out(&request.id, now));
+                let timeout_ms = request.timeout_ms.unwrap_or_default();
+                ctx.state_mut(|s| s.timed_out.push((request.id, timeout_ms)));
             }
-            ctx.state_mut(|s| s.pending.retain(|r| r.id != id));
         }
     }
     ctx.state_mut(|s| {
@@ -507,6 +593,22 @@ async fn wait_for_people(
         s.pending.clear();
     });
     Ok(())
+}
+
+/// Hands `answer` to the machine at `paused`; the request is pending no more.
+fn take_answer(
+    ctx: &WorkflowContext<AplRun>,
+    machine: &mut Machine,
+    paused: Duration,
+    answer: HumanAnswer,
+) {
+    let id = answer.id.clone();
+    // Checked by the update's validator; a second answer to one request (two updates in
+    // one task) is dropped, as the store keeps the first.
+    if machine.check_answer(&answer).is_ok() {
+        let _ = machine.apply(Input::Answer { at: paused, answer });
+    }
+    ctx.state_mut(|s| s.pending.retain(|p| p.request.id != id));
 }
 
 /// Performs a provider call: its answer, or `None` when the run's deadline passed. A call
@@ -582,6 +684,13 @@ fn resolve_options() -> LocalActivityOptions {
 /// The workflow's time now.
 fn now(ctx: &WorkflowContext<AplRun>) -> SystemTime {
     ctx.workflow_time().unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// A workflow time in ms since the Unix epoch (0 without one), as answers and requests
+/// keep their times.
+fn epoch_ms(time: Option<SystemTime>) -> i64 {
+    time.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// This worker's host and its agent whose bundle is `hash`, or why it has none.
