@@ -62,8 +62,14 @@ impl DevServer {
     /// free and released, so another test's server (or the server's own random ports) may
     /// take one first, and the CLI then exits ("address already in use").
     fn start() -> DevServer {
+        DevServer::start_with(&[])
+    }
+
+    /// [`DevServer::start`] with Temporal dynamic config values (`KEY=JSON`), such as its
+    /// history limits.
+    fn start_with(dynamic_config: &[&str]) -> DevServer {
         for _ in 0..3 {
-            if let Some(server) = DevServer::try_start() {
+            if let Some(server) = DevServer::try_start(dynamic_config) {
                 return server;
             }
         }
@@ -71,10 +77,15 @@ impl DevServer {
     }
 
     /// A dev server on free ports once it answers, or `None` if it exited first.
-    fn try_start() -> Option<DevServer> {
+    fn try_start(dynamic_config: &[&str]) -> Option<DevServer> {
         let (port, ui_port) = (free_port(), free_port());
         let child = Command::new(temporal_cli())
             .args(["server", "start-dev", "--headless", "--ip", "127.0.0.1"])
+            .args(
+                dynamic_config
+                    .iter()
+                    .flat_map(|value| ["--dynamic-config-value", value]),
+            )
             .args([
                 "--port",
                 &port.to_string(),
@@ -749,6 +760,41 @@ fn a_long_run_continues_as_new_and_ends_with_the_context_aplc_run_gives() {
     assert!(
         dir.join("aplc-temporal.db").is_file(),
         "no checkpoint store"
+    );
+}
+
+/// Long runs past the server's own limits, at a scale CI can wait for: Temporal suggests
+/// continuing as new at 120 events and fails a workflow run past 400 (its defaults: 4,096
+/// and 51,200), so a run of 200 steps, about 1,200 events, completes only if it continues
+/// as new on Temporal's suggestion alone (no `checkpoint_every`), each workflow run well
+/// inside the limit. The 20,000-step run at the default limits is the ignored benchmark
+/// `bench_a_long_run_on_temporal` (17 minutes).
+#[test]
+fn a_run_past_the_servers_history_limit_continues_as_new_when_temporal_suggests() {
+    const TURNS: u64 = 200;
+    let model = Model::start();
+    let dir = scratch("suggested", &model);
+    let server = DevServer::start_with(&[
+        "limit.historyCount.suggestContinueAsNew=120",
+        "limit.historyCount.error=400",
+    ]);
+    let _worker = Worker::start(&server, &dir, "suggested");
+    let context = json!({"turns": TURNS, "tag": "s"});
+    server.start_run(
+        "suggested",
+        "suggested-1",
+        &json!({"agent": "turns", "context": context}),
+    );
+    assert_completed_as_aplc_run(&server.result("suggested-1"), &dir, &context);
+    assert_eq!(
+        model.prompts_of("s").len(),
+        TURNS as usize,
+        "each turn asked once"
+    );
+    let runs = server.workflow_runs("suggested-1");
+    assert!(
+        runs >= 8,
+        "{runs} workflow runs for about 1,200 events at 120 a run"
     );
 }
 
