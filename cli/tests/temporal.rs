@@ -732,17 +732,8 @@ fn a_long_run_continues_as_new_and_ends_with_the_context_aplc_run_gives() {
     let dir = scratch("continue", &model);
     let server = DevServer::start();
     let _worker = Worker::start(&server, &dir, "continue");
-    let context = json!({"turns": TURNS, "tag": "c"});
-    let input = json!({"agent": "turns", "context": context, "options": {"checkpoint_every": 5}});
-    server.start_run("continue", "continue-1", &input);
-    let result = server.result("continue-1");
-    assert_completed_as_aplc_run(&result, &dir, &context);
-    assert_eq!(
-        model.prompts_of("c").len(),
-        TURNS as usize,
-        "each turn asked once"
-    );
-    let runs = server.workflow_runs("continue-1");
+    let options = json!({"checkpoint_every": 5});
+    let runs = run_turns_to_the_end(&server, &dir, &model, "continue", TURNS, options);
     assert!(
         runs >= 4,
         "{runs} workflow runs: it did not continue as new 3 times"
@@ -779,23 +770,35 @@ fn a_run_past_the_servers_history_limit_continues_as_new_when_temporal_suggests(
         "limit.historyCount.error=400",
     ]);
     let _worker = Worker::start(&server, &dir, "suggested");
-    let context = json!({"turns": TURNS, "tag": "s"});
-    server.start_run(
-        "suggested",
-        "suggested-1",
-        &json!({"agent": "turns", "context": context}),
-    );
-    assert_completed_as_aplc_run(&server.result("suggested-1"), &dir, &context);
-    assert_eq!(
-        model.prompts_of("s").len(),
-        TURNS as usize,
-        "each turn asked once"
-    );
-    let runs = server.workflow_runs("suggested-1");
+    let runs = run_turns_to_the_end(&server, &dir, &model, "suggested", TURNS, json!({}));
     assert!(
         runs >= 8,
         "{runs} workflow runs for about 1,200 events at 120 a run"
     );
+}
+
+/// Runs the `turns` agent for `turns` steps as workflow `{queue}-1` on task queue `queue`
+/// with `options`: it completes with the context `aplc run` gives, each turn asked of the
+/// model once. Its workflow runs.
+fn run_turns_to_the_end(
+    server: &DevServer,
+    dir: &Path,
+    model: &Model,
+    queue: &str,
+    turns: u64,
+    options: Json,
+) -> u64 {
+    let id = format!("{queue}-1");
+    let context = json!({"turns": turns, "tag": queue});
+    let input = json!({"agent": "turns", "context": context, "options": options});
+    server.start_run(queue, &id, &input);
+    assert_completed_as_aplc_run(&server.result(&id), dir, &context);
+    assert_eq!(
+        model.prompts_of(queue).len(),
+        turns as usize,
+        "each turn asked once"
+    );
+    server.workflow_runs(&id)
 }
 
 /// A continued run goes on only from its checkpoints: a worker whose store lacks them
