@@ -22,6 +22,14 @@ use serving::Model;
 /// A secret the worker's environment holds (a provider key): never in history.
 const KEY: &str = "sk-temporal-test-key-9d1c4f";
 
+/// A Temporal Cloud API key in the environment of [`exiting_worker`] (`T28_API_KEY`):
+/// never in its output.
+const API_KEY: &str = "tmprl-api-key-test-5b7e01";
+
+/// How long a worker that cannot start may take to say so: its connect timeout (30 s)
+/// bounds it; a refused handshake or a usage error ends it at once.
+const EXIT_WITHIN: Duration = Duration::from_secs(60);
+
 /// How long a test waits for a workflow (generous: a loaded 2-core CI machine).
 const WORKFLOW_WAIT: Duration = Duration::from_secs(180);
 
@@ -166,6 +174,29 @@ impl DevServer {
         self.ok(&args)
     }
 
+    /// [`DevServer::query`] `name` of workflow `id`: its answer, as JSON.
+    fn query_json(&self, id: &str, name: &str) -> Json {
+        let text = self.query(id, name, true);
+        let out: Json = serde_json::from_str(&text).expect("query JSON");
+        out["queryResult"][0].clone()
+    }
+
+    /// Sends `body` to workflow `id` as the update `apl.input` (spec/temporal.md §5): the
+    /// CLI's output, a failure when the update is refused.
+    fn answer(&self, id: &str, body: &Json) -> Output {
+        self.cli(&[
+            "workflow",
+            "update",
+            "execute",
+            "-w",
+            id,
+            "--name",
+            "apl.input",
+            "--input",
+            &body.to_string(),
+        ])
+    }
+
     /// How many workflow runs workflow `id` has had (each continue-as-new starts one).
     fn workflow_runs(&self, id: &str) -> u64 {
         let query = format!("WorkflowId='{id}'");
@@ -256,6 +287,46 @@ impl Drop for DevServer {
             kill_group(child);
         }
     }
+}
+
+/// Runs `aplc worker` of `dir` against `address` with `extra` flags at `RUST_LOG=log`
+/// (the provider key and [`API_KEY`] in its environment, `T28_NO_KEY` not), which must
+/// exit within [`EXIT_WITHIN`]: its exit code and its output, stdout and stderr. They go
+/// to a file, not a pipe: a chatty log cannot fill a pipe nobody reads while it runs.
+fn exiting_worker(dir: &Path, address: &str, extra: &[&str], log: &str) -> (Option<i32>, String) {
+    let path = dir.join("exiting-worker.log");
+    let file = std::fs::File::create(&path).expect("the worker's output file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_aplc"))
+        .current_dir(dir)
+        .args(["worker", "--temporal", address, "--task-queue", "exits"])
+        .args(["--agents", "agents", "--providers", "providers.json"])
+        .args(extra)
+        .env("T28_KEY", KEY)
+        .env("T28_API_KEY", API_KEY)
+        .env_remove("T28_NO_KEY")
+        .env("RUST_LOG", log)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("the output file, again"))
+        .stderr(file)
+        .spawn()
+        .expect("start aplc worker");
+    let output = || std::fs::read_to_string(&path).unwrap_or_default();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for aplc worker") {
+            break status;
+        }
+        if started.elapsed() > EXIT_WITHIN {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the worker {extra:?} still runs after {EXIT_WITHIN:?}:\n{}",
+                output()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (status.code(), output())
 }
 
 /// Kills `child`'s process group (the dev server forks nothing, but a worker's tools
@@ -909,7 +980,6 @@ fn bench_a_long_run_on_temporal() {
 /// never in its output, even at `RUST_LOG=trace`.
 #[test]
 fn tls_flags_are_checked_and_the_api_key_never_shows() {
-    const API_KEY: &str = "tmprl-api-key-test-5b7e01";
     let model = Model::start();
     let dir = scratch("tls", &model);
     // A frontend that speaks no TLS: it answers any connection in plain HTTP and closes.
@@ -920,23 +990,7 @@ fn tls_flags_are_checked_and_the_api_key_never_shows() {
             let _ = (&stream).write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
         }
     });
-    let worker = |extra: &[&str]| -> (Option<i32>, String) {
-        let out = Command::new(env!("CARGO_BIN_EXE_aplc"))
-            .current_dir(&dir)
-            .args(["worker", "--temporal", &address, "--task-queue", "tls"])
-            .args(["--agents", "agents", "--providers", "providers.json"])
-            .args(extra)
-            .env("T28_KEY", KEY)
-            .env("T28_API_KEY", API_KEY)
-            .env_remove("T28_NO_KEY")
-            .env("RUST_LOG", "trace")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run aplc worker");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        (out.status.code(), text)
-    };
+    let worker = |extra: &[&str]| exiting_worker(&dir, &address, extra, "trace");
     let (code, text) = worker(&["--tls-cert", "client.pem"]);
     assert_eq!(code, Some(2), "{text}");
     assert!(
@@ -1237,11 +1291,7 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
         "human-1",
         &json!({"agent": "ask", "context": {"tag": "h"}}),
     );
-    let query = |name: &str| -> Json {
-        let text = server.query("human-1", name, true);
-        let out: Json = serde_json::from_str(&text).expect("query JSON");
-        out["queryResult"][0].clone()
-    };
+    let query = |name: &str| server.query_json("human-1", name);
     wait_for("the request", WORKFLOW_WAIT, || {
         query("apl.pending")
             .as_array()
@@ -1252,19 +1302,7 @@ fn a_person_answers_a_waiting_run_with_the_apl_input_update() {
     assert_eq!(pending[0]["prompt"], "Go on with h?", "{pending:#}");
     assert_eq!(query("apl.status")["status"], "waiting");
     let id = pending[0]["id"].as_str().expect("an id").to_string();
-    let update = |body: &Json| {
-        server.cli(&[
-            "workflow",
-            "update",
-            "execute",
-            "-w",
-            "human-1",
-            "--name",
-            "apl.input",
-            "--input",
-            &body.to_string(),
-        ])
-    };
+    let update = |body: &Json| server.answer("human-1", body);
     let refused = update(&json!({"id": id, "value": "not a boolean"}));
     assert!(
         !refused.status.success(),
@@ -1320,11 +1358,7 @@ fn a_request_is_answered_by_its_timeout_unless_a_person_answers_first() {
         "timeout-1",
         &json!({"agent": "ask", "context": context}),
     );
-    let pending = || -> Json {
-        let text = server.query("timeout-1", "apl.pending", true);
-        let out: Json = serde_json::from_str(&text).expect("query JSON");
-        out["queryResult"][0].clone()
-    };
+    let pending = || server.query_json("timeout-1", "apl.pending");
     wait_for("the second request", WORKFLOW_WAIT, || {
         pending()[0]["prompt"] == "Second for t?"
     });
@@ -1333,19 +1367,7 @@ fn a_request_is_answered_by_its_timeout_unless_a_person_answers_first() {
     assert_eq!(second[0]["timeout_ms"], 600_000, "{second:#}");
     assert!(second[0]["requested_at"].is_string(), "{second:#}");
     assert!(second[0].get("requested_at_ms").is_none(), "{second:#}");
-    let update = |body: &Json| {
-        server.cli(&[
-            "workflow",
-            "update",
-            "execute",
-            "-w",
-            "timeout-1",
-            "--name",
-            "apl.input",
-            "--input",
-            &body.to_string(),
-        ])
-    };
+    let update = |body: &Json| server.answer("timeout-1", body);
     let late = update(&json!({"id": "1-0", "value": "too late"}));
     assert!(
         !late.status.success(),

@@ -4,20 +4,13 @@
 //! certificates of `fixtures/tls/` (made once by its `make.sh`: no certificate library in
 //! the build, no network in the test).
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::json;
 
-use super::{DevServer, KEY, Model, Worker, assert_completed_as_aplc_run, scratch};
-
-/// How long a worker that cannot connect may take to say so: its connect timeout (30 s)
-/// bounds it; a handshake refused fails at once.
-const FAIL_WITHIN: Duration = Duration::from_secs(60);
+use super::{DevServer, Model, Worker, assert_completed_as_aplc_run, exiting_worker, scratch};
 
 /// A file of `fixtures/tls/`.
 fn fixture(name: &str) -> String {
@@ -114,40 +107,6 @@ fn server_config(mutual: bool) -> rustls::ServerConfig {
     config
 }
 
-/// `aplc worker` of `dir` at `address` with `extra` flags, which must fail within
-/// [`FAIL_WITHIN`]: its exit code and output (stdout and stderr).
-fn failing_worker(dir: &PathBuf, address: &str, extra: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_aplc"))
-        .current_dir(dir)
-        .args(["worker", "--temporal", address, "--task-queue", "tls-fails"])
-        .args(["--agents", "agents", "--providers", "providers.json"])
-        .args(extra)
-        .env("T28_KEY", KEY)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start aplc worker");
-    let started = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if started.elapsed() > FAIL_WITHIN {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("its output");
-            panic!(
-                "the worker {extra:?} still runs after {FAIL_WITHIN:?}:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().expect("its output");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.code(), text)
-}
-
 /// TLS with the frontend's CA and name: a worker with `--tls --tls-ca --tls-domain`
 /// polls through the frontend and finishes a workflow started on the plain port. A worker
 /// that trusts another CA, or expects another name, fails at once: exit 1, "cannot reach
@@ -170,18 +129,20 @@ fn a_worker_finishes_a_run_through_a_tls_frontend() {
     assert_completed_as_aplc_run(&server.result("tls-1"), &dir, &context);
 
     let other = fixture("other-ca.pem");
-    let (code, text) = failing_worker(
+    let (code, text) = exiting_worker(
         &dir,
         &frontend.address,
         &["--tls-ca", &other, "--tls-domain", "temporal.test"],
+        "warn",
     );
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("cannot reach Temporal"), "{text}");
     assert!(text.contains("UnknownIssuer"), "not the CA's fault: {text}");
-    let (code, text) = failing_worker(
+    let (code, text) = exiting_worker(
         &dir,
         &frontend.address,
         &["--tls-ca", &ca, "--tls-domain", "elsewhere.test"],
+        "warn",
     );
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("cannot reach Temporal"), "{text}");
@@ -226,10 +187,11 @@ fn mutual_tls_needs_the_workers_certificate() {
     assert_completed_as_aplc_run(&server.result("mtls-1"), &dir, &context);
     assert!(frontend.refused().is_empty(), "{:?}", frontend.refused());
 
-    let (code, text) = failing_worker(
+    let (code, text) = exiting_worker(
         &dir,
         &frontend.address,
         &["--tls-ca", &ca, "--tls-domain", "temporal.test"],
+        "warn",
     );
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("cannot reach Temporal"), "{text}");
