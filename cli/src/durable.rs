@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use aplc_runtime::Redactor;
+use aplc_runtime::{Redactor, Secrets};
 use aplc_runtime::durable::{self, DurableError, DurableOptions, Ended};
 use aplc_runtime::store::{self, QueueStatus, RunStore, RunSummary, StoreError, StoreUrl};
 use aplc_runtime::telemetry::RunTrace;
@@ -196,7 +196,11 @@ pub(crate) fn run(
     let mut sinks = sinks(output, &equipment)?.with_trace(trace.clone());
     let calls = &RunTrace::provider_of(trace.as_ref(), &equipment.provider);
     let finished = {
+        // Nobody listening: the run builds no event, and stores none (they are read back
+        // by replay: `aplc runs events`).
+        let listening = sinks.listening();
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
+        let listener = listening.then_some(&mut listener as aplc_runtime::session::Listener<'_>);
         let run = durable::start(
             store.as_ref(),
             durable::NewDurableRun {
@@ -206,7 +210,7 @@ pub(crate) fn run(
             },
             calls,
             &equipment.toolbox,
-            Some(&mut listener),
+            listener,
             &config,
         );
         runtime.block_on(crate::signals::unless_interrupted(run))
@@ -286,8 +290,10 @@ pub(crate) fn resume(args: ResumeArgs) -> Result<ExitCode, Failure> {
     let mut sinks = sinks(&args.output, &equipment)?.with_trace(trace.clone());
     let calls = &RunTrace::provider_of(trace.as_ref(), &equipment.provider);
     let finished = {
+        let listening = sinks.listening();
         let mut listener = |event: &aplc_vm::Event| sinks.on_event(event);
-        let run = reopened.run(calls, &equipment.toolbox, Some(&mut listener));
+        let listener = listening.then_some(&mut listener as aplc_runtime::session::Listener<'_>);
+        let run = reopened.run(calls, &equipment.toolbox, listener);
         runtime.block_on(crate::signals::unless_interrupted(run))
     };
     finish(sinks, finished, &args.output, &equipment, Some(&hint))
@@ -437,12 +443,12 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
                 .block_on(store.summary(&run_id))
                 .map_err(store_failure)?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            let mut from = 0;
+            let mut events = durable::EventReader::new(&run_id, 0, Secrets::from_env().redactor());
             const PAGE: u64 = 1_000;
             loop {
                 let page = runtime
-                    .block_on(store.events(&run_id, from, PAGE))
-                    .map_err(store_failure)?;
+                    .block_on(events.page(store.as_ref(), PAGE))
+                    .map_err(durable_failure)?;
                 for event in &page {
                     if writeln!(out, "{event}").is_err() {
                         // A closed stdout (`| head`) ends the listing quietly.
@@ -452,7 +458,6 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
                 if (page.len() as u64) < PAGE {
                     break;
                 }
-                from += PAGE;
             }
             let _ = out.flush();
             Ok(ExitCode::SUCCESS)
@@ -460,16 +465,16 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
     }
 }
 
-/// The agents run `id` called, from its journaled events, a page at a time.
+/// The agents run `id` called, from its events, a page at a time.
 async fn agent_tree(
     store: &dyn aplc_runtime::store::RunJournal,
     id: &str,
 ) -> Result<crate::agent_tree::AgentTree, Failure> {
     const PAGE: u64 = 1_000;
     let mut tree = crate::agent_tree::AgentTree::default();
-    let mut from = 0;
+    let mut events = durable::EventReader::new(id, 0, Secrets::from_env().redactor());
     loop {
-        let page = store.events(id, from, PAGE).await.map_err(store_failure)?;
+        let page = events.page(store, PAGE).await.map_err(durable_failure)?;
         for event in &page {
             if let Ok(event) = serde_json::from_str::<serde_json::Value>(event) {
                 tree.see(&event);
@@ -478,7 +483,6 @@ async fn agent_tree(
         if (page.len() as u64) < PAGE {
             return Ok(tree);
         }
-        from += PAGE;
     }
 }
 

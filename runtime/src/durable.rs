@@ -31,7 +31,9 @@ use crate::store::{Batch, Lease, LoadedRun, NewRun, RunJournal, StoreError, Stor
 use aplc_vm::journal::Input;
 use aplc_vm::{Action, Event, Interrupt, Machine, Program, RunOptions, RunOutcome};
 
+mod events;
 mod stored;
+pub use events::EventReader;
 use stored::{options_from_json, options_json, registry_from_fingerprint, tools_fingerprint};
 
 /// How a durable run journals.
@@ -200,9 +202,11 @@ pub struct NewDurableRun {
 
 /// Starts a durable run in `store`, and drives it to the end.
 ///
-/// The run's events are journaled (and handed to `listener`, if any), so
-/// `options.events` is turned on. Returns an error only when the store fails: the run
-/// then stays resumable from its last commit.
+/// The run is journaled (`options.journaled`). Its events are built only for a
+/// `listener`, and then stored as made; a run nobody listens to stores none, and its
+/// events are read back by replaying its journal ([`EventReader`], `spec/durability.md`,
+/// "Events"). Returns an error only when the store fails: the run then stays resumable
+/// from its last commit.
 pub async fn start(
     store: &dyn RunJournal,
     run: NewDurableRun,
@@ -218,7 +222,8 @@ pub async fn start(
         ..
     } = run;
     options.tools = toolbox.registry();
-    options.events = true;
+    options.journaled = true;
+    options.events = listener.is_some();
     let machine = Machine::new(program.clone(), options);
     let reopened = Reopened {
         program,
@@ -229,6 +234,7 @@ pub async fn start(
         pending: None,
         last_event: None,
         replayed_provider_calls: 0,
+        stored_events: false,
     };
     reopened.run(provider, toolbox, listener).await
 }
@@ -298,6 +304,9 @@ pub struct Reopened<'s> {
     /// The last event the replay re-made: an in-flight call's `provider_call`.
     last_event: Option<Event>,
     replayed_provider_calls: u64,
+    /// The run stored its events so far (it had a listener from its start): it goes on
+    /// storing them, listened to or not, so that they stay one sequence in the store.
+    stored_events: bool,
 }
 
 impl std::fmt::Debug for Reopened<'_> {
@@ -330,9 +339,13 @@ impl Reopened<'_> {
         toolbox: &Toolbox,
         listener: Option<Listener<'_>>,
     ) -> Result<Ended, DurableError> {
+        let mut machine = self.machine;
+        // The replay checked the journal with events on; nobody to hand them to, and
+        // none stored before: the run goes on counting them.
+        machine.set_events(listener.is_some() || self.stored_events);
         let observer = listener.map(|listener| Box::new(listener) as Observer<'_>);
         let session = RunSession::resumed(
-            self.machine,
+            machine,
             self.at,
             observer,
             Some(self.recorder),
@@ -438,6 +451,7 @@ struct Restored {
     pending: Option<Action>,
     last_event: Option<Event>,
     replayed_provider_calls: u64,
+    stored_events: bool,
 }
 
 impl Restored {
@@ -458,6 +472,7 @@ impl Restored {
             pending: self.pending,
             last_event: self.last_event,
             replayed_provider_calls: self.replayed_provider_calls,
+            stored_events: self.stored_events,
         }
     }
 }
@@ -518,6 +533,7 @@ fn restore(
         pending: replayed.pending,
         last_event: replayed.last_event,
         replayed_provider_calls: replayed.provider_inputs,
+        stored_events: loaded.events > 0,
     })
 }
 
@@ -619,6 +635,7 @@ fn replay(
         message,
     };
     options.events = true;
+    options.journaled = true;
     let (mut machine, mut at, mut provider_inputs, base) = match loaded.checkpoints.last() {
         Some(StoredCheckpoint {
             inputs,
@@ -645,8 +662,10 @@ fn replay(
         machine.history_len()
     };
 
-    // The events the replay re-emits are journaled already; the last one's number must
-    // meet the journal's count, or the replay went another way than the run did.
+    // The events the replay re-emits are journaled already, or were never stored (a run
+    // nobody listened to: `EventReader` makes them by replay too); a journal that stored
+    // more than the replay makes went another way than the run did. Each input's
+    // recorded position, checked by `Machine::replay`, says the rest.
     let mut last_event: Option<Event> = None;
     let mut pending = None;
     let mut forget = |machine: &mut Machine| {
@@ -684,13 +703,11 @@ fn replay(
         pending = (poll && !matches!(action, Action::Continue)).then_some(action);
         forget(&mut machine);
     }
-    if let Some(seq) = last_event.as_ref().map(|e| e.seq)
-        && seq + 1 != loaded.events
-    {
+    let made = machine.position().events;
+    if made < loaded.events {
         return Err(corrupt(format!(
-            "replaying the journal gave {} events where {} were journaled: the journal \
+            "replaying the journal gave {made} events where {} were journaled: the journal \
              does not match this aplc's machine",
-            seq + 1,
             loaded.events
         )));
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use aplc_runtime::Redactor;
 use aplc_runtime::driver::{BoxFuture, CallContext, Provider, Toolbox};
 use aplc_runtime::durable::{self, DurableOptions, INTERRUPTED_TOOL};
 use aplc_runtime::store::{
@@ -16,7 +17,7 @@ use aplc_runtime::store::{
 use aplc_vm::tools::ToolSpec;
 use aplc_vm::{
     Completion, Content, Event, EventKind, Part, Program, ProviderError, ProviderRequest, Role,
-    RunOptions, ToolCall,
+    RunErrorKind, RunOptions, ToolCall,
 };
 use serde_json::{Value as Json, json};
 
@@ -480,7 +481,10 @@ async fn deltas_reach_the_listener_and_are_never_journaled() {
     );
     assert_eq!(resumed.len() as u64, TURNS - 2);
 
-    let stored = store.events(&id, 0, 10_000).await.expect("events");
+    let stored = durable::EventReader::new(&id, 0, Redactor::default())
+        .all(store.as_ref())
+        .await
+        .expect("events");
     for (n, line) in stored.iter().enumerate() {
         let event: Json = serde_json::from_str(line).unwrap();
         assert_ne!(event["type"], "provider_delta", "{line}");
@@ -523,6 +527,14 @@ impl RunJournal for Stalled {
         limit: u64,
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         self.inner.events(id, from, limit)
+    }
+    fn inputs<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, StoreError>> {
+        self.inner.inputs(id, from, limit)
     }
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.inner.run_bytes(id)
@@ -788,4 +800,188 @@ async fn a_refused_history_segment_is_written_whole_next_and_the_run_resumes() {
             .expect("inspect");
         assert_eq!(without_times(rebuilt.context_json()), expected);
     }
+}
+
+/// A run's events with what depends on the wall clock taken out.
+fn shapes(events: &[String]) -> Vec<Json> {
+    events
+        .iter()
+        .map(|text| {
+            let mut event: Json = serde_json::from_str(text).expect("an event is JSON");
+            let map = event.as_object_mut().expect("an event is an object");
+            for key in ["t_ms", "duration_ms", "latency_ms"] {
+                map.remove(key);
+            }
+            if let Some(totals) = map.get_mut("totals").and_then(Json::as_object_mut) {
+                totals.remove("elapsed_ms");
+            }
+            event
+        })
+        .collect()
+}
+
+async fn read_events(store: &dyn RunStore, id: &str) -> Vec<String> {
+    durable::EventReader::new(id, 0, Redactor::default())
+        .all(store)
+        .await
+        .expect("events")
+}
+
+/// Starts run `id` (with `listen`, a listener), drops it at provider call `crash_at` if
+/// given, and resumes it (with `listen_after`) to its end.
+async fn crash_and_resume(
+    store: &dyn RunStore,
+    id: &str,
+    crash_at: Option<u64>,
+    listen: bool,
+    listen_after: bool,
+) {
+    let tools = toolbox(Arc::new(AtomicU64::new(0)), None, false);
+    let cfg = config(2);
+    let model = Model {
+        calls: AtomicU64::new(0),
+        hang_at: crash_at,
+    };
+    let mut heard = Vec::new();
+    let mut listener = |e: &Event| heard.push(e.seq);
+    let run = durable::start(
+        store,
+        durable::NewDurableRun {
+            id: id.to_owned(),
+            program: program(),
+            options: options(),
+        },
+        &model,
+        &tools,
+        listen.then_some(&mut listener as _),
+        &cfg,
+    );
+    match crash_at {
+        None => {
+            let ended = run.await.expect("the run ends");
+            assert!(ended.finished().expect("finished").outcome.error.is_none());
+            return;
+        }
+        Some(_) => {
+            let dropped = tokio::time::timeout(Duration::from_millis(200), run).await;
+            assert!(dropped.is_err(), "the run should hang");
+        }
+    }
+    let model = Model {
+        calls: AtomicU64::new(0),
+        hang_at: None,
+    };
+    let mut listener = |_: &Event| {};
+    let finished = durable::resume(
+        store,
+        id,
+        None,
+        &model,
+        &tools,
+        listen_after.then_some(&mut listener as _),
+        &cfg,
+    )
+    .await
+    .expect("resume")
+    .finished()
+    .expect("finished");
+    assert!(finished.outcome.error.is_none());
+}
+
+/// A durable run nobody listens to stores no event: its events are made again by
+/// replaying its journal, the same as a listened run stores, however it was crashed and
+/// resumed, and whoever listened to which part (`spec/durability.md`, "Events").
+#[tokio::test(flavor = "current_thread")]
+async fn the_events_of_a_run_nobody_listens_to_are_its_journals_replay() {
+    let store = sqlite("replayed-events").await;
+    let store = store.as_ref();
+    crash_and_resume(store, "listened", None, true, true).await;
+    let stored = store.events("listened", 0, 10_000).await.unwrap();
+    assert!(stored.len() > 20);
+    assert_eq!(read_events(store, "listened").await, stored);
+    let expected = shapes(&stored);
+    for (seq, event) in expected.iter().enumerate() {
+        assert_eq!(event["seq"], json!(seq));
+    }
+
+    crash_and_resume(store, "quiet", None, false, false).await;
+    assert_eq!(store.summary("quiet").await.unwrap().events, 0);
+    assert_eq!(shapes(&read_events(store, "quiet").await), expected);
+
+    for crash_at in [0, 2, TURNS - 1] {
+        for (listen, listen_after) in [(false, false), (false, true), (true, false)] {
+            let id = format!("crash-{crash_at}-{listen}-{listen_after}");
+            crash_and_resume(store, &id, Some(crash_at), listen, listen_after).await;
+            let events = read_events(store, &id).await;
+            assert_eq!(shapes(&events), expected, "{id}");
+            let stored = store.summary(&id).await.unwrap().events;
+            match (listen, listen_after) {
+                // Nothing stored: all replayed.
+                (false, false) => assert_eq!(stored, 0, "{id}"),
+                // Stored from the resume on, replayed before it.
+                (false, true) => assert!(stored > 0 && stored < events.len() as u64, "{id}"),
+                // Stored from the start, and on after the resume without a listener.
+                _ => assert_eq!(stored, events.len() as u64, "{id}"),
+            }
+            // Read in pages, from the middle on, as `aplc serve`'s streams do.
+            let mut reader = durable::EventReader::new(&id, 5, Redactor::default());
+            let mut paged = Vec::new();
+            loop {
+                let page = reader.page(store, 3).await.unwrap();
+                if page.is_empty() {
+                    break;
+                }
+                paged.extend(page);
+            }
+            assert_eq!(paged, events[5..], "{id}");
+        }
+    }
+}
+
+/// A run nobody listens to that is cancelled stores the events it made from the cancel
+/// on (no journal says when the flag was seen); the rest are replayed before them.
+#[tokio::test(flavor = "current_thread")]
+async fn a_cancelled_run_nobody_listens_to_stores_its_last_events() {
+    let store = sqlite("cancelled-events").await;
+    let store = store.as_ref();
+    let mut ends = Vec::new();
+    for (id, listen) in [("cancelled-listened", true), ("cancelled-quiet", false)] {
+        let tools = toolbox(Arc::new(AtomicU64::new(0)), None, false);
+        let model = Model {
+            calls: AtomicU64::new(0),
+            hang_at: Some(2),
+        };
+        let mut options = options();
+        let cancel = options.interrupt.clone();
+        options.interrupt = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            cancel.cancel();
+        });
+        let mut listener = |_: &Event| {};
+        let finished = durable::start(
+            store,
+            durable::NewDurableRun {
+                id: id.to_owned(),
+                program: program(),
+                options,
+            },
+            &model,
+            &tools,
+            listen.then_some(&mut listener as _),
+            &config(2),
+        )
+        .await
+        .expect("the run ends")
+        .finished()
+        .expect("finished");
+        let error = finished.outcome.error.expect("cancelled");
+        assert_eq!(error.kind, RunErrorKind::Cancelled);
+        ends.push(read_events(store, id).await);
+    }
+    let (listened, quiet) = (shapes(&ends[0]), shapes(&ends[1]));
+    assert_eq!(quiet, listened);
+    assert_eq!(quiet.last().unwrap()["outcome"], "cancelled");
+    let stored = store.summary("cancelled-quiet").await.unwrap().events;
+    assert!(stored > 0 && stored < 5, "only the last events are stored: {stored}");
 }

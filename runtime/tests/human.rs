@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use aplc_runtime::Redactor;
 use aplc_runtime::driver::{BoxFuture, CallContext, Provider, Toolbox};
 use aplc_runtime::durable::{self, DurableOptions, Ended};
 use aplc_runtime::human::{Answerer, Pending, answer_json};
@@ -276,7 +277,10 @@ async fn paused_run_resumes(paused: Arc<dyn RunStore>) {
     let summary = store.summary("p").await.unwrap();
     assert!(summary.pending.is_empty());
     // The audit: every answer is an event with who gave it.
-    let events = store.events("p", 0, 10_000).await.unwrap();
+    let events = durable::EventReader::new("p", 0, Redactor::default())
+        .all(store.as_ref())
+        .await
+        .unwrap();
     let received = events
         .iter()
         .filter(|e| e.contains("\"input_received\""))
@@ -326,7 +330,11 @@ async fn timeout_on_resume(store: Arc<dyn RunStore>) {
     // Both approvals timed out (denied); the run went on to `await_input`, which has none.
     assert_eq!(waiting(ended), ["2-0"]);
     assert_eq!(executions.load(Ordering::SeqCst), 0);
-    let events = store.events("t", 0, 10_000).await.unwrap().join("\n");
+    let events = durable::EventReader::new("t", 0, Redactor::default())
+        .all(store.as_ref())
+        .await
+        .unwrap()
+        .join("\n");
     assert!(events.contains("\"timed_out\":true"), "{events}");
     assert!(
         events.contains("denied: no answer within 2000 ms"),

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use aplc_runtime::store::StoreError;
+use aplc_runtime::durable::{DurableError, EventReader};
 use axum::response::sse::Event;
 use futures_util::Stream;
 use tokio::sync::broadcast;
@@ -33,6 +33,8 @@ struct Cursor {
     id: String,
     /// The `seq` of the next journaled event to send.
     next: u64,
+    /// The run's events as the store has them (stored, or replayed from its journal).
+    reader: EventReader,
     ready: VecDeque<Event>,
     live: Option<broadcast::Receiver<LiveEvent>>,
     /// Wakes the stream when the run ends in this process.
@@ -49,11 +51,14 @@ pub(crate) fn stream(
     after: Option<u64>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let end = state.live.watch_end(&id);
+    let next = after.map_or(0, |seq| seq.saturating_add(1));
+    let reader = EventReader::new(&id, next, state.equipment.durable.redactor.clone());
     let cursor = Cursor {
+        reader,
         end,
         state,
         id,
-        next: after.map_or(0, |seq| seq.saturating_add(1)),
+        next,
         ready: VecDeque::new(),
         live: None,
         finished: false,
@@ -83,7 +88,9 @@ impl Cursor {
             if self.drain_live() {
                 continue;
             }
-            match self.state.store.events(&self.id, self.next, PAGE).await {
+            self.reader.skip_to(self.next);
+            let store = self.state.store.clone();
+            match self.reader.page(store.as_ref(), PAGE).await {
                 Ok(events) if !events.is_empty() => {
                     for json in events {
                         self.journaled(&json);
@@ -108,7 +115,7 @@ impl Cursor {
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    self.fail(&e);
+                    self.fail(&DurableError::Store(e));
                     continue;
                 }
             }
@@ -177,7 +184,7 @@ impl Cursor {
     }
 
     /// Ends the stream with an `error` event: the store failed or the run is gone.
-    fn fail(&mut self, error: &StoreError) {
+    fn fail(&mut self, error: &DurableError) {
         tracing::error!(run_id = %self.id, error = %error, "event stream stopped");
         let body = serde_json::json!({"error": {"code": "store", "message": error.to_string()}});
         self.ready

@@ -494,3 +494,31 @@ fn a_child_cannot_outlive_its_parent() {
     let result = &outcome.vars.get("agent_result").unwrap();
     assert_eq!(result.get_attr("status").unwrap().as_str(), Some("failed"));
 }
+
+/// A journaled tree without events (a durable run nobody listens to) takes the same
+/// inputs to the same positions as with events on, the child's events counted into the
+/// parent's sequence, and a replay of its journal with events on makes the live events.
+#[test]
+fn a_journaled_tree_without_events_counts_its_childs() {
+    let program = linked(DELEGATES, &[("translator", TRANSLATOR)]);
+    let script = json!(["hello", "olá", "done"]);
+    let live = drive(program.clone(), events_on(), script.clone());
+    let counted = RunOptions {
+        journaled: true,
+        ..RunOptions::default()
+    };
+    let quiet = drive(program.clone(), counted, script);
+    assert!(quiet.events.is_empty());
+    assert_eq!(quiet.inputs, live.inputs);
+    let mut machine = Machine::new(program, events_on());
+    let mut events = Vec::new();
+    for (index, (input, position)) in quiet.inputs.iter().enumerate() {
+        let _ = machine
+            .replay(index as u64, input.clone(), Some(*position))
+            .unwrap_or_else(|e| panic!("input {index}: {e}"));
+        events.extend(machine.drain_events().map(|e| e.to_json()));
+    }
+    assert_eq!(events, live.events);
+    let finished = events.last().unwrap();
+    assert_eq!(finished["totals"]["provider_calls"], 3, "{finished}");
+}

@@ -871,3 +871,103 @@ fn a_journal_that_went_another_way_is_refused_where_it_diverges() {
         "{error:?}"
     );
 }
+
+/// `case` with its events off and journaled: a durable run nobody listens to.
+fn counting(case: &Case) -> Case {
+    Case {
+        name: case.name.clone(),
+        program: case.program.clone(),
+        options: RunOptions {
+            events: false,
+            journaled: true,
+            ..case.options.clone()
+        },
+        script: case.script.clone(),
+    }
+}
+
+/// A journaled run with its events off takes the same inputs (times included: it yields
+/// at the same points), stands at the same positions and ends the same as with them on,
+/// and builds none: so its events are the replay's (`spec/durability.md`, "Events").
+#[test]
+fn a_journaled_run_without_events_journals_what_it_would_with_them() {
+    for case in cases() {
+        let on = record(&case);
+        let off = record(&counting(&case));
+        assert_eq!(off.inputs, on.inputs, "{}", case.name);
+        assert_eq!(off.positions, on.positions, "{}", case.name);
+        assert_eq!(off.summary, on.summary, "{}", case.name);
+        assert!(off.start_events.is_empty(), "{}", case.name);
+        assert!(off.events.iter().all(Vec::is_empty), "{}", case.name);
+        // Its checkpoints are the same too: a resume with events on goes on from them.
+        let (with, without) = (run_to_rest(&case), run_to_rest(&counting(&case)));
+        assert_eq!(with, without, "{}: checkpoints", case.name);
+    }
+}
+
+/// The state of `case`'s run checkpointed at its first rest point after a provider
+/// answer, if it has one.
+fn run_to_rest(case: &Case) -> Option<Vec<u8>> {
+    let recording = record(case);
+    let mut machine = Machine::new(case.program.clone(), case.options.clone());
+    let _ = drain(&mut machine);
+    for (i, input) in recording.inputs.iter().enumerate() {
+        let _ = machine
+            .replay(i as u64, input.clone(), Some(recording.positions[i]))
+            .unwrap();
+        let _ = drain(&mut machine);
+        if matches!(input, Input::Provider { .. })
+            && let Ok(checkpoint) = machine.checkpoint(0)
+        {
+            return Some(checkpoint.state);
+        }
+    }
+    None
+}
+
+/// A journaled run without events that is cancelled builds the events from the cancel
+/// on (no journal says when a flag was seen, so they are journaled as made): they are
+/// the last events a run with events on makes, at the same position.
+#[test]
+fn a_cancelled_journaled_run_builds_its_last_events() {
+    let mut checked = 0;
+    for case in cases() {
+        let recording = record(&case);
+        let Some(cut) = (recording.inputs.iter()).position(|i| matches!(i, Input::Provider { .. }))
+        else {
+            continue;
+        };
+        let end = |options: RunOptions| {
+            let cancel = aplc_vm::Interrupt::new();
+            let options = RunOptions {
+                interrupt: cancel.clone(),
+                ..options
+            };
+            let mut machine = Machine::new(case.program.clone(), options);
+            let mut before = drain(&mut machine);
+            for input in &recording.inputs[..=cut] {
+                let _ = machine.apply(input.clone());
+                before.extend(drain(&mut machine));
+            }
+            cancel.cancel();
+            let poll = Input::Poll {
+                at: Duration::from_secs(1),
+            };
+            assert!(matches!(machine.apply(poll), Action::Done), "{}", case.name);
+            (before, drain(&mut machine), machine.position())
+        };
+        let (on_before, on_last, on_at) = end(case.options.clone());
+        let (off_before, off_last, off_at) = end(counting(&case).options);
+        assert!(
+            !on_before.is_empty() && off_before.is_empty(),
+            "{}",
+            case.name
+        );
+        assert_eq!(off_last, on_last, "{}", case.name);
+        assert_eq!(off_at, on_at, "{}", case.name);
+        let last = off_last.last().expect("run_finished");
+        assert_eq!(last["outcome"], "cancelled", "{}: {last}", case.name);
+        checked += 1;
+    }
+    assert!(checked > 10, "only {checked} cases call a provider");
+}

@@ -298,16 +298,19 @@ impl Batch {
         }
         let made = std::mem::take(&mut self.made.events);
         let redactor = &self.made.redactor;
-        self.events.extend(made.iter().map(|event| {
-            // Most runs know no secret: then the event goes straight to its text, without
-            // the tree of values that redaction walks (serde_json keeps the fields'
-            // order either way, so the text is the same).
-            if redactor.is_empty() {
-                serde_json::to_string(event).unwrap_or_else(|_| "null".to_owned())
-            } else {
-                redactor.redact_json(event.to_json()).to_string()
-            }
-        }));
+        (self.events).extend(made.iter().map(|event| event_text(event, redactor)));
+    }
+}
+
+/// An event's JSON text, scrubbed by `redactor`: as a store holds it.
+pub fn event_text(event: &Event, redactor: &Redactor) -> String {
+    // Most runs know no secret: then the event goes straight to its text, without the
+    // tree of values that redaction walks (serde_json keeps the fields' order either
+    // way, so the text is the same).
+    if redactor.is_empty() {
+        serde_json::to_string(event).unwrap_or_else(|_| "null".to_owned())
+    } else {
+        redactor.redact_json(event.to_json()).to_string()
     }
 }
 
@@ -433,6 +436,14 @@ pub trait RunJournal: Send + Sync + std::fmt::Debug {
         from: u64,
         limit: u64,
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
+    /// A run's journal inputs (encoded entries), in order, from input number `from`, at
+    /// most `limit`: what a replay of the whole run reads (`durable::EventReader`).
+    fn inputs<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, StoreError>>;
     /// Storage the run uses, in bytes (inputs, events, checkpoints), for benches.
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
     /// Stores `answer` to the pending request `request_id` of the run, unless it has one

@@ -89,6 +89,14 @@ impl<T: JournalTimings> RunJournal for TimedJournal<'_, T> {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         self.journal.events(id, from, limit)
     }
+    fn inputs<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, StoreError>> {
+        self.journal.inputs(id, from, limit)
+    }
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         self.journal.run_bytes(id)
     }

@@ -420,11 +420,18 @@ pub struct Totals {
 
 /// The machine's event buffer and the times its events measure from.
 ///
-/// Every recording method starts with `if !self.on { return }`, so a run nobody listens
-/// to builds nothing; callers pass borrowed names so that nothing is allocated either.
+/// Three modes ([`RunOptions::events`], [`RunOptions::journaled`]): off, a run nobody
+/// listens to and nobody journals, where every recording method returns at its first
+/// line; *counting*, a journaled run nobody listens to, where every method keeps the
+/// sequence and the state exactly as if on (so the machine yields at the same points,
+/// its journal positions and checkpoints are the same, and a replay with events on makes
+/// the events it would have made) but builds no event; and on. Callers pass borrowed
+/// names so that nothing is allocated unless an event is built.
 #[derive(Debug, Default)]
 pub(crate) struct Recorder {
     on: bool,
+    /// Counting mode, when not `on`.
+    counted: bool,
     buffer: Vec<Event>,
     seq: u64,
     /// The time of the call the machine is handling.
@@ -459,9 +466,10 @@ pub(crate) struct RecorderState {
 }
 
 impl Recorder {
-    pub(crate) fn new(on: bool) -> Recorder {
+    pub(crate) fn new(on: bool, counted: bool) -> Recorder {
         Recorder {
             on,
+            counted,
             ..Recorder::default()
         }
     }
@@ -485,7 +493,7 @@ impl Recorder {
     }
 
     /// A recorder that goes on from `state`, with an empty buffer.
-    pub(crate) fn restored(on: bool, state: RecorderState) -> Recorder {
+    pub(crate) fn restored(on: bool, counted: bool, state: RecorderState) -> Recorder {
         let RecorderState {
             seq,
             now,
@@ -501,6 +509,7 @@ impl Recorder {
         } = state;
         Recorder {
             on,
+            counted,
             buffer: Vec::new(),
             seq,
             now,
@@ -519,6 +528,39 @@ impl Recorder {
     #[inline]
     pub(crate) fn on(&self) -> bool {
         self.on
+    }
+
+    /// True if the sequence and state are kept: events on, or counting.
+    #[inline]
+    pub(crate) fn tracking(&self) -> bool {
+        self.on || self.counted
+    }
+
+    /// Builds events (`true`) or only counts them (`false`) from here on, in a journaled
+    /// run; a run that is not journaled keeps what it was made with.
+    pub(crate) fn set_on(&mut self, on: bool) {
+        if self.counted {
+            self.on = on;
+        }
+    }
+
+    /// Builds events from here on, in a counting run (`Machine::fail_interrupted`): what
+    /// an interrupt makes depends on when the flag was seen, which no journal records,
+    /// so those events are journaled as made.
+    pub(crate) fn build_from_here(&mut self) {
+        if self.counted {
+            self.on = true;
+        }
+    }
+
+    /// Records the event `kind` makes: builds it when on, counts it when counting.
+    #[inline]
+    fn record(&mut self, kind: impl FnOnce() -> EventKind) {
+        if self.on {
+            self.push(kind());
+        } else {
+            self.seq += 1;
+        }
     }
 
     /// The `seq` the next event gets: how many events the run has made.
@@ -550,10 +592,10 @@ impl Recorder {
     /// `agent_started`: the running step (or its tool call `call_id`) starts a child run
     /// of `agent`.
     pub(crate) fn agent_started(&mut self, step: &str, agent: &str, call_id: Option<&str>) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
-        self.push(EventKind::AgentStarted {
+        self.record(|| EventKind::AgentStarted {
             step: step.to_owned(),
             agent: agent.to_owned(),
             call_id: call_id.map(str::to_owned),
@@ -565,18 +607,41 @@ impl Recorder {
     /// started, and its path under `agent`. The child's `run_started` is dropped (this
     /// run's `agent_started` says it), and its `run_finished` becomes `agent_finished`,
     /// whose totals count towards this run's.
+    ///
+    /// `child` is the child's recorder and `adopted` how many of its events were taken
+    /// before. In a counting run the child counts too: its events not built are counted
+    /// here (with its totals, once it finished); the ones it built (from an interrupt
+    /// on) are built here too.
     pub(crate) fn adopt(
         &mut self,
-        events: impl Iterator<Item = Event>,
+        child: &mut Recorder,
+        adopted: &mut u64,
         offset: Duration,
         agent: &str,
         step: &str,
         call_id: Option<&str>,
     ) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
-        for event in events {
+        let built = child.buffer.len() as u64;
+        let counted = (child.seq - *adopted).saturating_sub(built);
+        if counted > 0 {
+            // The child's first event, `run_started`, is dropped; its `run_finished`
+            // (always its last) becomes one `agent_finished`.
+            let dropped = u64::from(*adopted == 0);
+            self.seq += counted - dropped.min(counted);
+            if child.finished && built == 0 {
+                self.provider_calls += child.provider_calls;
+                self.input_tokens += child.input_tokens;
+                self.output_tokens += child.output_tokens;
+            }
+        }
+        *adopted = child.seq;
+        if built > 0 {
+            self.build_from_here();
+        }
+        for event in child.buffer.drain(..) {
             let kind = match event.kind {
                 EventKind::RunStarted { .. } => continue,
                 EventKind::RunFinished {
@@ -614,37 +679,34 @@ impl Recorder {
     }
 
     pub(crate) fn run_started(&mut self, bundle: &Bundle, options: &RunOptions) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
-        let agent = bundle.source_name.as_str();
-        let bundle_hash = bundle.source_hash_hex();
-        let options = StartOptions {
-            max_runs: options.max_runs,
-            max_steps: options.max_steps,
-            timeout_ms: u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
-            with_context: options
-                .with_context
-                .iter()
-                .map(|(k, _)| k.clone())
-                .collect(),
-            tools: options.tools.names().map(str::to_string).collect(),
-        };
-        self.push(EventKind::RunStarted {
+        self.record(|| EventKind::RunStarted {
             version: EVENTS_VERSION,
-            agent: agent.to_string(),
-            bundle_hash,
-            options,
+            agent: bundle.source_name.clone(),
+            bundle_hash: bundle.source_hash_hex(),
+            options: StartOptions {
+                max_runs: options.max_runs,
+                max_steps: options.max_steps,
+                timeout_ms: u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
+                with_context: options
+                    .with_context
+                    .iter()
+                    .map(|(k, _)| k.clone())
+                    .collect(),
+                tools: options.tools.names().map(str::to_string).collect(),
+            },
         });
     }
 
     pub(crate) fn step_started(&mut self, step: &str, runs: u64) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
         self.step_started = self.now;
         self.errors_seen = 0;
-        self.push(EventKind::StepStarted {
+        self.record(|| EventKind::StepStarted {
             step: step.to_string(),
             runs,
         });
@@ -653,7 +715,7 @@ impl Recorder {
     /// A phase starts now; [`phase_finished`](Self::phase_finished) reports it at the
     /// next call's time.
     pub(crate) fn phase_started(&mut self, phase: Phase) {
-        if self.on {
+        if self.tracking() {
             self.phase = Some((phase, self.now));
         }
     }
@@ -664,7 +726,7 @@ impl Recorder {
             return;
         };
         let duration_ms = ms(self.now.saturating_sub(started));
-        self.push(EventKind::PhaseFinished {
+        self.record(|| EventKind::PhaseFinished {
             step: step.to_string(),
             phase,
             duration_ms,
@@ -677,12 +739,12 @@ impl Recorder {
     }
 
     pub(crate) fn provider_call(&mut self, step: &str, model: &str) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
         self.provider_started = self.now;
         self.provider_calls += 1;
-        self.push(EventKind::ProviderCall {
+        self.record(|| EventKind::ProviderCall {
             step: step.to_string(),
             model: model.to_string(),
         });
@@ -696,7 +758,7 @@ impl Recorder {
         finish_reason: Option<&str>,
         error: Option<(&str, &str)>,
     ) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
         if let Some(usage) = usage {
@@ -704,7 +766,7 @@ impl Recorder {
             self.output_tokens += usage.output_tokens;
         }
         let latency_ms = ms(self.now.saturating_sub(self.provider_started));
-        self.push(EventKind::ProviderResult {
+        self.record(|| EventKind::ProviderResult {
             step: step.to_string(),
             usage,
             finish_reason: finish_reason.map(str::to_string),
@@ -722,7 +784,7 @@ impl Recorder {
         step: &str,
         result: &Result<crate::Completion, crate::ProviderError>,
     ) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
         match result {
@@ -746,17 +808,19 @@ impl Recorder {
         call_id: &str,
         tools: &crate::tools::ToolRegistry,
     ) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
         self.tool_started = self.now;
-        let origin = tools.get(tool).and_then(|spec| spec.origin());
-        self.push(EventKind::ToolCall {
-            step: step.to_string(),
-            tool: tool.to_string(),
-            call_id: call_id.to_string(),
-            source: origin.map(|o| o.source().to_string()),
-            server: origin.and_then(|o| o.server()).map(str::to_string),
+        self.record(|| {
+            let origin = tools.get(tool).and_then(|spec| spec.origin());
+            EventKind::ToolCall {
+                step: step.to_string(),
+                tool: tool.to_string(),
+                call_id: call_id.to_string(),
+                source: origin.map(|o| o.source().to_string()),
+                server: origin.and_then(|o| o.server()).map(str::to_string),
+            }
         });
     }
 
@@ -771,7 +835,7 @@ impl Recorder {
         reused: bool,
         executed: bool,
     ) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
         let duration_ms = if executed {
@@ -779,7 +843,7 @@ impl Recorder {
         } else {
             0.0
         };
-        self.push(EventKind::ToolResult {
+        self.record(|| EventKind::ToolResult {
             step: step.to_string(),
             tool: tool.to_string(),
             call_id: call_id.to_string(),
@@ -791,38 +855,40 @@ impl Recorder {
 
     /// The run asks `request`.
     pub(crate) fn input_requested(&mut self, request: &InputRequest) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
-        self.push(EventKind::InputRequested {
+        self.record(|| EventKind::InputRequested {
             request: request.clone(),
         });
     }
 
     /// The run took `answer` to `request`.
     pub(crate) fn input_received(&mut self, request: &InputRequest, answer: &HumanAnswer) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
-        let (approved, reason, value) = match &answer.reply {
-            Reply::Approve { approved, reason } => (Some(*approved), reason.clone(), None),
-            Reply::Value(value) => (None, None, Some(value.clone())),
-            Reply::TimedOut => (
-                (request.kind == crate::human::RequestKind::Approval).then_some(false),
-                None,
-                None,
-            ),
-        };
-        self.push(EventKind::InputReceived {
-            step: request.step.clone(),
-            id: request.id.clone(),
-            kind: request.kind,
-            by: answer.by.clone(),
-            answered_at_ms: answer.answered_at_ms,
-            approved,
-            reason,
-            value,
-            timed_out: matches!(answer.reply, Reply::TimedOut),
+        self.record(|| {
+            let (approved, reason, value) = match &answer.reply {
+                Reply::Approve { approved, reason } => (Some(*approved), reason.clone(), None),
+                Reply::Value(value) => (None, None, Some(value.clone())),
+                Reply::TimedOut => (
+                    (request.kind == crate::human::RequestKind::Approval).then_some(false),
+                    None,
+                    None,
+                ),
+            };
+            EventKind::InputReceived {
+                step: request.step.clone(),
+                id: request.id.clone(),
+                kind: request.kind,
+                by: answer.by.clone(),
+                answered_at_ms: answer.answered_at_ms,
+                approved,
+                reason,
+                value,
+                timed_out: matches!(answer.reply, Reply::TimedOut),
+            }
         });
     }
 
@@ -830,7 +896,7 @@ impl Recorder {
     /// variable's current value: a template may have replaced it, so a shorter list
     /// restarts the count.
     pub(crate) fn errors(&mut self, step: Option<&str>, errors: Option<minijinja::Value>) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
         // `push_error` turns anything else into a list before it appends; until then
@@ -843,6 +909,11 @@ impl Recorder {
             self.errors_seen = len;
         }
         if len == self.errors_seen {
+            return;
+        }
+        if !self.on {
+            self.seq += (len - self.errors_seen) as u64;
+            self.errors_seen = len;
             return;
         }
         let Ok(items) = errors.try_iter() else { return };
@@ -859,27 +930,38 @@ impl Recorder {
         self.errors_seen = len;
     }
 
+    /// [`Recorder::errors`] in a counting run: `len` is how many entries `errors` holds,
+    /// if it is a list.
+    pub(crate) fn count_errors(&mut self, len: Option<usize>) {
+        let Some(len) = len else { return };
+        if len < self.errors_seen {
+            self.errors_seen = len;
+        }
+        self.seq += (len - self.errors_seen) as u64;
+        self.errors_seen = len;
+    }
+
     /// `errors` was reset after a post phase.
     pub(crate) fn errors_reset(&mut self) {
         self.errors_seen = 0;
     }
 
     pub(crate) fn step_finished(&mut self, step: &str) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
         let duration_ms = ms(self.now.saturating_sub(self.step_started));
-        self.push(EventKind::StepFinished {
+        self.record(|| EventKind::StepFinished {
             step: step.to_string(),
             duration_ms,
         });
     }
 
     pub(crate) fn jump(&mut self, from: &str, to: &str) {
-        if !self.on {
+        if !self.tracking() {
             return;
         }
-        self.push(EventKind::Jump {
+        self.record(|| EventKind::Jump {
             from: from.to_string(),
             to: to.to_string(),
         });
@@ -887,7 +969,7 @@ impl Recorder {
 
     /// The last event; later calls do nothing.
     pub(crate) fn run_finished(&mut self, error: Option<&RunError>, errors_left: bool, steps: u64) {
-        if !self.on || self.finished {
+        if !self.tracking() || self.finished {
             return;
         }
         self.finished = true;
@@ -906,7 +988,7 @@ impl Recorder {
             output_tokens: self.output_tokens,
             elapsed_ms: ms(self.now),
         };
-        self.push(EventKind::RunFinished {
+        self.record(|| EventKind::RunFinished {
             outcome,
             error: error.map(|e| EventError {
                 kind: e.kind.as_str().to_string(),
@@ -947,7 +1029,7 @@ mod tests {
 
     #[test]
     fn a_recorder_that_is_off_records_nothing() {
-        let mut recorder = Recorder::new(false);
+        let mut recorder = Recorder::new(false, false);
         recorder.step_started("a", 0);
         recorder.provider_call("a", "m");
         recorder.jump("a", "b");

@@ -108,8 +108,12 @@ impl Input {
         };
         // Serializing into a Vec fails only on types postcard cannot write (sequences of
         // unknown length, `deserialize_any`-only values); `WireInput` has none.
+        // Room for a poll's entry and most answers' at once: growing from one byte took
+        // four reallocations per entry, a tenth of a durable step's own work (issue #24).
+        let mut entry = Vec::with_capacity(64);
+        entry.push(INPUT_FORMAT);
         EntryHead(
-            postcard::to_extend(&wire, vec![INPUT_FORMAT])
+            postcard::to_extend(&wire, entry)
                 .expect("postcard serializes every WireInput: plain structs, strings, integers"),
         )
     }

@@ -347,7 +347,7 @@ impl Machine {
     /// missing from `with_context` end the run here: the first [`poll`](Self::poll)
     /// returns [`Action::Done`] and the outcome carries the error.
     pub fn new(program: Arc<Program>, options: RunOptions) -> Machine {
-        let mut events = Recorder::new(options.events);
+        let mut events = Recorder::new(options.events, options.journaled);
         let bundle = program.bundle();
         events.run_started(bundle, &options);
         let store = Store::new(program.initial_vars().clone());
@@ -421,6 +421,18 @@ impl Machine {
         &self.interrupt[1]
     }
 
+    /// Builds events from now on (`true`), or only counts them (`false`), in a journaled
+    /// run ([`RunOptions::journaled`], children included): its sequence goes on the same
+    /// either way. A resumed durable run replays with events on, to check its journal,
+    /// then goes on without them when nobody listens. A run that is not journaled keeps
+    /// what it started with.
+    pub fn set_events(&mut self, on: bool) {
+        self.events.set_on(on);
+        if let Some(child) = self.child_mut() {
+            child.set_events(on);
+        }
+    }
+
     /// The run's live store (for embedders that inspect a run in progress).
     pub fn vars(&self) -> Vars {
         self.store.vars()
@@ -459,7 +471,7 @@ impl Machine {
 
     /// `Input::Poll`: runs until the next [`Action`].
     fn take_poll(&mut self, now: Duration) -> Action {
-        if !self.events.on() {
+        if !self.events.tracking() {
             return self.run_until_action(now);
         }
         self.events.at(now);
@@ -801,7 +813,9 @@ impl Machine {
 
     /// Records an `error` event for each entry appended to `errors` since the last call.
     fn report_errors(&mut self) {
-        if self.events.on() {
+        if !self.events.on() && self.events.tracking() {
+            self.events.count_errors(self.store.errors_len());
+        } else if self.events.on() {
             let step = self.step.map(|s| self.program.step_name(s));
             self.events.errors(step, self.store.get(names::ERRORS));
         }
@@ -1518,6 +1532,7 @@ impl Machine {
     /// Ends the run whose outstanding call the driver dropped because of `reason`. A
     /// provider call gets its `provider_result`, as one the deadline cuts short does.
     fn abandon_call(&mut self, reason: InterruptReason) {
+        self.events.build_from_here();
         if matches!(self.state, State::AwaitingProvider) {
             let step = step_name(&self.program, self.step);
             let error = match reason {
@@ -1530,6 +1545,7 @@ impl Machine {
     }
 
     fn fail_interrupted(&mut self, reason: InterruptReason) {
+        self.events.build_from_here();
         match reason {
             InterruptReason::Deadline => self.fail_timeout(),
             _ => self.fail(RunErrorKind::Cancelled, "Run cancelled".into()),

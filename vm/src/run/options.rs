@@ -52,6 +52,13 @@ pub struct RunOptions {
     /// Record [`Event`](crate::Event)s for [`Machine::drain_events`](crate::Machine::drain_events). Off by default: a run nobody
     /// listens to builds no event.
     pub events: bool,
+    /// The run is journaled (a durable run): with `events` off, its machine keeps the
+    /// event sequence and everything events measure exactly as if they were on, and
+    /// yields at the same points, but builds none. So its journal is the same with
+    /// events on or off, and a replay of it with events on makes the run's events
+    /// (`spec/durability.md`, "Events"). Costs a few counters; an in-memory run nobody
+    /// listens to leaves it off.
+    pub journaled: bool,
     /// Agents the run may call besides the ones its bundle links (which come first):
     /// for names computed at run time (`spec/agents.md`).
     pub agents: Arc<AgentTable>,
@@ -69,6 +76,7 @@ impl Default for RunOptions {
             tools: Arc::new(ToolRegistry::new()),
             interrupt: Interrupt::new(),
             events: false,
+            journaled: false,
             agents: Arc::new(AgentTable::new()),
             max_agent_depth: DEFAULT_MAX_AGENT_DEPTH,
         }

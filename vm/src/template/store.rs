@@ -171,6 +171,14 @@ impl Store {
             .and_then(|v| v.downcast_object::<Store>())
     }
 
+    /// How many entries `errors` holds, if it is a list: read in place, for a run that
+    /// counts its events (`Recorder::errors`) at every instruction.
+    pub(crate) fn errors_len(&self) -> Option<usize> {
+        let inner = self.lock();
+        let errors = &inner.vars.slots[crate::names::slot_of!(ERRORS)];
+        (errors.kind() == minijinja::value::ValueKind::Seq).then(|| errors.len().unwrap_or(0))
+    }
+
     /// Reads a variable (not the `context`/`context_history` views).
     pub fn get(&self, name: &str) -> Option<Value> {
         self.lock().vars.get(name).cloned()

@@ -180,6 +180,40 @@ impl RunJournal for PgStore {
         })
     }
 
+    fn inputs<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, StoreError>> {
+        Box::pin(async move {
+            let client = &self.reader;
+            read_summary(&self.url, client, id).await?;
+            // As `events`: rows from the one holding input `from`.
+            let statement = self
+                .reader_statements
+                .get(
+                    client,
+                    "SELECT seq, n, bytes FROM inputs WHERE run_id = $1
+                     AND seq >= COALESCE((SELECT MAX(seq) FROM inputs
+                                          WHERE run_id = $1 AND seq <= $2), 0)
+                     ORDER BY seq LIMIT $3",
+                )
+                .await
+                .map_err(|e| self.error(e))?;
+            let rows = client
+                .query(&statement, &[&id, &db_int(from), &db_int(limit)])
+                .await
+                .map_err(|e| self.error(e))?;
+            let mut inputs = Entries::new("input", from, limit);
+            for row in rows {
+                let (seq, n): (i64, i64) = (row.get(0), row.get(1));
+                inputs.add(seq, || unpack_inputs(seq, n, row.get(2)))?;
+            }
+            inputs.finish(None)
+        })
+    }
+
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let client = &self.reader;

@@ -104,6 +104,32 @@ impl RunJournal for SqliteStore {
         }))
     }
 
+    fn inputs<'a>(
+        &'a self,
+        id: &'a str,
+        from: u64,
+        limit: u64,
+    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, StoreError>> {
+        let id = id.to_string();
+        let n = self.entry_count;
+        Box::pin(self.read(move |conn| {
+            read_summary(conn, &id)?;
+            // As `events`: rows from the one holding input `from`.
+            let mut stmt = conn
+                .prepare_cached(&format!(
+                    "SELECT seq, {n}, bytes FROM inputs WHERE run_id = ?1
+                     AND seq >= (SELECT COALESCE(MAX(seq), 0) FROM inputs
+                                 WHERE run_id = ?1 AND seq <= ?2)
+                     ORDER BY seq LIMIT ?3"
+                ))
+                .map_err(db_error)?;
+            let rows = stmt
+                .query(params![id, db_int(from), db_int(limit)])
+                .map_err(db_error)?;
+            read_rows(rows, Entries::new("input", from, limit), unpack_inputs)?.finish(None)
+        }))
+    }
+
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         let id = id.to_string();
         let n = self.entry_count;

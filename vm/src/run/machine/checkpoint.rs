@@ -496,7 +496,7 @@ pub(super) fn restore(
         error,
         interrupt: [Interrupt::new(), options.interrupt],
         asking: None,
-        events: Recorder::restored(options.events, recorder),
+        events: Recorder::restored(options.events, options.journaled, recorder),
         namespaces: Arc::new(Namespaces::new(table)),
         nest,
     })

@@ -111,6 +111,8 @@ pub(super) struct Child {
     call_id: Option<String>,
     /// When it started, on the parent's clock: the child's clock reads zero then.
     started: Duration,
+    /// How many of the child's events the parent's sequence has taken.
+    adopted: u64,
 }
 
 impl Machine {
@@ -170,9 +172,11 @@ impl Machine {
             step,
             call_id,
             started,
+            adopted,
         } = &mut **child;
         (self.events).adopt(
-            machine.events.drain(),
+            &mut machine.events,
+            adopted,
             *started,
             agent,
             step,
@@ -245,6 +249,7 @@ impl Machine {
             tools: Arc::clone(&self.tools),
             interrupt: self.interrupt[1].clone(),
             events: self.events.on(),
+            journaled: self.events.tracking(),
             agents: Arc::clone(&self.nest.agents.host),
             max_agent_depth: self.nest.max_depth,
         };
@@ -267,6 +272,7 @@ impl Machine {
             step,
             call_id,
             started: now,
+            adopted: 0,
         }));
         Ok(())
     }
