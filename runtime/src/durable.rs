@@ -205,16 +205,19 @@ pub struct NewDurableRun {
 /// The run is journaled (`options.journaled`). Its events are built only for a
 /// `listener`, and then stored as made; a run nobody listens to stores none, and its
 /// events are read back by replaying its journal ([`EventReader`], `spec/durability.md`,
-/// "Events"). Returns an error only when the store fails: the run then stays resumable
+/// "Events"). Without a listener, `options.phase_times` is turned off. Returns an error only when the store fails: the run then stays resumable
 /// from its last commit.
 pub async fn start(
     store: &dyn RunJournal,
-    run: NewDurableRun,
+    mut run: NewDurableRun,
     provider: &dyn Provider,
     toolbox: &Toolbox,
     listener: Option<Listener<'_>>,
     config: &DurableOptions,
 ) -> Result<Ended, DurableError> {
+    // Nobody to tell how long each phase took: the run makes the polls of a run with
+    // events off, and its journal says so (`RunOptions::phase_times`).
+    run.options.phase_times &= listener.is_some();
     let record = new_run_record(&run, toolbox, config)?;
     let NewDurableRun {
         program,

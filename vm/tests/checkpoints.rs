@@ -902,6 +902,41 @@ fn a_journaled_run_without_events_journals_what_it_would_with_them() {
         // Its checkpoints are the same too: a resume with events on goes on from them.
         let (with, without) = (run_to_rest(&case), run_to_rest(&counting(&case)));
         assert_eq!(with, without, "{}: checkpoints", case.name);
+
+        // Without phase times, the same again; and the polls are those of a run with
+        // events off that is not journaled (no poll waits for a phase's end).
+        let untimed = |events: bool, journaled: bool| Case {
+            options: RunOptions {
+                events,
+                journaled,
+                phase_times: false,
+                ..case.options.clone()
+            },
+            ..counting(&case)
+        };
+        let on = record(&untimed(true, false));
+        let off = record(&untimed(false, true));
+        let plain = record(&untimed(false, false));
+        assert_eq!(off.inputs, on.inputs, "{}: untimed", case.name);
+        assert_eq!(off.positions, on.positions, "{}: untimed", case.name);
+        assert_eq!(off.summary, on.summary, "{}: untimed", case.name);
+        assert!(off.events.iter().all(Vec::is_empty), "{}", case.name);
+        assert_eq!(plain.inputs, off.inputs, "{}: untimed", case.name);
+        assert_eq!(plain.summary, off.summary, "{}: untimed", case.name);
+        // Every phase still has its `phase_finished`.
+        let count = |recording: &Recording, kind: &str| {
+            (recording.start_events.iter())
+                .chain(recording.events.iter().flatten())
+                .filter(|e| e["type"] == kind)
+                .count()
+        };
+        let timed = record(&case);
+        assert_eq!(
+            count(&on, "phase_finished"),
+            count(&timed, "phase_finished"),
+            "{}",
+            case.name
+        );
     }
 }
 

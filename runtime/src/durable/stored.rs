@@ -154,6 +154,7 @@ pub(super) fn options_json(
         "max_runs": options.max_runs,
         "max_steps": options.max_steps,
         "max_agent_depth": options.max_agent_depth,
+        "phase_times": options.phase_times,
         "checkpoint_every": config.checkpoint_every,
         "tools": tools_fingerprint(toolbox),
     })
@@ -190,11 +191,18 @@ pub(super) fn options_from_json(id: &str, json: &Json) -> Result<RunOptions, Dur
             .and_then(|depth| u32::try_from(depth).ok())
             .ok_or_else(|| bad("bad max_agent_depth"))?,
     };
+    // Runs stored before it had their events on, so phase times (`spec/durability.md`,
+    // "Events").
+    let phase_times = match object.get("phase_times") {
+        None | Some(Json::Null) => true,
+        Some(value) => value.as_bool().ok_or_else(|| bad("bad phase_times"))?,
+    };
     Ok(RunOptions {
         timeout: Duration::from_millis(timeout),
         max_runs,
         max_steps,
         max_agent_depth,
+        phase_times,
         ..RunOptions::default()
     }
     .with_context_json(context))

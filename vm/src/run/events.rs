@@ -432,6 +432,9 @@ pub(crate) struct Recorder {
     on: bool,
     /// Counting mode, when not `on`.
     counted: bool,
+    /// [`RunOptions::phase_times`] off: a phase that ends with nothing to wait for ends
+    /// at the time of the input being handled, not the next poll's.
+    untimed_phases: bool,
     buffer: Vec<Event>,
     seq: u64,
     /// The time of the call the machine is handling.
@@ -510,6 +513,7 @@ impl Recorder {
         Recorder {
             on,
             counted,
+            untimed_phases: false,
             buffer: Vec::new(),
             seq,
             now,
@@ -528,6 +532,17 @@ impl Recorder {
     #[inline]
     pub(crate) fn on(&self) -> bool {
         self.on
+    }
+
+    /// This recorder with [`RunOptions::phase_times`] as given.
+    pub(crate) fn with_phase_times(mut self, timed: bool) -> Recorder {
+        self.untimed_phases = !timed;
+        self
+    }
+
+    /// [`RunOptions::phase_times`].
+    pub(crate) fn phase_times(&self) -> bool {
+        !self.untimed_phases
     }
 
     /// True if the sequence and state are kept: events on, or counting.

@@ -347,7 +347,8 @@ impl Machine {
     /// missing from `with_context` end the run here: the first [`poll`](Self::poll)
     /// returns [`Action::Done`] and the outcome carries the error.
     pub fn new(program: Arc<Program>, options: RunOptions) -> Machine {
-        let mut events = Recorder::new(options.events, options.journaled);
+        let mut events =
+            Recorder::new(options.events, options.journaled).with_phase_times(options.phase_times);
         let bundle = program.bundle();
         events.run_started(bundle, &options);
         let store = Store::new(program.initial_vars().clone());
@@ -592,9 +593,13 @@ impl Machine {
                 }
                 Instr::Branch => return self.branch(),
             }
-            // The machine reads no clock: a phase's end is the time of the next poll.
+            // The machine reads no clock: a phase's end is the time of the next poll, or,
+            // without phase times, of the input being handled.
             if self.events.phase_pending() && matches!(self.state, State::Running) {
-                return Action::Continue;
+                if self.events.phase_times() {
+                    return Action::Continue;
+                }
+                (self.events).phase_finished(step_name(&self.program, self.step));
             }
         }
     }

@@ -59,6 +59,14 @@ pub struct RunOptions {
     /// (`spec/durability.md`, "Events"). Costs a few counters; an in-memory run nobody
     /// listens to leaves it off.
     pub journaled: bool,
+    /// With events on or counted, a phase's end waits for the next poll's time, so that
+    /// `phase_finished` says how long the phase took: the machine yields
+    /// ([`Action::Continue`](crate::Action::Continue)) after each phase that ends with
+    /// nothing to wait for. Off, such a phase ends at the time of the input being handled
+    /// (a render alone takes 0 ms) and the machine makes the polls a run with events off
+    /// makes: a durable run nobody listens to (`spec/durability.md`, "Events"). On by
+    /// default; the journal of a run records it, since it decides the polls.
+    pub phase_times: bool,
     /// Agents the run may call besides the ones its bundle links (which come first):
     /// for names computed at run time (`spec/agents.md`).
     pub agents: Arc<AgentTable>,
@@ -77,6 +85,7 @@ impl Default for RunOptions {
             interrupt: Interrupt::new(),
             events: false,
             journaled: false,
+            phase_times: true,
             agents: Arc::new(AgentTable::new()),
             max_agent_depth: DEFAULT_MAX_AGENT_DEPTH,
         }

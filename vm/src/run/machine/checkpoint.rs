@@ -496,7 +496,8 @@ pub(super) fn restore(
         error,
         interrupt: [Interrupt::new(), options.interrupt],
         asking: None,
-        events: Recorder::restored(options.events, options.journaled, recorder),
+        events: Recorder::restored(options.events, options.journaled, recorder)
+            .with_phase_times(options.phase_times),
         namespaces: Arc::new(Namespaces::new(table)),
         nest,
     })

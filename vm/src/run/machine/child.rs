@@ -250,6 +250,7 @@ impl Machine {
             interrupt: self.interrupt[1].clone(),
             events: self.events.on(),
             journaled: self.events.tracking(),
+            phase_times: self.events.phase_times(),
             agents: Arc::clone(&self.nest.agents.host),
             max_agent_depth: self.nest.max_depth,
         };
