@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use aplc_runtime::{Redactor, Secrets};
 use aplc_runtime::durable::{self, DurableError, DurableOptions, Ended};
 use aplc_runtime::store::{self, QueueStatus, RunStore, RunSummary, StoreError, StoreUrl};
 use aplc_runtime::telemetry::RunTrace;
+use aplc_runtime::{Redactor, Secrets};
 use aplc_vm::text::escape_control;
 use aplc_vm::{Program, RunOptions};
 use clap::{Args, Subcommand};

@@ -983,5 +983,8 @@ async fn a_cancelled_run_nobody_listens_to_stores_its_last_events() {
     assert_eq!(quiet, listened);
     assert_eq!(quiet.last().unwrap()["outcome"], "cancelled");
     let stored = store.summary("cancelled-quiet").await.unwrap().events;
-    assert!(stored > 0 && stored < 5, "only the last events are stored: {stored}");
+    assert!(
+        stored > 0 && stored < 5,
+        "only the last events are stored: {stored}"
+    );
 }

@@ -138,7 +138,10 @@ impl EventReader {
                 }
             }
         }
-        let mut page: Vec<String> = replay.ready.drain(..replay.ready.len().min(limit)).collect();
+        let mut page: Vec<String> = replay
+            .ready
+            .drain(..replay.ready.len().min(limit))
+            .collect();
         self.next += page.len() as u64;
         if page.len() < limit
             && let Some(from) = replay.stored_from

@@ -448,7 +448,15 @@ mod tests {
     /// The bytes written by hand for polls, timeouts and positions are postcard's.
     #[test]
     fn hand_written_entries_are_postcards() {
-        let times = [0, 1, 127, 128, 999_999, 1_000_000_000, u64::from(u32::MAX) * 7];
+        let times = [
+            0,
+            1,
+            127,
+            128,
+            999_999,
+            1_000_000_000,
+            u64::from(u32::MAX) * 7,
+        ];
         for secs in [0, 1, 127, 128, 300, 1 << 20, u64::MAX >> 1, u64::MAX] {
             for nanos in [0u32, 1, 127, 128, 16_383, 16_384, 999_999_999] {
                 let at = Duration::new(secs, nanos);
@@ -458,8 +466,7 @@ mod tests {
                 ] {
                     for (&events, &steps) in times.iter().zip(times.iter().rev()) {
                         let after = Position { events, steps };
-                        let generic =
-                            postcard::to_extend(&wire, vec![INPUT_FORMAT]).unwrap();
+                        let generic = postcard::to_extend(&wire, vec![INPUT_FORMAT]).unwrap();
                         let generic = postcard::to_extend(&after, generic).unwrap();
                         assert_eq!(input.encode(after), generic, "{input:?} {after:?}");
                         let (back, position) = Input::decode_entry(&generic).unwrap();
