@@ -344,8 +344,14 @@ impl Reopened<'_> {
     ) -> Result<Ended, DurableError> {
         let mut machine = self.machine;
         // The replay checked the journal with events on; nobody to hand them to, and
-        // none stored before: the run goes on counting them.
-        machine.set_events(listener.is_some() || self.stored_events);
+        // none stored before: the run goes on counting them. A run that never started
+        // (queued, or dead before its first commit) still holds its `run_started`: made
+        // on read too, then, not stored alone.
+        let events = listener.is_some() || self.stored_events;
+        machine.set_events(events);
+        if !events {
+            drop(machine.drain_events());
+        }
         let observer = listener.map(|listener| Box::new(listener) as Observer<'_>);
         let session = RunSession::resumed(
             machine,

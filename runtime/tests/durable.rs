@@ -988,3 +988,51 @@ async fn a_cancelled_run_nobody_listens_to_stores_its_last_events() {
         "only the last events are stored: {stored}"
     );
 }
+
+/// A run a service queued and a worker with no listener claimed stores no event, not
+/// even the `run_started` its machine made before the claim: all are made on read.
+#[tokio::test(flavor = "current_thread")]
+async fn a_queued_run_claimed_without_a_listener_stores_no_event() {
+    let store = sqlite("queued-quiet").await;
+    let tools = toolbox(Arc::new(AtomicU64::new(0)), None, false);
+    let cfg = config(2);
+    let run = durable::NewDurableRun {
+        id: "queued".into(),
+        program: program(),
+        options: options(),
+    };
+    let record = durable::new_run_record(&run, &tools, &cfg).unwrap();
+    store
+        .enqueue(store::QueuedRun {
+            run: record,
+            agent: "crash".into(),
+            idempotency_key: None,
+            traceparent: None,
+        })
+        .await
+        .unwrap();
+    let claim = store.claim().await.unwrap().expect("claimed");
+    let model = Model {
+        calls: AtomicU64::new(0),
+        hang_at: None,
+    };
+    let reopened = durable::reopen_claimed(
+        store.as_ref(),
+        claim.lease,
+        claim.loaded,
+        &tools,
+        &cfg,
+        aplc_vm::Interrupt::new(),
+    )
+    .await
+    .unwrap();
+    let finished = reopened.run(&model, &tools, None).await.unwrap();
+    assert!(finished.finished().unwrap().outcome.error.is_none());
+    assert_eq!(store.summary("queued").await.unwrap().events, 0);
+    crash_and_resume(store.as_ref(), "listened", None, true, true).await;
+    let expected = shapes(&read_events(store.as_ref(), "listened").await);
+    assert_eq!(
+        shapes(&read_events(store.as_ref(), "queued").await),
+        expected
+    );
+}
