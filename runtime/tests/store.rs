@@ -250,13 +250,23 @@ async fn listing_and_event_paging(backend: Backend) {
     let events: Vec<String> = (0..10).map(|i| format!(r#"{{"seq":{i}}}"#)).collect();
     let refs: Vec<&str> = events.iter().map(String::as_str).collect();
     store
-        .append(&*lease, batch(0, vec![], &refs[..6], 1))
+        .append(&*lease, batch(0, inputs(0..6), &refs[..6], 1))
         .await
         .expect("append");
     store
-        .append(&*lease, batch(0, vec![], &refs[6..], 2))
+        .append(&*lease, batch(6, inputs(6..10), &refs[6..], 2))
         .await
         .expect("append");
+    // The journal from any input on, across the rows of both batches.
+    assert_eq!(store.inputs("a", 0, 100).await.expect("all"), inputs(0..10));
+    assert_eq!(store.inputs("a", 3, 4).await.expect("page"), inputs(3..7));
+    assert_eq!(store.inputs("a", 8, 4).await.expect("tail"), inputs(8..10));
+    assert!(store.inputs("a", 10, 4).await.expect("end").is_empty());
+    assert!(store.inputs("b", 0, 4).await.expect("none").is_empty());
+    assert!(matches!(
+        store.inputs("zz", 0, 4).await,
+        Err(StoreError::NotFound(_))
+    ));
     assert_eq!(store.events("a", 0, 100).await.expect("all"), events);
     assert_eq!(store.events("a", 3, 4).await.expect("page"), events[3..7]);
     assert_eq!(store.events("a", 8, 4).await.expect("tail"), events[8..]);

@@ -151,33 +151,17 @@ impl RunJournal for PgStore {
         from: u64,
         limit: u64,
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
-        Box::pin(async move {
-            let client = &self.reader;
-            read_summary(&self.url, client, id).await?;
-            // Rows from the one holding event `from`; `limit` rows hold at least `limit`
-            // events (a row holds one or more).
-            let statement = self
-                .reader_statements
-                .get(
-                    client,
-                    "SELECT seq, n, json FROM events WHERE run_id = $1
-                     AND seq >= COALESCE((SELECT MAX(seq) FROM events
-                                          WHERE run_id = $1 AND seq <= $2), 0)
-                     ORDER BY seq LIMIT $3",
-                )
-                .await
-                .map_err(|e| self.error(e))?;
-            let rows = client
-                .query(&statement, &[&id, &db_int(from), &db_int(limit)])
-                .await
-                .map_err(|e| self.error(e))?;
-            let mut events = Entries::new("event", from, limit);
-            for row in rows {
-                let (seq, n): (i64, i64) = (row.get(0), row.get(1));
-                events.add(seq, || unpack_events(seq, n, row.get(2)))?;
-            }
-            events.finish(None)
-        })
+        Box::pin(self.read_entries(
+            id,
+            "event",
+            "SELECT seq, n, json FROM events WHERE run_id = $1
+             AND seq >= COALESCE((SELECT MAX(seq) FROM events
+                                  WHERE run_id = $1 AND seq <= $2), 0)
+             ORDER BY seq LIMIT $3",
+            from,
+            limit,
+            |seq, n, row| unpack_events(seq, n, row.get(2)),
+        ))
     }
 
     fn inputs<'a>(
@@ -186,32 +170,17 @@ impl RunJournal for PgStore {
         from: u64,
         limit: u64,
     ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, StoreError>> {
-        Box::pin(async move {
-            let client = &self.reader;
-            read_summary(&self.url, client, id).await?;
-            // As `events`: rows from the one holding input `from`.
-            let statement = self
-                .reader_statements
-                .get(
-                    client,
-                    "SELECT seq, n, bytes FROM inputs WHERE run_id = $1
-                     AND seq >= COALESCE((SELECT MAX(seq) FROM inputs
-                                          WHERE run_id = $1 AND seq <= $2), 0)
-                     ORDER BY seq LIMIT $3",
-                )
-                .await
-                .map_err(|e| self.error(e))?;
-            let rows = client
-                .query(&statement, &[&id, &db_int(from), &db_int(limit)])
-                .await
-                .map_err(|e| self.error(e))?;
-            let mut inputs = Entries::new("input", from, limit);
-            for row in rows {
-                let (seq, n): (i64, i64) = (row.get(0), row.get(1));
-                inputs.add(seq, || unpack_inputs(seq, n, row.get(2)))?;
-            }
-            inputs.finish(None)
-        })
+        Box::pin(self.read_entries(
+            id,
+            "input",
+            "SELECT seq, n, bytes FROM inputs WHERE run_id = $1
+             AND seq >= COALESCE((SELECT MAX(seq) FROM inputs
+                                  WHERE run_id = $1 AND seq <= $2), 0)
+             ORDER BY seq LIMIT $3",
+            from,
+            limit,
+            |seq, n, row| unpack_inputs(seq, n, row.get(2)),
+        ))
     }
 
     fn run_bytes<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
@@ -359,4 +328,36 @@ async fn store_answer(
     Ok(Ok(Answered::Accepted {
         unanswered: ids.into_iter().filter(|id| !given.contains(id)).collect(),
     }))
+}
+
+impl PgStore {
+    /// Run `id`'s journal entries (`what`: events or inputs) that `query` selects from
+    /// number `from` on, at most `limit`: from the row holding entry `from`; `limit` rows
+    /// hold at least `limit` entries (a row holds one or more).
+    async fn read_entries<T>(
+        &self,
+        id: &str,
+        what: &'static str,
+        query: &'static str,
+        from: u64,
+        limit: u64,
+        unpack: impl Fn(i64, i64, &tokio_postgres::Row) -> Result<Vec<T>, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        let client = &self.reader;
+        read_summary(&self.url, client, id).await?;
+        let statement = (self.reader_statements)
+            .get(client, query)
+            .await
+            .map_err(|e| self.error(e))?;
+        let rows = client
+            .query(&statement, &[&id, &db_int(from), &db_int(limit)])
+            .await
+            .map_err(|e| self.error(e))?;
+        let mut entries = Entries::new(what, from, limit);
+        for row in rows {
+            let (seq, n): (i64, i64) = (row.get(0), row.get(1));
+            entries.add(seq, || unpack(seq, n, &row))?;
+        }
+        entries.finish(None)
+    }
 }

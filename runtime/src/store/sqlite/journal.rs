@@ -85,22 +85,8 @@ impl RunJournal for SqliteStore {
         let id = id.to_string();
         let n = self.entry_count;
         Box::pin(self.read(move |conn| {
-            read_summary(conn, &id)?;
-            // Rows from the one holding event `from`; `limit` rows hold at least `limit`
-            // events (a row holds one or more).
-            let mut stmt = conn
-                .prepare_cached(&format!(
-                    "SELECT seq, {n}, json FROM events WHERE run_id = ?1
-                     AND seq >= (SELECT COALESCE(MAX(seq), 0) FROM events
-                                 WHERE run_id = ?1 AND seq <= ?2)
-                     ORDER BY seq LIMIT ?3"
-                ))
-                .map_err(db_error)?;
-            let rows = stmt
-                .query(params![id, db_int(from), db_int(limit)])
-                .map_err(db_error)?;
-            let entries = read_rows(rows, Entries::new("event", from, limit), unpack_events)?;
-            entries.finish(None)
+            let rows = Rows::events(n);
+            read_entries(conn, &id, &rows, from, limit, unpack_events)
         }))
     }
 
@@ -113,20 +99,8 @@ impl RunJournal for SqliteStore {
         let id = id.to_string();
         let n = self.entry_count;
         Box::pin(self.read(move |conn| {
-            read_summary(conn, &id)?;
-            // As `events`: rows from the one holding input `from`.
-            let mut stmt = conn
-                .prepare_cached(&format!(
-                    "SELECT seq, {n}, bytes FROM inputs WHERE run_id = ?1
-                     AND seq >= (SELECT COALESCE(MAX(seq), 0) FROM inputs
-                                 WHERE run_id = ?1 AND seq <= ?2)
-                     ORDER BY seq LIMIT ?3"
-                ))
-                .map_err(db_error)?;
-            let rows = stmt
-                .query(params![id, db_int(from), db_int(limit)])
-                .map_err(db_error)?;
-            read_rows(rows, Entries::new("input", from, limit), unpack_inputs)?.finish(None)
+            let rows = Rows::inputs(n);
+            read_entries(conn, &id, &rows, from, limit, unpack_inputs)
         }))
     }
 
@@ -337,6 +311,67 @@ pub(super) fn read_summary(conn: &Connection, id: &str) -> Result<RunSummary, St
 }
 
 /// Reads journal rows `(seq, n, data)` in order into `entries`, until it is full.
+/// A journal table: its name, the column holding its entries, what an entry is called in
+/// errors, and the expression for a row's entry count (`n`, or 1 before version 3).
+struct Rows {
+    table: &'static str,
+    column: &'static str,
+    what: &'static str,
+    n: &'static str,
+}
+
+impl Rows {
+    fn events(n: &'static str) -> Rows {
+        Rows {
+            table: "events",
+            column: "json",
+            what: "event",
+            n,
+        }
+    }
+
+    fn inputs(n: &'static str) -> Rows {
+        Rows {
+            table: "inputs",
+            column: "bytes",
+            what: "input",
+            n,
+        }
+    }
+}
+
+/// Run `id`'s entries in `rows` from number `from` on, at most `limit`: read from the row
+/// holding entry `from`; `limit` rows hold at least `limit` entries (a row holds one or
+/// more).
+fn read_entries<T, D: rusqlite::types::FromSql>(
+    conn: &Connection,
+    id: &str,
+    rows: &Rows,
+    from: u64,
+    limit: u64,
+    unpack: impl Fn(i64, i64, D) -> Result<Vec<T>, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    read_summary(conn, id)?;
+    let Rows {
+        table,
+        column,
+        what,
+        n,
+    } = rows;
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT seq, {n}, {column} FROM {table} WHERE run_id = ?1
+             AND seq >= (SELECT COALESCE(MAX(seq), 0) FROM {table}
+                         WHERE run_id = ?1 AND seq <= ?2)
+             ORDER BY seq LIMIT ?3"
+        ))
+        .map_err(db_error)?;
+    let found = stmt
+        .query(params![id, db_int(from), db_int(limit)])
+        .map_err(db_error)?;
+    read_rows(found, Entries::new(what, from, limit), unpack)?.finish(None)
+}
+
 fn read_rows<T, D: rusqlite::types::FromSql>(
     mut rows: rusqlite::Rows<'_>,
     mut entries: Entries<T>,
