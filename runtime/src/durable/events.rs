@@ -66,6 +66,8 @@ struct Replay {
     stored_from: Option<u64>,
     /// Replayed events, as text, not handed out yet.
     ready: VecDeque<String>,
+    /// The last read of the journal found no more inputs.
+    exhausted: bool,
 }
 
 impl EventReader {
@@ -196,6 +198,7 @@ impl EventReader {
             inputs: 0,
             stored_from,
             ready,
+            exhausted: false,
         })
     }
 }
@@ -216,7 +219,18 @@ impl Replay {
             return Ok(false);
         }
         let page = store.inputs(id, self.inputs, INPUTS_PAGE).await?;
-        if page.is_empty() {
+        self.exhausted = page.is_empty();
+        if let Some(from) = self.stored_from
+            && self.exhausted
+        {
+            // A batch stores its inputs with its events: the journal leads to the first
+            // stored event, or the store lost part of it.
+            let made = self.machine.position().events;
+            return Err(corrupt(format!(
+                "its journal ends at event {made}, before its first stored event, {from}"
+            )));
+        }
+        if self.exhausted {
             return Ok(false);
         }
         for bytes in &page {
