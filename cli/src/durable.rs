@@ -429,8 +429,8 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
                 let _ = serde_json::to_writer_pretty(&mut out, &context);
                 let _ = writeln!(out);
             } else {
-                let _ = write_summary(&mut out, &summary);
-                let tree = runtime.block_on(agent_tree(store.as_ref(), &run_id))?;
+                let (tree, events) = runtime.block_on(agent_tree(store.as_ref(), &run_id))?;
+                let _ = write_summary(&mut out, &summary, events);
                 let _ = tree.write(&mut out);
             }
             let _ = out.flush();
@@ -465,11 +465,12 @@ pub(crate) fn runs(command: RunsCommand) -> Result<ExitCode, Failure> {
     }
 }
 
-/// The agents run `id` called, from its events, a page at a time.
+/// The agents run `id` called, from its events, a page at a time, and how many events
+/// it made (stored or not: `durable::EventReader`).
 async fn agent_tree(
     store: &dyn aplc_runtime::store::RunJournal,
     id: &str,
-) -> Result<crate::agent_tree::AgentTree, Failure> {
+) -> Result<(crate::agent_tree::AgentTree, u64), Failure> {
     const PAGE: u64 = 1_000;
     let mut tree = crate::agent_tree::AgentTree::default();
     let mut events = durable::EventReader::new(id, 0, Secrets::from_env().redactor());
@@ -481,7 +482,7 @@ async fn agent_tree(
             }
         }
         if (page.len() as u64) < PAGE {
-            return Ok(tree);
+            return Ok((tree, events.next_seq()));
         }
     }
 }
@@ -491,7 +492,7 @@ fn status(run: &RunSummary) -> &'static str {
     QueueStatus::of_summary(run).as_str()
 }
 
-fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> {
+fn write_summary(out: &mut impl Write, run: &RunSummary, events: u64) -> std::io::Result<()> {
     writeln!(out, "run:      {}", run.id)?;
     writeln!(out, "agent:    {}", escape_control(&run.agent))?;
     writeln!(out, "bundle:   {}", run.bundle_hash)?;
@@ -500,7 +501,7 @@ fn write_summary(out: &mut impl Write, run: &RunSummary) -> std::io::Result<()> 
     writeln!(out, "started:  {}", timestamp(run.started_at_ms))?;
     writeln!(out, "updated:  {}", timestamp(run.updated_at_ms))?;
     writeln!(out, "inputs:   {}", run.inputs)?;
-    writeln!(out, "events:   {}", run.events)?;
+    writeln!(out, "events:   {events}")?;
     for pending in run
         .pending
         .iter()
