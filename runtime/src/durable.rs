@@ -205,8 +205,8 @@ pub struct NewDurableRun {
 /// The run is journaled (`options.journaled`). Its events are built only for a
 /// `listener`, and then stored as made; a run nobody listens to stores none, and its
 /// events are read back by replaying its journal ([`EventReader`], `spec/durability.md`,
-/// "Events"). Without a listener, `options.phase_times` is turned off. Returns an error only when the store fails: the run then stays resumable
-/// from its last commit.
+/// "Events"). Without a listener, `options.phase_times` is turned off. Returns an error
+/// only when the store fails: the run then stays resumable from its last commit.
 pub async fn start(
     store: &dyn RunJournal,
     mut run: NewDurableRun,
@@ -307,8 +307,8 @@ pub struct Reopened<'s> {
     /// The last event the replay re-made: an in-flight call's `provider_call`.
     last_event: Option<Event>,
     replayed_provider_calls: u64,
-    /// The run stored its events so far (it had a listener from its start): it goes on
-    /// storing them, listened to or not, so that they stay one sequence in the store.
+    /// The run stored its events so far (it had a listener): it goes on storing them,
+    /// listened to or not, so that they stay one unbroken sequence in the store.
     stored_events: bool,
 }
 
