@@ -579,18 +579,25 @@ async fn abandon(
 /// descriptors; nothing runs.
 pub async fn inspect(store: &dyn RunJournal, id: &str) -> Result<RunOutcome, DurableError> {
     let loaded = store.load(id).await?;
-    let corrupt = |message: String| DurableError::Journal {
-        id: id.to_owned(),
-        message,
-    };
-    let program = stored_program(id, &loaded)?;
-    let mut options = options_from_json(id, &loaded.options)?;
-    let tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
-    options.tools =
-        Arc::new(registry_from_fingerprint(&tools).map_err(|e| corrupt(format!("tools: {e}")))?);
+    let (program, options) = stored_run(id, &loaded)?;
     Ok(replay(id, program, options, &loaded)?
         .machine
         .into_outcome())
+}
+
+/// The run's program and options as the store holds them, its tools rebuilt from their
+/// stored descriptors: to look at the run, or replay it for its events, without running
+/// anything.
+fn stored_run(id: &str, loaded: &LoadedRun) -> Result<(Arc<Program>, RunOptions), DurableError> {
+    let program = stored_program(id, loaded)?;
+    let mut options = options_from_json(id, &loaded.options)?;
+    let tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
+    let registry = registry_from_fingerprint(&tools).map_err(|e| DurableError::Journal {
+        id: id.to_owned(),
+        message: format!("tools: {e}"),
+    })?;
+    options.tools = Arc::new(registry);
+    Ok((program, options))
 }
 
 /// The run's program, from the bundle the store holds. The bundle is checked against the

@@ -14,14 +14,12 @@
 //! the store does.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use aplc_vm::journal::Input;
 use aplc_vm::{Event, Machine};
 use serde_json::Value as Json;
 
-use super::stored::{options_from_json, registry_from_fingerprint};
-use super::{DurableError, stored_program};
+use super::{DurableError, stored_run};
 use crate::redact::Redactor;
 use crate::store::{RunJournal, event_text};
 
@@ -66,8 +64,6 @@ struct Replay {
     stored_from: Option<u64>,
     /// Replayed events, as text, not handed out yet.
     ready: VecDeque<String>,
-    /// The last read of the journal found no more inputs.
-    exhausted: bool,
 }
 
 impl EventReader {
@@ -178,14 +174,7 @@ impl EventReader {
         stored_from: Option<u64>,
     ) -> Result<Replay, DurableError> {
         let loaded = store.load(&self.id).await?;
-        let program = stored_program(&self.id, &loaded)?;
-        let mut options = options_from_json(&self.id, &loaded.options)?;
-        let tools = loaded.options.get("tools").cloned().unwrap_or(Json::Null);
-        let registry = registry_from_fingerprint(&tools).map_err(|e| DurableError::Journal {
-            id: self.id.clone(),
-            message: format!("tools: {e}"),
-        })?;
-        options.tools = Arc::new(registry);
+        let (program, mut options) = stored_run(&self.id, &loaded)?;
         options.events = true;
         options.journaled = true;
         let mut machine = Machine::new(program, options);
@@ -198,7 +187,6 @@ impl EventReader {
             inputs: 0,
             stored_from,
             ready,
-            exhausted: false,
         })
     }
 }
@@ -212,26 +200,20 @@ impl Replay {
             id: id.to_owned(),
             message,
         };
-        if self
-            .stored_from
-            .is_some_and(|from| self.machine.position().events >= from)
-        {
+        if self.at_stored() {
             return Ok(false);
         }
         let page = store.inputs(id, self.inputs, INPUTS_PAGE).await?;
-        self.exhausted = page.is_empty();
-        if let Some(from) = self.stored_from
-            && self.exhausted
-        {
+        if page.is_empty() {
+            let Some(from) = self.stored_from else {
+                return Ok(false);
+            };
             // A batch stores its inputs with its events: the journal leads to the first
             // stored event, or the store lost part of it.
             let made = self.machine.position().events;
             return Err(corrupt(format!(
                 "its journal ends at event {made}, before its first stored event, {from}"
             )));
-        }
-        if self.exhausted {
-            return Ok(false);
         }
         for bytes in &page {
             let (input, recorded) =
@@ -246,14 +228,16 @@ impl Replay {
                 .replay(self.inputs, input, recorded)
                 .map_err(|e| corrupt(e.to_string()))?;
             self.inputs += 1;
-            if self
-                .stored_from
-                .is_some_and(|from| self.machine.position().events >= from)
-            {
+            if self.at_stored() {
                 break;
             }
         }
         Ok(true)
+    }
+
+    /// True once the replay made every event before the first stored one.
+    fn at_stored(&self) -> bool {
+        (self.stored_from).is_some_and(|from| self.machine.position().events >= from)
     }
 }
 

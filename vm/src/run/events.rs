@@ -552,19 +552,13 @@ impl Recorder {
     }
 
     /// Builds events (`true`) or only counts them (`false`) from here on, in a journaled
-    /// run; a run that is not journaled keeps what it was made with.
+    /// run; a run that is not journaled keeps what it was made with. A counting run
+    /// builds them from an interrupt on (`Machine::fail_interrupted`): what it makes then
+    /// depends on when the flag was seen, which no journal records, so those events are
+    /// journaled as made.
     pub(crate) fn set_on(&mut self, on: bool) {
         if self.counted {
             self.on = on;
-        }
-    }
-
-    /// Builds events from here on, in a counting run (`Machine::fail_interrupted`): what
-    /// an interrupt makes depends on when the flag was seen, which no journal records,
-    /// so those events are journaled as made.
-    pub(crate) fn build_from_here(&mut self) {
-        if self.counted {
-            self.on = true;
         }
     }
 
@@ -654,7 +648,7 @@ impl Recorder {
         }
         *adopted = child.seq;
         if built > 0 {
-            self.build_from_here();
+            self.set_on(true);
         }
         for event in child.buffer.drain(..) {
             let kind = match event.kind {
@@ -911,7 +905,7 @@ impl Recorder {
     /// variable's current value: a template may have replaced it, so a shorter list
     /// restarts the count.
     pub(crate) fn errors(&mut self, step: Option<&str>, errors: Option<minijinja::Value>) {
-        if !self.tracking() {
+        if !self.on {
             return;
         }
         // `push_error` turns anything else into a list before it appends; until then
@@ -919,20 +913,11 @@ impl Recorder {
         let Some(errors) = errors.filter(|e| e.kind() == minijinja::value::ValueKind::Seq) else {
             return;
         };
-        let len = errors.len().unwrap_or(0);
-        if len < self.errors_seen {
-            self.errors_seen = len;
-        }
-        if len == self.errors_seen {
-            return;
-        }
-        if !self.on {
-            self.seq += (len - self.errors_seen) as u64;
-            self.errors_seen = len;
-            return;
-        }
         let Ok(items) = errors.try_iter() else { return };
-        for entry in items.skip(self.errors_seen) {
+        let Some(first) = self.see_errors(errors.len().unwrap_or(0)) else {
+            return;
+        };
+        for entry in items.skip(first) {
             let message = entry
                 .as_str()
                 .map(str::to_string)
@@ -942,18 +927,23 @@ impl Recorder {
                 message,
             });
         }
-        self.errors_seen = len;
     }
 
     /// [`Recorder::errors`] in a counting run: `len` is how many entries `errors` holds,
     /// if it is a list.
     pub(crate) fn count_errors(&mut self, len: Option<usize>) {
-        let Some(len) = len else { return };
-        if len < self.errors_seen {
-            self.errors_seen = len;
+        if let Some(len) = len
+            && let Some(first) = self.see_errors(len)
+        {
+            self.seq += (len - first) as u64;
         }
-        self.seq += (len - self.errors_seen) as u64;
-        self.errors_seen = len;
+    }
+
+    /// Takes the first `len` entries of `errors` as reported: the index of the first one
+    /// not reported before, if any (a shorter list than before restarts the count).
+    fn see_errors(&mut self, len: usize) -> Option<usize> {
+        self.errors_seen = self.errors_seen.min(len);
+        (len > self.errors_seen).then(|| std::mem::replace(&mut self.errors_seen, len))
     }
 
     /// `errors` was reset after a post phase.

@@ -90,13 +90,9 @@ impl Input {
         entry.push(INPUT_FORMAT);
         // Five of a provider loop's six inputs a step are polls: their bytes are written
         // here, as postcard writes them (a test holds the two to the same bytes).
-        match self {
+        let wire = match self {
             Input::Poll { at } => return EntryHead::time(entry, WIRE_POLL, *at),
             Input::Timeout { at } => return EntryHead::time(entry, WIRE_TIMEOUT, *at),
-            _ => {}
-        }
-        let wire = match self {
-            Input::Poll { at } => WireInput::Poll { at: *at },
             Input::Provider { at, result } => WireInput::Provider {
                 at: *at,
                 result: match result {
@@ -111,7 +107,6 @@ impl Input {
                     Err(message) => Err(message.clone()),
                 },
             },
-            Input::Timeout { at } => WireInput::Timeout { at: *at },
             Input::Answer { at, answer } => WireInput::Answer {
                 at: *at,
                 answer: WireAnswer::from(answer),

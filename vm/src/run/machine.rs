@@ -1537,7 +1537,7 @@ impl Machine {
     /// Ends the run whose outstanding call the driver dropped because of `reason`. A
     /// provider call gets its `provider_result`, as one the deadline cuts short does.
     fn abandon_call(&mut self, reason: InterruptReason) {
-        self.events.build_from_here();
+        self.events.set_on(true);
         if matches!(self.state, State::AwaitingProvider) {
             let step = step_name(&self.program, self.step);
             let error = match reason {
@@ -1550,7 +1550,7 @@ impl Machine {
     }
 
     fn fail_interrupted(&mut self, reason: InterruptReason) {
-        self.events.build_from_here();
+        self.events.set_on(true);
         match reason {
             InterruptReason::Deadline => self.fail_timeout(),
             _ => self.fail(RunErrorKind::Cancelled, "Run cancelled".into()),
